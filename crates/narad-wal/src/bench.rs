@@ -1,0 +1,198 @@
+//! `narad bench disk`: can this disk carry the WAL?
+//!
+//! Measures, in one run, in a scratch directory it removes afterwards:
+//! * `fdatasync_per_sec`: serial 4 KiB appends, each followed by fdatasync;
+//! * `dsync_mb_per_sec`: sequential 1 MiB writes, each followed by fdatasync;
+//! * the WAL itself under `appenders` concurrent appenders of
+//!   `record_bytes`-byte payloads: appends/s, MB/s, records per sync and
+//!   append latency percentiles.
+//!
+//! Figures, not assertions: nothing here fails because a disk is slow.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use narad_fs::{Fs, OpenMode, RealFs};
+
+use crate::record::RecordRef;
+use crate::wal::Wal;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct DiskBenchOptions {
+    /// A directory on the disk to test; a scratch subdirectory is used.
+    pub dir: PathBuf,
+    /// Concurrent WAL appenders.
+    pub appenders: usize,
+    /// Payload bytes per WAL record.
+    pub record_bytes: usize,
+    /// Duration of the WAL phase.
+    pub seconds: f64,
+    /// Duration of each raw-disk probe.
+    pub probe_seconds: f64,
+}
+
+/// The figures.
+#[derive(Debug, Clone, Default)]
+pub struct DiskBenchReport {
+    /// Serial 4 KiB append + fdatasync per second.
+    pub fdatasync_per_sec: f64,
+    /// Sequential 1 MiB write + fdatasync throughput.
+    pub dsync_mb_per_sec: f64,
+    /// WAL appends completed per second.
+    pub wal_appends_per_sec: f64,
+    /// WAL payload megabytes per second.
+    pub wal_mb_per_sec: f64,
+    /// Average records made durable per fdatasync.
+    pub wal_records_per_sync: f64,
+    /// Median append latency, µs.
+    pub wal_p50_us: f64,
+    /// 99th percentile append latency, µs.
+    pub wal_p99_us: f64,
+    /// Maximum append latency, µs.
+    pub wal_max_us: f64,
+    /// `wal_appends_per_sec / fdatasync_per_sec`.
+    pub wal_vs_fdatasync: f64,
+    /// Appenders used.
+    pub appenders: usize,
+    /// Payload bytes per record.
+    pub record_bytes: usize,
+}
+
+impl DiskBenchReport {
+    /// Every figure as (name, value), in a stable order.
+    pub fn fields(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("fdatasync_per_sec", self.fdatasync_per_sec),
+            ("dsync_mb_per_sec", self.dsync_mb_per_sec),
+            ("wal_appends_per_sec", self.wal_appends_per_sec),
+            ("wal_mb_per_sec", self.wal_mb_per_sec),
+            ("wal_records_per_sync", self.wal_records_per_sync),
+            ("wal_p50_us", self.wal_p50_us),
+            ("wal_p99_us", self.wal_p99_us),
+            ("wal_max_us", self.wal_max_us),
+            ("wal_vs_fdatasync", self.wal_vs_fdatasync),
+            ("appenders", self.appenders as f64),
+            ("record_bytes", self.record_bytes as f64),
+        ]
+    }
+}
+
+/// Serial fdatasyncs per second of 4 KiB appends to one file in `dir`.
+pub fn fdatasync_per_sec(fs: &dyn Fs, dir: &Path, seconds: f64) -> std::io::Result<f64> {
+    let path = dir.join("fdatasync.probe");
+    let f = fs.open(&path, OpenMode::CreateOrTruncate)?;
+    let block = vec![0xA5u8; 4096];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        f.write_all_at(&block, n * 4096)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(f);
+    fs.remove_file(&path)?;
+    Ok(rate)
+}
+
+/// MB/s of sequential 1 MiB writes each followed by fdatasync.
+pub fn dsync_mb_per_sec(fs: &dyn Fs, dir: &Path, seconds: f64) -> std::io::Result<f64> {
+    let path = dir.join("dsync.probe");
+    let f = fs.open(&path, OpenMode::CreateOrTruncate)?;
+    let block = vec![0x5Au8; 1 << 20];
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed().as_secs_f64() < seconds && n < 1024 {
+        f.write_all_at(&block, n << 20)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    let mb = n as f64 * 1.048_576;
+    let rate = mb / start.elapsed().as_secs_f64();
+    drop(f);
+    fs.remove_file(&path)?;
+    Ok(rate)
+}
+
+/// Runs the whole disk benchmark.
+pub fn run(opts: &DiskBenchOptions) -> Result<DiskBenchReport, Box<dyn std::error::Error>> {
+    let fs = RealFs::shared();
+    let scratch = opts.dir.join(format!("narad-bench-disk-{}", std::process::id()));
+    fs.create_dir_all(&scratch)?;
+    let result = run_in(&scratch, opts);
+    let cleanup = fs.remove_dir_all(&scratch);
+    let report = result?;
+    cleanup?;
+    Ok(report)
+}
+
+fn run_in(
+    scratch: &Path,
+    opts: &DiskBenchOptions,
+) -> Result<DiskBenchReport, Box<dyn std::error::Error>> {
+    let fs = RealFs::shared();
+    let fdatasync = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
+    let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
+
+    let wal = Arc::new(Wal::open(fs.clone(), scratch.join("wal"))?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let payload = vec![b'x'; opts.record_bytes];
+    let before = wal.stats();
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..opts.appenders.max(1) {
+        let (wal, stop, payload) = (wal.clone(), stop.clone(), payload.clone());
+        handles.push(std::thread::spawn(move || -> Result<(u64, Histogram<u64>), String> {
+            let mut hist =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+            let key = format!("k{t}");
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let rec = RecordRef {
+                    topic: "bench",
+                    incarnation: Some(1),
+                    key: Some(key.as_bytes()),
+                    partition: t as u32 % 3,
+                    accepted_at_ms: 0,
+                    payload: &payload,
+                };
+                let t0 = Instant::now();
+                wal.append(&rec).map_err(|e| e.to_string())?;
+                hist.saturating_record(t0.elapsed().as_micros() as u64);
+                n += 1;
+            }
+            Ok((n, hist))
+        }));
+    }
+    std::thread::sleep(Duration::from_secs_f64(opts.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut total = 0u64;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for h in handles {
+        let (n, part) = h.join().map_err(|_| "appender thread panicked")??;
+        total += n;
+        hist.add(part)?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let after = wal.stats();
+    wal.close()?;
+    let appends_per_sec = total as f64 / elapsed;
+    let syncs = (after.syncs - before.syncs).max(1);
+    Ok(DiskBenchReport {
+        fdatasync_per_sec: fdatasync,
+        dsync_mb_per_sec: dsync,
+        wal_appends_per_sec: appends_per_sec,
+        wal_mb_per_sec: appends_per_sec * opts.record_bytes as f64 / 1e6,
+        wal_records_per_sync: (after.records - before.records) as f64 / syncs as f64,
+        wal_p50_us: hist.value_at_quantile(0.50) as f64,
+        wal_p99_us: hist.value_at_quantile(0.99) as f64,
+        wal_max_us: hist.max() as f64,
+        wal_vs_fdatasync: appends_per_sec / fdatasync.max(1.0),
+        appenders: opts.appenders,
+        record_bytes: opts.record_bytes,
+    })
+}

@@ -1,0 +1,844 @@
+//! The ingress WAL: open (recovery), append (group commit), the durable
+//! frontier, the dispatch checkpoint and compaction.
+//!
+//! # Directory `<data>/ingress/produce/`
+//! * `%020d.wal` segments (see [`crate::frame`]), named by base sequence
+//!   number, at most 64 MiB each; dense sequence numbers across segments.
+//! * `checkpoint` (see [`crate::checkpoint`]): the first sequence number not
+//!   yet dispatched.
+//!
+//! # Threads
+//! * The *sync thread* owns every write to segments: it takes what
+//!   appenders staged, writes it (one `pwrite` per segment touched), syncs
+//!   it, advances the durable frontier, and completes the group. It wakes on
+//!   every append (only when parked) and every 10 ms.
+//! * The *checkpoint thread* makes stored checkpoints durable within
+//!   250 ms (one `fdatasync` per burst), then compacts behind the synced
+//!   value: it deletes segments whose records are all below it, and asks for
+//!   a fully dispatched active segment over 1 MiB to be rotated.
+//!
+//! # Invariants
+//! * An append returns `Ok` only after its own bytes were fdatasynced.
+//! * The durable frontier only covers synced bytes; readers never read past
+//!   it.
+//! * After the first failed write or sync the WAL is latched: the group in
+//!   flight and every later append fail with that error. Never retried.
+//! * Segments are deleted only below a checkpoint value that was synced.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use narad_fs::{FsRef, OpenMode};
+use tracing::{error, info, warn};
+
+use crate::checkpoint::{CheckpointFile, Stored};
+use crate::error::WalError;
+use crate::frame::{parse_segment_file_name, segment_file_name, segment_header};
+use crate::group::Pending;
+use crate::limits::{
+    CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, MAX_RECORD_BYTES,
+    ROTATE_DISPATCHED_ACTIVE_BYTES, SEGMENT_BYTES, SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
+};
+use crate::reader::WalReader;
+use crate::record::RecordError;
+use crate::record::RecordRef;
+use crate::recovery::{self, Behind, Decision};
+use crate::segment::{Segment, SegmentMap};
+use crate::stage::{Chunk, Stage};
+
+/// A callback run by the sync thread each time the durable frontier moves;
+/// it receives the new frontier (first sequence number not yet durable).
+/// Keep it short: it runs on the path every appender waits on.
+pub type DurableListener = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Sizes of a WAL. The defaults are the production values; tests use small
+/// segments to exercise rolls and compaction cheaply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalOptions {
+    /// A segment is rolled before a frame would take it past this size.
+    pub segment_bytes: u64,
+    /// The largest encoded record accepted.
+    pub max_record_bytes: u32,
+    /// A fully dispatched active segment larger than this is rotated.
+    pub rotate_dispatched_active_bytes: u64,
+}
+
+impl Default for WalOptions {
+    fn default() -> Self {
+        WalOptions {
+            segment_bytes: SEGMENT_BYTES,
+            max_record_bytes: MAX_RECORD_BYTES,
+            rotate_dispatched_active_bytes: ROTATE_DISPATCHED_ACTIVE_BYTES,
+        }
+    }
+}
+
+impl WalOptions {
+    fn validate(&self) -> Result<(), String> {
+        if self.max_record_bytes == 0 || self.max_record_bytes > MAX_RECORD_BYTES {
+            return Err(format!("max_record_bytes must be in 1..={MAX_RECORD_BYTES}"));
+        }
+        let min_segment =
+            SEGMENT_HEADER_BYTES + FRAME_HEADER_BYTES + u64::from(self.max_record_bytes);
+        if self.segment_bytes < min_segment || self.segment_bytes > 1 << 30 {
+            return Err(format!(
+                "segment_bytes must be in {min_segment}..=1 GiB so a largest record always fits"
+            ));
+        }
+        if self.rotate_dispatched_active_bytes >= self.segment_bytes {
+            return Err("rotate_dispatched_active_bytes must be below segment_bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// Counters for metrics and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalStats {
+    /// Group commits that synced at least one record.
+    pub syncs: u64,
+    /// Records made durable.
+    pub records: u64,
+    /// Frame bytes made durable.
+    pub bytes: u64,
+    /// Segments deleted by compaction.
+    pub segments_compacted: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    syncs: AtomicU64,
+    records: AtomicU64,
+    bytes: AtomicU64,
+    segments_compacted: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Checkpoint {
+    file: CheckpointFile,
+    /// The latest value written in place.
+    stored: u64,
+    /// The latest value known durable.
+    synced: u64,
+    /// When the oldest unsynced store happened.
+    dirty_since: Option<Instant>,
+    /// A failed checkpoint sync: compaction stops until restart.
+    failed: Option<WalError>,
+    closing: bool,
+}
+
+pub(crate) struct Shared {
+    pub(crate) fs: FsRef,
+    pub(crate) dir: PathBuf,
+    stage: Mutex<Stage>,
+    sync_wake: Condvar,
+    latch: OnceLock<WalError>,
+    pub(crate) durable_next: AtomicU64,
+    durable_mutex: Mutex<()>,
+    durable_cv: Condvar,
+    listeners: RwLock<Vec<DurableListener>>,
+    pub(crate) segments: SegmentMap,
+    checkpoint: Mutex<Checkpoint>,
+    checkpoint_cv: Condvar,
+    counters: Counters,
+    options: WalOptions,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dir", &self.dir)
+            .field("durable_next", &self.durable_next)
+            .field("latched", &self.latch.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The ingress write-ahead log. Cheap to share behind an `Arc`; every
+/// method takes `&self`.
+#[derive(Debug)]
+pub struct Wal {
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Wal {
+    /// Opens (recovering) or creates the WAL in `dir` with default sizes.
+    pub fn open(fs: FsRef, dir: impl Into<PathBuf>) -> Result<Wal, WalError> {
+        Wal::open_with(fs, dir, WalOptions::default())
+    }
+
+    /// Opens (recovering) or creates the WAL in `dir`.
+    pub fn open_with(
+        fs: FsRef,
+        dir: impl Into<PathBuf>,
+        options: WalOptions,
+    ) -> Result<Wal, WalError> {
+        let dir = dir.into();
+        options.validate().map_err(|reason| {
+            WalError::io(
+                "validate options",
+                &dir,
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, reason),
+            )
+        })?;
+        fs.create_dir_all(&dir).map_err(|e| WalError::io("create directory", &dir, e))?;
+        let recovered = recover(&*fs, &dir, &options)?;
+        let oldest = *recovered.segments.keys().next().expect("recovery leaves a segment");
+        let checkpoint = recover_checkpoint(&*fs, &dir, oldest, recovered.next_seq)?;
+        let last = recovered.segments.values().next_back().expect("a segment");
+        let stage =
+            Stage::new(recovered.next_seq, last.base, last.durable_len(), options.segment_bytes);
+        info!(
+            dir = %dir.display(),
+            segments = recovered.segments.len(),
+            next_seq = recovered.next_seq,
+            checkpoint = checkpoint.1,
+            "ingress WAL opened"
+        );
+        let shared = Arc::new(Shared {
+            fs,
+            dir,
+            stage: Mutex::new(stage),
+            sync_wake: Condvar::new(),
+            latch: OnceLock::new(),
+            durable_next: AtomicU64::new(recovered.next_seq),
+            durable_mutex: Mutex::new(()),
+            durable_cv: Condvar::new(),
+            listeners: RwLock::new(Vec::new()),
+            segments: RwLock::new(recovered.segments),
+            checkpoint: Mutex::new(Checkpoint {
+                file: checkpoint.0,
+                stored: checkpoint.1,
+                synced: checkpoint.1,
+                dirty_since: None,
+                failed: None,
+                closing: false,
+            }),
+            checkpoint_cv: Condvar::new(),
+            counters: Counters::default(),
+            options,
+        });
+        let s1 = shared.clone();
+        let s2 = shared.clone();
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| WalError::io("spawn thread", PathBuf::from(name), e))
+        };
+        let t1 = spawn("wal-sync", Box::new(move || sync_loop(&s1)))?;
+        let t2 = spawn("wal-checkpoint", Box::new(move || checkpoint_loop(&s2)))?;
+        Ok(Wal { shared, threads: Mutex::new(vec![t1, t2]) })
+    }
+
+    /// The WAL's directory.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// The record's encoded length, checked against this WAL's limits.
+    pub fn checked_len(&self, rec: &RecordRef<'_>) -> Result<u32, WalError> {
+        let len = rec.encoded_len()?;
+        let max = self.shared.options.max_record_bytes;
+        if len > max {
+            return Err(RecordError::TooLarge { size: u64::from(len), max }.into());
+        }
+        Ok(len)
+    }
+
+    fn check_open(&self, st: &Stage) -> Result<(), WalError> {
+        if let Some(e) = self.shared.latch.get() {
+            return Err(e.clone());
+        }
+        if st.closing {
+            return Err(WalError::Closed);
+        }
+        Ok(())
+    }
+
+    fn wake_sync(&self, st: &mut Stage) {
+        if st.sync_waiting {
+            st.sync_waiting = false;
+            self.shared.sync_wake.notify_one();
+        }
+    }
+
+    /// Stages one record and returns a [`Pending`] that resolves to its
+    /// sequence number once it is durable. The record waits for the true
+    /// outcome even if the `Pending` is dropped.
+    pub fn append_async(&self, rec: &RecordRef<'_>) -> Result<Pending<u64>, WalError> {
+        let len = self.checked_len(rec)?;
+        let mut st = lock(&self.shared.stage);
+        self.check_open(&st)?;
+        let seq = st.stage(rec, len);
+        let group = st.group.clone();
+        self.wake_sync(&mut st);
+        Ok(Pending::new(group, seq))
+    }
+
+    /// Appends one record and returns its sequence number once durable.
+    pub fn append(&self, rec: &RecordRef<'_>) -> Result<u64, WalError> {
+        self.append_async(rec)?.wait()
+    }
+
+    /// Stages several records with consecutive sequence numbers (nothing
+    /// else staged between them) after checking every record's size first;
+    /// resolves once the last of them is durable.
+    pub fn append_many_async(
+        &self,
+        recs: &[RecordRef<'_>],
+    ) -> Result<Pending<Range<u64>>, WalError> {
+        let mut lens = Vec::with_capacity(recs.len());
+        for r in recs {
+            lens.push(self.checked_len(r)?);
+        }
+        debug_assert_eq!(lens.len(), recs.len());
+        self.append_many_with_async(recs.len(), |i| Ok::<_, WalError>(recs[i]))
+    }
+
+    /// Blocking form of [`Wal::append_many_async`].
+    pub fn append_many(&self, recs: &[RecordRef<'_>]) -> Result<Range<u64>, WalError> {
+        self.append_many_async(recs)?.wait()
+    }
+
+    /// Stages `count` records produced by `fill(i)` under one hold of the
+    /// append lock, checking each record's size as it comes. If `fill` fails
+    /// (or panics), or a record is too large, every record this call staged
+    /// is withdrawn and its sequence number given back; nothing of it
+    /// reaches the disk.
+    pub fn append_many_with_async<'r, E>(
+        &self,
+        count: usize,
+        mut fill: impl FnMut(usize) -> Result<RecordRef<'r>, E>,
+    ) -> Result<Pending<Range<u64>>, E>
+    where
+        E: From<WalError>,
+    {
+        let mut st = lock(&self.shared.stage);
+        self.check_open(&st)?;
+        let first = st.next_seq;
+        /// Withdraws the batch unless disarmed: on an error from `fill`, and
+        /// if `fill` panics while the lock is held.
+        struct Rollback<'a> {
+            st: &'a mut Stage,
+            mark: Option<crate::stage::Mark>,
+        }
+        impl Drop for Rollback<'_> {
+            fn drop(&mut self) {
+                if let Some(m) = self.mark.take() {
+                    self.st.rollback(m);
+                }
+            }
+        }
+        {
+            let mark = st.mark();
+            let mut guard = Rollback { st: &mut st, mark: Some(mark) };
+            for i in 0..count {
+                let rec = fill(i)?;
+                let len = self.checked_len(&rec)?;
+                guard.st.stage(&rec, len);
+            }
+            guard.mark = None;
+        }
+        let end = st.next_seq;
+        let group = st.group.clone();
+        if end > first {
+            self.wake_sync(&mut st);
+        }
+        Ok(Pending::new(group, first..end))
+    }
+
+    /// The first sequence number that is not yet durable.
+    pub fn durable_next(&self) -> u64 {
+        self.shared.durable_next.load(Ordering::Acquire)
+    }
+
+    /// Registers a callback run each time the durable frontier advances.
+    pub fn on_durable(&self, listener: DurableListener) {
+        self.shared.listeners.write().unwrap_or_else(|p| p.into_inner()).push(listener);
+    }
+
+    /// Blocks until the durable frontier passes `seq` (i.e. `seq` is
+    /// durable) or `timeout` elapses; returns whether it did.
+    pub fn wait_durable(&self, seq: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = lock(&self.shared.durable_mutex);
+        loop {
+            if self.durable_next() > seq {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self
+                .shared
+                .durable_cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Whether a write or sync failure latched the WAL.
+    pub fn is_latched(&self) -> bool {
+        self.shared.latch.get().is_some()
+    }
+
+    /// The latched error, if any.
+    pub fn latched_error(&self) -> Option<WalError> {
+        self.shared.latch.get().cloned()
+    }
+
+    /// A reader positioned at `seq`, for the dispatcher.
+    pub fn reader(&self, seq: u64) -> WalReader {
+        WalReader::new(self.shared.clone(), seq)
+    }
+
+    /// Stores a new checkpoint (the first sequence number not yet
+    /// dispatched): written in place at once, made durable within 250 ms.
+    /// Values at or below the current one are ignored.
+    pub fn store_checkpoint(&self, seq: u64) -> Result<(), WalError> {
+        let durable_next = self.durable_next();
+        if seq > durable_next {
+            return Err(WalError::CheckpointBeyondEnd { requested: seq, durable_next });
+        }
+        let mut ck = lock(&self.shared.checkpoint);
+        if seq <= ck.stored {
+            return Ok(());
+        }
+        let path = CheckpointFile::path(&self.shared.dir);
+        ck.file.store(seq).map_err(|e| WalError::io("store checkpoint", path, e))?;
+        ck.stored = seq;
+        if ck.dirty_since.is_none() {
+            ck.dirty_since = Some(Instant::now());
+            self.shared.checkpoint_cv.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The latest stored checkpoint: where dispatch resumes. After open this
+    /// is the recovered value (raised to the oldest segment if it was below).
+    pub fn checkpoint(&self) -> u64 {
+        lock(&self.shared.checkpoint).stored
+    }
+
+    /// The latest checkpoint known durable.
+    pub fn synced_checkpoint(&self) -> u64 {
+        lock(&self.shared.checkpoint).synced
+    }
+
+    /// Records a restart would replay: durable frontier minus the stored
+    /// checkpoint (`narad_ingress_dispatch_backlog_records`).
+    pub fn dispatch_backlog(&self) -> u64 {
+        self.durable_next().saturating_sub(self.checkpoint())
+    }
+
+    /// The oldest sequence number still in the WAL.
+    pub fn oldest_seq(&self) -> u64 {
+        let segs = self.shared.segments.read().unwrap_or_else(|p| p.into_inner());
+        segs.keys().next().copied().unwrap_or(0)
+    }
+
+    /// Number of segment files and their total durable size in bytes.
+    pub fn disk_usage(&self) -> (usize, u64) {
+        let segs = self.shared.segments.read().unwrap_or_else(|p| p.into_inner());
+        (segs.len(), segs.values().map(|s| s.durable_len()).sum())
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> WalStats {
+        let c = &self.shared.counters;
+        WalStats {
+            syncs: c.syncs.load(Ordering::Relaxed),
+            records: c.records.load(Ordering::Relaxed),
+            bytes: c.bytes.load(Ordering::Relaxed),
+            segments_compacted: c.segments_compacted.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs one compaction pass now (it also runs in the background).
+    pub fn compact_now(&self) {
+        compact(&self.shared);
+    }
+
+    /// Flushes everything staged, makes the checkpoint durable, and stops
+    /// the background threads. Appends after close fail with
+    /// [`WalError::Closed`]. Returns the error of the final checkpoint sync,
+    /// if it failed. Idempotent.
+    pub fn close(&self) -> Result<(), WalError> {
+        {
+            let mut st = lock(&self.shared.stage);
+            st.closing = true;
+            self.shared.sync_wake.notify_all();
+        }
+        {
+            let mut ck = lock(&self.shared.checkpoint);
+            ck.closing = true;
+            self.shared.checkpoint_cv.notify_all();
+        }
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        for t in threads {
+            let _ = t.join();
+        }
+        let ck = lock(&self.shared.checkpoint);
+        match &ck.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+// ---------------------------------------------------------------- recovery
+
+struct Recovered {
+    segments: BTreeMap<u64, Arc<Segment>>,
+    next_seq: u64,
+}
+
+fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> WalError {
+    WalError::Corrupt { path: path.to_path_buf(), offset, reason: reason.into() }
+}
+
+fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Recovered, WalError> {
+    let entries = fs.list_dir(dir).map_err(|e| WalError::io("list directory", dir, e))?;
+    let mut bases: Vec<u64> = entries
+        .iter()
+        .filter(|e| !e.is_dir)
+        .filter_map(|e| parse_segment_file_name(&e.name))
+        .collect();
+    bases.sort_unstable();
+    let mut segments = BTreeMap::new();
+    if bases.is_empty() {
+        let start = match CheckpointFile::read(fs, dir) {
+            Ok(Some(Stored::Value(v))) => v,
+            _ => 0,
+        };
+        let seg = create_segment(fs, dir, start)?;
+        segments.insert(start, Arc::new(seg));
+        return Ok(Recovered { segments, next_seq: start });
+    }
+    let mut next_seq = bases[0];
+    for (i, &base) in bases.iter().enumerate() {
+        let path = dir.join(segment_file_name(base));
+        let last = i + 1 == bases.len();
+        if base != next_seq {
+            return Err(corrupt(
+                &path,
+                0,
+                format!(
+                    "segment starts at sequence {base} but the previous one ends at {next_seq}: a segment is missing"
+                ),
+            ));
+        }
+        let file = fs
+            .open(&path, OpenMode::Existing)
+            .map_err(|e| WalError::io("open segment", &path, e))?;
+        let image = recovery::read_image(&*file, &path, options.segment_bytes)?;
+        let scan = recovery::scan(&image, base);
+        let mut valid_len = scan.valid_len;
+        if let Some((offset, damage)) = scan.damage {
+            let expected = scan.next_seq;
+            let behind = if last {
+                recovery::look_behind(&image, offset, expected)
+            } else {
+                Behind::Nothing // irrelevant: sealed damage always fails
+            };
+            match recovery::decide(damage, last, behind) {
+                Decision::FailOpen => {
+                    return Err(corrupt(
+                        &path,
+                        offset,
+                        format!(
+                            "{damage:?} at sequence {expected} ({}); refusing to open: acked records may be damaged",
+                            if last {
+                                "valid frames of a later write follow"
+                            } else {
+                                "sealed segment"
+                            }
+                        ),
+                    ));
+                }
+                Decision::TruncateTail => {
+                    warn!(
+                        segment = %path.display(),
+                        offset,
+                        damage = ?damage,
+                        dropped_bytes = scan.file_len - offset,
+                        "truncating torn tail of the last ingress WAL segment (never acked)"
+                    );
+                    if damage == recovery::Damage::SegmentHeader {
+                        file.set_len(0).map_err(|e| WalError::io("truncate segment", &path, e))?;
+                        file.write_all_at(&segment_header(base), 0)
+                            .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
+                        valid_len = SEGMENT_HEADER_BYTES;
+                    } else {
+                        file.set_len(offset)
+                            .map_err(|e| WalError::io("truncate segment", &path, e))?;
+                    }
+                    file.sync_data()
+                        .map_err(|e| WalError::io("sync truncated segment", &path, e))?;
+                }
+            }
+        }
+        let seg = Segment::new(base, path, file, valid_len);
+        for &(seq, off) in &scan.index {
+            seg.note_index(seq, off);
+        }
+        seg.publish(scan.next_seq, valid_len, scan.next_seq, valid_len);
+        next_seq = scan.next_seq;
+        segments.insert(base, Arc::new(seg));
+    }
+    Ok(Recovered { segments, next_seq })
+}
+
+fn create_segment(fs: &dyn narad_fs::Fs, dir: &Path, base: u64) -> Result<Segment, WalError> {
+    let path = dir.join(segment_file_name(base));
+    let file = fs
+        .open(&path, OpenMode::CreateNew)
+        .map_err(|e| WalError::io("create segment", &path, e))?;
+    file.write_all_at(&segment_header(base), 0)
+        .map_err(|e| WalError::io("write segment header", &path, e))?;
+    file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
+    Ok(Segment::new(base, path, file, SEGMENT_HEADER_BYTES))
+}
+
+fn recover_checkpoint(
+    fs: &dyn narad_fs::Fs,
+    dir: &Path,
+    oldest: u64,
+    next_seq: u64,
+) -> Result<(CheckpointFile, u64), WalError> {
+    let path = CheckpointFile::path(dir);
+    let stored =
+        CheckpointFile::read(fs, dir).map_err(|e| WalError::io("read checkpoint", &path, e))?;
+    let value = match stored {
+        None => oldest,
+        Some(Stored::Value(v)) if v > next_seq => {
+            return Err(corrupt(
+                &path,
+                0,
+                format!("checkpoint {v} is beyond the end of the WAL (next sequence {next_seq})"),
+            ));
+        }
+        Some(Stored::Value(v)) if v < oldest => {
+            warn!(
+                checkpoint = v,
+                oldest_segment = oldest,
+                "ingress dispatch checkpoint was below the oldest WAL segment; dispatch starts at that segment"
+            );
+            oldest
+        }
+        Some(Stored::Value(v)) => v,
+        Some(damaged) => {
+            error!(
+                path = %path.display(),
+                state = ?damaged,
+                oldest_segment = oldest,
+                "ingress dispatch checkpoint is unreadable; dispatch starts at the oldest WAL segment (records may be dispatched twice)"
+            );
+            oldest
+        }
+    };
+    // The recovered value is made durable before anything compacts behind it.
+    let file = CheckpointFile::create(fs, dir, value)
+        .map_err(|e| WalError::io("write checkpoint", &path, e))?;
+    Ok((file, value))
+}
+
+// ------------------------------------------------------------- sync thread
+
+fn sync_loop(shared: &Shared) {
+    loop {
+        let (chunks, group) = {
+            let mut st = lock(&shared.stage);
+            loop {
+                if !st.chunks.is_empty() {
+                    break;
+                }
+                if st.closing {
+                    return;
+                }
+                st.sync_waiting = true;
+                st = shared
+                    .sync_wake
+                    .wait_timeout(st, SYNC_BACKSTOP)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                st.sync_waiting = false;
+            }
+            st.take()
+        };
+        let outcome = match shared.latch.get() {
+            Some(e) => Err(e.clone()),
+            None => flush(shared, &chunks),
+        };
+        if let Err(e) = &outcome
+            && shared.latch.set(e.clone()).is_ok()
+        {
+            error!(error = %e, "ingress WAL latched: every append fails until restart");
+        }
+        group.complete(outcome);
+        let mut st = lock(&shared.stage);
+        for chunk in chunks {
+            if !chunk.create {
+                st.recycle(chunk.bytes);
+            }
+        }
+    }
+}
+
+/// Writes and syncs staged chunks in order; publishes each as it lands.
+fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
+    for chunk in chunks {
+        let segment = if chunk.create {
+            let path = shared.dir.join(segment_file_name(chunk.segment));
+            let file = shared
+                .fs
+                .open(&path, OpenMode::CreateNew)
+                .map_err(|e| latched("create segment", &path, e))?;
+            let seg = Arc::new(Segment::new(chunk.segment, path, file, 0));
+            shared
+                .segments
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(chunk.segment, seg.clone());
+            seg
+        } else {
+            let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
+            segs.get(&chunk.segment).cloned().expect("staged chunk targets a known segment")
+        };
+        segment
+            .file
+            .write_all_at(&chunk.bytes, chunk.offset)
+            .map_err(|e| latched("write", &segment.path, e))?;
+        segment.file.sync_data().map_err(|e| latched("fdatasync", &segment.path, e))?;
+        let frames_at = if chunk.create { SEGMENT_HEADER_BYTES } else { chunk.offset };
+        let end = chunk.offset + chunk.bytes.len() as u64;
+        segment.publish(chunk.first_seq, frames_at, chunk.end_seq, end);
+        let records = chunk.end_seq - chunk.first_seq;
+        if records > 0 {
+            let c = &shared.counters;
+            c.syncs.fetch_add(1, Ordering::Relaxed);
+            c.records.fetch_add(records, Ordering::Relaxed);
+            c.bytes.fetch_add(chunk.bytes.len() as u64, Ordering::Relaxed);
+            shared.durable_next.store(chunk.end_seq, Ordering::Release);
+            {
+                let _g = lock(&shared.durable_mutex);
+                shared.durable_cv.notify_all();
+            }
+            let listeners = shared.listeners.read().unwrap_or_else(|p| p.into_inner());
+            for l in listeners.iter() {
+                l(chunk.end_seq);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn latched(op: &'static str, path: &Path, e: std::io::Error) -> WalError {
+    WalError::Latched { op, path: path.to_path_buf(), source: Arc::new(e) }
+}
+
+// ------------------------------------------------------- checkpoint thread
+
+fn checkpoint_loop(shared: &Shared) {
+    let mut last_compaction = Instant::now();
+    loop {
+        let mut ck = lock(&shared.checkpoint);
+        // Wait for a store to age CHECKPOINT_SYNC_DELAY, close, or the
+        // compaction interval.
+        loop {
+            let now = Instant::now();
+            let due = match ck.dirty_since {
+                Some(t) if ck.failed.is_none() => {
+                    (t + CHECKPOINT_SYNC_DELAY).saturating_duration_since(now)
+                }
+                _ => COMPACTION_INTERVAL.saturating_sub(now - last_compaction),
+            };
+            if ck.closing || due.is_zero() {
+                break;
+            }
+            ck = shared.checkpoint_cv.wait_timeout(ck, due).unwrap_or_else(|p| p.into_inner()).0;
+        }
+        let closing = ck.closing;
+        if ck.dirty_since.is_some() && ck.failed.is_none() {
+            let value = ck.stored;
+            ck.dirty_since = None;
+            // Sync outside the lock so stores are not held up by the disk.
+            let file = ck.file.clone_handle();
+            drop(ck);
+            let result = file.sync_data();
+            ck = lock(&shared.checkpoint);
+            match result {
+                Ok(()) => ck.synced = ck.synced.max(value),
+                Err(e) => {
+                    let err =
+                        WalError::io("fdatasync checkpoint", CheckpointFile::path(&shared.dir), e);
+                    error!(error = %err, "ingress WAL checkpoint sync failed; compaction stops until restart");
+                    ck.failed = Some(err);
+                }
+            }
+        }
+        drop(ck);
+        compact(shared);
+        last_compaction = Instant::now();
+        if closing {
+            return;
+        }
+    }
+}
+
+/// Deletes segments wholly below the synced checkpoint, and rotates a fully
+/// dispatched active segment over 1 MiB so the next pass can delete it.
+fn compact(shared: &Shared) {
+    let synced = {
+        let ck = lock(&shared.checkpoint);
+        if ck.failed.is_some() {
+            return;
+        }
+        ck.synced
+    };
+    let doomed: Vec<Arc<Segment>> = {
+        let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
+        let bases: Vec<u64> = segs.keys().copied().collect();
+        bases.windows(2).take_while(|w| w[1] <= synced).map(|w| segs[&w[0]].clone()).collect()
+    };
+    for seg in doomed {
+        if let Err(e) = shared.fs.remove_file(&seg.path) {
+            warn!(segment = %seg.path.display(), error = %e, "could not delete a compacted ingress WAL segment; will retry");
+            return;
+        }
+        shared.segments.write().unwrap_or_else(|p| p.into_inner()).remove(&seg.base);
+        shared.counters.segments_compacted.fetch_add(1, Ordering::Relaxed);
+    }
+    if shared.latch.get().is_some() {
+        return;
+    }
+    let mut st = lock(&shared.stage);
+    if !st.closing
+        && st.chunks.is_empty()
+        && synced >= st.next_seq
+        && st.active_end > shared.options.rotate_dispatched_active_bytes
+    {
+        st.roll();
+        st.sync_waiting = false;
+        shared.sync_wake.notify_one();
+    }
+}

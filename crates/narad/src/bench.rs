@@ -1,0 +1,59 @@
+//! `narad bench ...`: figures about this machine and narad's engines.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::report::print_figures;
+
+/// What to measure.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Can this disk carry the ingress WAL? Serial fdatasync rate, dsync
+    /// bandwidth, and the WAL's group commit under concurrent appenders.
+    Disk(DiskArgs),
+}
+
+/// Options of `narad bench disk`.
+#[derive(Debug, Args)]
+pub struct DiskArgs {
+    /// A directory on the disk to measure (a scratch subdirectory is used
+    /// and removed afterwards).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Concurrent WAL appenders.
+    #[arg(long, default_value_t = 64)]
+    pub appenders: usize,
+    /// Payload bytes per WAL record.
+    #[arg(long, default_value_t = 1024)]
+    pub record_bytes: usize,
+    /// Seconds of WAL load.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Seconds of each raw-disk probe (fdatasync, dsync).
+    #[arg(long, default_value_t = 2.0)]
+    pub probe_seconds: f64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs a bench subcommand.
+pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
+    match cmd {
+        BenchCommand::Disk(a) => {
+            if a.appenders == 0 || a.seconds <= 0.0 || a.probe_seconds <= 0.0 {
+                return Err("--appenders, --seconds and --probe-seconds must be positive".into());
+            }
+            let report = narad_wal::bench::run(&narad_wal::bench::DiskBenchOptions {
+                dir: a.dir,
+                appenders: a.appenders,
+                record_bytes: a.record_bytes,
+                seconds: a.seconds,
+                probe_seconds: a.probe_seconds,
+            })?;
+            print_figures("narad bench disk", &report.fields(), a.json);
+            Ok(())
+        }
+    }
+}
