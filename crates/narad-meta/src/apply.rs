@@ -1,0 +1,391 @@
+//! The state machine: `apply(state, index, command)` → the next state.
+//!
+//! Apply is a pure function of its inputs: it reads no clock, draws no random
+//! number and touches no disk, so every replica that applies the same
+//! commands in the same order holds the same state. It either succeeds as a
+//! whole or fails and leaves nothing behind. A topic's incarnation id is the
+//! index of the command that created it: indices only grow, so an id is
+//! never reused, and a delete and recreate under one name gets a new one.
+//!
+//! Apply also records which keys it changed ([`Dirty`]) so that storage can
+//! persist exactly those, and bumps the change counter of each domain it
+//! touched, once per command.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::assignment::Assignment;
+use crate::command::{
+    AlterTopic, AssignPartitions, Command, CreateTopic, MemberDead, MemberJoin, Response,
+};
+use crate::error::MetaError;
+use crate::limits::{
+    ATTACH_EPOCH_HEX_LEN, CHILDREN_PER_PARENT_MAX, PARTITIONS_MIN, RETENTION_MS_MIN,
+};
+use crate::member::{Member, MemberStatus};
+use crate::request::{
+    check_fanout_delay, check_retention_floor, parent_not_found, validate_topic_name,
+};
+use crate::schema::{CompiledSchema, SchemaHistory, check_backward_compatible};
+use crate::state::{MetaState, TopicAssignments};
+use crate::topic::{ParentLink, Topic};
+
+/// The keys a command changed, per domain (topic names, member ids).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dirty {
+    pub(crate) topics: BTreeSet<String>,
+    pub(crate) schemas: BTreeSet<String>,
+    pub(crate) assignments: BTreeSet<String>,
+    pub(crate) members: BTreeSet<String>,
+}
+
+/// The outcome of applying one command.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The state after the command.
+    pub state: MetaState,
+    /// What the command answers.
+    pub response: Response,
+    /// What changed, for storage.
+    pub dirty: Dirty,
+}
+
+/// Applies `command` as the command at `index` (which must be greater than
+/// the state's applied index).
+pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied, MetaError> {
+    assert!(
+        index > state.applied_index,
+        "command index {index} is not after the applied index {}",
+        state.applied_index
+    );
+    let mut txn = Txn { state: state.clone(), dirty: Dirty::default() };
+    let response = match command {
+        Command::CreateTopic(c) => create_topic(&mut txn, index, c)?,
+        Command::AlterTopic(c) => alter_topic(&mut txn, c)?,
+        Command::DeleteTopic(c) => delete_topic(&mut txn, &c.name)?,
+        Command::AssignPartitions(c) => assign_partitions(&mut txn, c)?,
+        Command::MemberJoin(c) => member_join(&mut txn, c)?,
+        Command::MemberDead(c) => member_dead(&mut txn, c)?,
+    };
+    Ok(txn.finish(index, response))
+}
+
+/// A state being changed, and the record of what changed.
+struct Txn {
+    state: MetaState,
+    dirty: Dirty,
+}
+
+impl Txn {
+    fn topic(&self, name: &str) -> Result<Arc<Topic>, MetaError> {
+        self.state.topics.get(name).cloned().ok_or_else(MetaError::topic_not_found)
+    }
+
+    fn put_topic(&mut self, topic: Topic) -> Arc<Topic> {
+        let topic = Arc::new(topic);
+        self.dirty.topics.insert(topic.name.clone());
+        Arc::make_mut(&mut self.state.topics).insert(topic.name.clone(), topic.clone());
+        topic
+    }
+
+    fn remove_topic(&mut self, name: &str) {
+        self.dirty.topics.insert(name.to_owned());
+        Arc::make_mut(&mut self.state.topics).remove(name);
+    }
+
+    fn put_schemas(&mut self, name: &str, history: Arc<SchemaHistory>) {
+        self.dirty.schemas.insert(name.to_owned());
+        Arc::make_mut(&mut self.state.schemas).insert(name.to_owned(), history);
+    }
+
+    fn remove_schemas(&mut self, name: &str) {
+        if self.state.schemas.contains_key(name) {
+            self.dirty.schemas.insert(name.to_owned());
+            Arc::make_mut(&mut self.state.schemas).remove(name);
+        }
+    }
+
+    fn put_assignments(&mut self, name: &str, parts: TopicAssignments) {
+        self.dirty.assignments.insert(name.to_owned());
+        Arc::make_mut(&mut self.state.assignments).insert(name.to_owned(), Arc::new(parts));
+    }
+
+    fn remove_assignments(&mut self, name: &str) {
+        if self.state.assignments.contains_key(name) {
+            self.dirty.assignments.insert(name.to_owned());
+            Arc::make_mut(&mut self.state.assignments).remove(name);
+        }
+    }
+
+    fn put_member(&mut self, member: Member) -> Arc<Member> {
+        let member = Arc::new(member);
+        self.dirty.members.insert(member.id.clone());
+        Arc::make_mut(&mut self.state.members).insert(member.id.clone(), member.clone());
+        member
+    }
+
+    fn finish(mut self, index: u64, response: Response) -> Applied {
+        let v = &mut self.state.versions;
+        v.topics += u64::from(!self.dirty.topics.is_empty());
+        v.schemas += u64::from(!self.dirty.schemas.is_empty());
+        v.assignments += u64::from(!self.dirty.assignments.is_empty());
+        v.members += u64::from(!self.dirty.members.is_empty());
+        self.state.applied_index = index;
+        Applied { state: self.state, response, dirty: self.dirty }
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> MetaError {
+    MetaError::Invalid(msg.into())
+}
+
+fn conflict(msg: impl Into<String>) -> MetaError {
+    MetaError::Conflict(msg.into())
+}
+
+fn compile(version: u32, raw: &str) -> Result<CompiledSchema, MetaError> {
+    CompiledSchema::compile(version, Arc::from(raw)).map_err(|e| invalid(format!("schema: {e}")))
+}
+
+fn create_topic(txn: &mut Txn, index: u64, c: &CreateTopic) -> Result<Response, MetaError> {
+    validate_topic_name(&c.name)?;
+    if c.partitions < PARTITIONS_MIN {
+        return Err(invalid("partitions must be >= 3 (0 = use default)"));
+    }
+    check_retention_floor(c.retention_ms)?;
+    let schema = c.schema.as_deref().map(|raw| compile(1, raw)).transpose()?;
+    let parent = match &c.parent {
+        Some(link) => Some(check_create_as_child(txn, c, link)?),
+        None => None,
+    };
+    if txn.state.topics.contains_key(&c.name) {
+        return Err(MetaError::AlreadyExists("topic already exists".to_owned()));
+    }
+    let history = match (&parent, schema) {
+        (Some(p), schema) => attach_schema(txn, &c.name, p, schema)?,
+        (None, Some(s)) => Some(Arc::new(SchemaHistory::first(s))),
+        (None, None) => None,
+    };
+    let topic = txn.put_topic(Topic {
+        name: c.name.clone(),
+        incarnation: index,
+        partitions: c.partitions,
+        retention_ms: c.retention_ms,
+        visibility_timeout_ms: c.visibility_timeout_ms,
+        max_in_flight_per_partition: c.max_in_flight_per_partition,
+        max_acked_ahead_per_partition: c.max_acked_ahead_per_partition,
+        created_at: c.created_at,
+        owner: c.owner.clone(),
+        children: Vec::new(),
+        parent: c.parent.clone(),
+    });
+    if let Some(h) = history {
+        txn.put_schemas(&c.name, h);
+    }
+    if let Some(p) = parent {
+        let mut p = (*p).clone();
+        p.children.push(c.name.clone());
+        txn.put_topic(p);
+    }
+    Ok(Response::Topic(topic))
+}
+
+/// The attach rules for a topic created with `parent` (SPEC §1.5), except the
+/// schema rule, which [`attach_schema`] checks.
+fn check_create_as_child(
+    txn: &Txn,
+    c: &CreateTopic,
+    link: &ParentLink,
+) -> Result<Arc<Topic>, MetaError> {
+    validate_topic_name(&link.name)?;
+    if link.name == c.name {
+        return Err(invalid("a topic cannot be its own parent"));
+    }
+    check_fanout_delay(i64::try_from(link.fanout_delay_ms).unwrap_or(i64::MAX))?;
+    let epoch_ok = link.attach_epoch.len() == ATTACH_EPOCH_HEX_LEN
+        && link.attach_epoch.bytes().all(|b| b.is_ascii_hexdigit());
+    if !epoch_ok {
+        return Err(invalid(format!(
+            "attach_epoch must be {ATTACH_EPOCH_HEX_LEN} hex digits, got {:?}",
+            link.attach_epoch
+        )));
+    }
+    let parent = txn.state.topics.get(&link.name).cloned();
+    let parent = parent.ok_or_else(|| parent_not_found(&link.name))?;
+    if let Some(grandparent) = &parent.parent {
+        return Err(conflict(format!(
+            "topic {:?} is a child of {:?} and cannot have children",
+            parent.name, grandparent.name
+        )));
+    }
+    if parent.children.len() >= CHILDREN_PER_PARENT_MAX {
+        return Err(conflict(format!(
+            "parent topic {:?} already has {CHILDREN_PER_PARENT_MAX} children",
+            parent.name
+        )));
+    }
+    check_delay_fits_retention(parent.retention_ms, link.fanout_delay_ms)?;
+    Ok(parent)
+}
+
+/// A parent with a non-zero retention must keep records for the delay of
+/// each delayed child plus an hour.
+fn check_delay_fits_retention(parent_retention_ms: u64, delay_ms: u64) -> Result<(), MetaError> {
+    let needed = delay_ms + RETENTION_MS_MIN;
+    if delay_ms > 0 && parent_retention_ms != 0 && parent_retention_ms < needed {
+        return Err(invalid(format!(
+            "parent retention_ms ({parent_retention_ms}) must be at least fanout_delay_ms + 1 \
+             hour ({needed})"
+        )));
+    }
+    Ok(())
+}
+
+/// A child adopts its parent's schema history when it brings none, and must
+/// bring an identical history otherwise.
+fn attach_schema(
+    txn: &Txn,
+    child: &str,
+    parent: &Topic,
+    schema: Option<CompiledSchema>,
+) -> Result<Option<Arc<SchemaHistory>>, MetaError> {
+    let parents = txn.state.schemas.get(&parent.name).cloned();
+    let Some(schema) = schema else { return Ok(parents) };
+    match parents {
+        Some(h) if h.versions().len() == 1 && *h.versions()[0] == *schema.raw() => Ok(Some(h)),
+        _ => Err(conflict(format!(
+            "schema mismatch: child {child:?} must have no schema or the same schema history as \
+             parent {:?}",
+            parent.name
+        ))),
+    }
+}
+
+fn alter_topic(txn: &mut Txn, c: &AlterTopic) -> Result<Response, MetaError> {
+    let current = txn.topic(&c.name)?;
+    let mut next = (*current).clone();
+    if let Some(retention) = c.retention_ms {
+        check_retention_floor(retention)?;
+        for child in &current.children {
+            let delay = txn.topic(child)?.parent.as_ref().map_or(0, |l| l.fanout_delay_ms);
+            check_delay_fits_retention(retention, delay)?;
+        }
+        next.retention_ms = retention;
+    }
+    if let Some(cap) = c.max_in_flight_per_partition {
+        next.max_in_flight_per_partition = cap;
+    }
+    if let Some(cap) = c.max_acked_ahead_per_partition {
+        next.max_acked_ahead_per_partition = cap;
+    }
+    if let Some(partitions) = c.partitions {
+        if partitions <= current.partitions {
+            return Err(invalid(format!(
+                "new partition count ({partitions}) must be greater than current ({}); decrease \
+                 is not supported",
+                current.partitions
+            )));
+        }
+        next.partitions = partitions;
+    }
+    if let Some(raw) = &c.schema {
+        put_next_schema(txn, &current, raw)?;
+    }
+    let topic = if next == *current { current } else { txn.put_topic(next) };
+    Ok(Response::Topic(topic))
+}
+
+/// Appends a schema version to `topic` and to each of its children.
+fn put_next_schema(txn: &mut Txn, topic: &Topic, raw: &str) -> Result<(), MetaError> {
+    if let Some(link) = &topic.parent {
+        return Err(conflict(format!(
+            "topic {:?} is attached to parent {:?}, which manages its schema",
+            topic.name, link.name
+        )));
+    }
+    let history = txn.state.schemas.get(&topic.name).cloned();
+    let version = history.as_ref().map_or(1, |h| h.versions().len() as u32 + 1);
+    let compiled = compile(version, raw)?;
+    let next = match history {
+        Some(h) => {
+            let latest = h.latest();
+            check_backward_compatible(latest.version(), latest.raw(), raw)
+                .map_err(|e| invalid(format!("schema: {e}")))?;
+            h.with_next(compiled)
+        }
+        None => SchemaHistory::first(compiled),
+    };
+    let next = Arc::new(next);
+    txn.put_schemas(&topic.name, next.clone());
+    for child in &topic.children {
+        txn.put_schemas(child, next.clone());
+    }
+    Ok(())
+}
+
+fn delete_topic(txn: &mut Txn, name: &str) -> Result<Response, MetaError> {
+    let topic = txn.topic(name)?;
+    txn.remove_topic(name);
+    txn.remove_schemas(name);
+    txn.remove_assignments(name);
+    if let Some(link) = &topic.parent {
+        let mut parent = (*txn.topic(&link.name)?).clone();
+        parent.children.retain(|c| c != name);
+        txn.put_topic(parent);
+    }
+    for child in &topic.children {
+        let mut c = (*txn.topic(child)?).clone();
+        c.parent = None;
+        txn.put_topic(c);
+    }
+    Ok(Response::TopicDeleted(topic))
+}
+
+fn assign_partitions(txn: &mut Txn, c: &AssignPartitions) -> Result<Response, MetaError> {
+    let topic = txn.topic(&c.topic)?;
+    if topic.incarnation != c.incarnation {
+        return Err(conflict(format!(
+            "topic {:?} is incarnation {}, not {}; it was recreated",
+            c.topic, topic.incarnation, c.incarnation
+        )));
+    }
+    let mut parts: TopicAssignments =
+        txn.state.assignments.get(&c.topic).map(|a| (**a).clone()).unwrap_or_default();
+    for a in &c.assignments {
+        if a.partition >= topic.partitions {
+            return Err(invalid(format!(
+                "partition {} out of range (topic {:?} has {})",
+                a.partition, c.topic, topic.partitions
+            )));
+        }
+        if a.owner_id.is_empty() {
+            return Err(invalid("owner_id required"));
+        }
+        let assignment =
+            Assignment { owner_id: a.owner_id.clone(), target_id: a.target_id.clone() };
+        parts.insert(a.partition, assignment);
+    }
+    txn.put_assignments(&c.topic, parts);
+    Ok(Response::Assigned)
+}
+
+fn member_join(txn: &mut Txn, c: &MemberJoin) -> Result<Response, MetaError> {
+    if c.member.id.is_empty() {
+        return Err(invalid("member id required"));
+    }
+    if c.member.addr.is_empty() {
+        return Err(invalid("member addr required"));
+    }
+    Ok(Response::Member(txn.put_member(c.member.clone())))
+}
+
+fn member_dead(txn: &mut Txn, c: &MemberDead) -> Result<Response, MetaError> {
+    let current = txn.state.members.get(&c.id).cloned();
+    let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
+    let member = Member { status: MemberStatus::Dead, ..(*current).clone() };
+    Ok(Response::Member(txn.put_member(member)))
+}
+
+#[cfg(test)]
+#[path = "apply_tests.rs"]
+mod tests;

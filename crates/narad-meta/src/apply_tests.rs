@@ -1,0 +1,496 @@
+//! Unit tests of the state machine: every stateful rule, incarnations, schema
+//! evolution, fan-out links, assignments, members, counters and listing.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::command::DeleteTopic;
+use crate::config::TopicDefaults;
+use crate::request::{AlterTopicRequest, CreateTopicRequest};
+use crate::topic::Role;
+
+/// A state machine under test; checks every invariant after every command.
+#[derive(Default)]
+struct Sm {
+    state: MetaState,
+}
+
+impl Sm {
+    fn run(&mut self, cmd: Command) -> Result<Response, MetaError> {
+        let applied = apply(&self.state, self.state.applied_index + 1, &cmd)?;
+        applied.state.check_invariants().expect("invariants hold after every command");
+        self.state = applied.state;
+        Ok(applied.response)
+    }
+
+    /// Runs a command that must fail, and checks it changed nothing.
+    fn refuse(&mut self, cmd: Command) -> MetaError {
+        let before = self.state.clone();
+        let err = self.run(cmd).expect_err("command must be refused");
+        assert_eq!(self.state, before, "a refused command changes nothing");
+        err
+    }
+
+    fn create_cmd(&self, req: CreateTopicRequest) -> Command {
+        let c = req.resolve(&TopicDefaults::default(), &self.state, 1_700_000_000, 0xfeed).unwrap();
+        Command::CreateTopic(c)
+    }
+
+    fn create(&mut self, req: CreateTopicRequest) -> Arc<Topic> {
+        match self.run(self.create_cmd(req)).unwrap() {
+            Response::Topic(t) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn alter_cmd(&self, name: &str, req: AlterTopicRequest) -> Command {
+        Command::AlterTopic(req.resolve(name, &TopicDefaults::default()).unwrap())
+    }
+
+    fn alter(&mut self, name: &str, req: AlterTopicRequest) -> Result<Response, MetaError> {
+        self.run(self.alter_cmd(name, req))
+    }
+
+    fn delete(&mut self, name: &str) -> Result<Response, MetaError> {
+        self.run(Command::DeleteTopic(DeleteTopic { name: name.into() }))
+    }
+
+    fn topic(&self, name: &str) -> &Topic {
+        self.state.topic(name).unwrap()
+    }
+
+    fn schema_texts(&self, name: &str) -> Vec<String> {
+        let h = self.state.schema_history(name);
+        h.map(|h| h.versions().iter().map(|v| v.to_string()).collect()).unwrap_or_default()
+    }
+}
+
+fn req(name: &str) -> CreateTopicRequest {
+    CreateTopicRequest { name: name.into(), ..Default::default() }
+}
+
+fn child_req(name: &str, parent: &str, delay: i64) -> CreateTopicRequest {
+    CreateTopicRequest { parent: parent.into(), fanout_delay_ms: delay, ..req(name) }
+}
+
+fn with_schema(name: &str, schema: &str) -> CreateTopicRequest {
+    CreateTopicRequest { schema: Some(schema.into()), ..req(name) }
+}
+
+fn schema_alter(schema: &str) -> AlterTopicRequest {
+    AlterTopicRequest { schema: Some(schema.into()), ..Default::default() }
+}
+
+const S1: &str = r#"{"type":"object","properties":{"id":{"type":"integer"}},"required":["id"]}"#;
+const S2: &str = r#"{"type":"object","properties":{"id":{"type":"integer"},"note":{"type":"string"}},"required":["id"]}"#;
+const S_DROPS_ID: &str = r#"{"type":"object","properties":{"note":{"type":"string"}}}"#;
+
+#[test]
+fn a_created_topic_holds_every_option() {
+    let mut sm = Sm::default();
+    let t = sm.create(CreateTopicRequest { owner: "alice".into(), partitions: 5, ..req("orders") });
+    assert_eq!((t.name(), t.partitions(), t.owner()), ("orders", 5, "alice"));
+    assert_eq!((t.retention_ms(), t.visibility_timeout_ms()), (604_800_000, 30_000));
+    assert_eq!((t.max_in_flight_per_partition(), t.max_acked_ahead_per_partition()), (1024, 1024));
+    assert_eq!((t.created_at(), t.role(), t.incarnation()), (1_700_000_000, Role::Standalone, 1));
+    assert_eq!(sm.state.topic("orders"), Some(&t));
+}
+
+#[test]
+fn duplicate_create_is_409_topic_already_exists() {
+    let mut sm = Sm::default();
+    sm.create(req("t"));
+    let cmd = sm.create_cmd(req("t"));
+    let e = sm.refuse(cmd);
+    assert_eq!((e.status(), e.to_string()), (409, "topic already exists".to_owned()));
+}
+
+#[test]
+fn recreate_after_delete_gets_a_new_incarnation() {
+    let mut sm = Sm::default();
+    let first = sm.create(req("t"));
+    sm.create(req("other"));
+    match sm.delete("t").unwrap() {
+        Response::TopicDeleted(t) => assert_eq!(t.incarnation(), first.incarnation()),
+        other => panic!("{other:?}"),
+    }
+    assert!(sm.state.topic("t").is_none());
+    let second = sm.create(req("t"));
+    assert_ne!(second.incarnation(), first.incarnation());
+    assert_ne!(second.incarnation(), sm.topic("other").incarnation());
+    assert_eq!(second.incarnation(), sm.state.applied_index());
+}
+
+#[test]
+fn missing_topics_are_404_topic_not_found() {
+    let mut sm = Sm::default();
+    let e = sm.refuse(Command::DeleteTopic(DeleteTopic { name: "nope".into() }));
+    assert_eq!((e.status(), e.to_string()), (404, "topic not found".to_owned()));
+    let alter = sm.alter_cmd("nope", AlterTopicRequest { partitions: 4, ..Default::default() });
+    assert_eq!(sm.refuse(alter).status(), 404);
+}
+
+#[test]
+fn apply_rechecks_rules_a_proposer_may_have_skipped() {
+    let mut sm = Sm::default();
+    let Command::CreateTopic(good) = sm.create_cmd(req("t")) else { unreachable!() };
+    let bad = [
+        CreateTopic { partitions: 2, ..good.clone() },
+        CreateTopic { retention_ms: 1000, ..good.clone() },
+        CreateTopic { name: "..".into(), ..good.clone() },
+        CreateTopic { schema: Some("{".into()), ..good.clone() },
+    ];
+    for c in bad {
+        assert_eq!(sm.refuse(Command::CreateTopic(c)).status(), 400);
+    }
+}
+
+#[test]
+fn alter_changes_retention_caps_and_grows_partitions() {
+    let mut sm = Sm::default();
+    sm.create(req("t"));
+    let resp = sm
+        .alter(
+            "t",
+            AlterTopicRequest {
+                partitions: 8,
+                retention_ms: Some(7_200_000),
+                max_in_flight_per_partition: Some(5),
+                max_acked_ahead_per_partition: Some(6),
+                schema: None,
+            },
+        )
+        .unwrap();
+    let Response::Topic(t) = resp else { panic!() };
+    assert_eq!((t.partitions(), t.retention_ms()), (8, 7_200_000));
+    assert_eq!((t.max_in_flight_per_partition(), t.max_acked_ahead_per_partition()), (5, 6));
+    assert_eq!(t.incarnation(), 1, "alter keeps the incarnation");
+    assert_eq!(sm.topic("t"), &*t);
+}
+
+#[test]
+fn partitions_only_grow() {
+    let mut sm = Sm::default();
+    sm.create(CreateTopicRequest { partitions: 5, ..req("t") });
+    for n in [5, 4] {
+        let cmd = sm.alter_cmd("t", AlterTopicRequest { partitions: n, ..Default::default() });
+        let e = sm.refuse(cmd);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "invalid argument: new partition count ({n}) must be greater than current (5); \
+                 decrease is not supported"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_schema_evolves_only_compatibly() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("t", S1));
+    assert_eq!(sm.state.compiled_schema("t").unwrap().version(), 1);
+    sm.alter("t", schema_alter(S2)).unwrap();
+    assert_eq!(sm.schema_texts("t"), vec![S1, S2]);
+    assert_eq!(sm.state.compiled_schema("t").unwrap().version(), 2);
+    let e = sm.refuse(sm.alter_cmd("t", schema_alter(S_DROPS_ID)));
+    assert_eq!(
+        e.to_string(),
+        r#"invalid argument: schema: not backward compatible with version 2: property "id" was removed"#
+    );
+    let e = sm.refuse(sm.alter_cmd("t", schema_alter(r#"{"type":"bogus"}"#)));
+    assert!(e.to_string().starts_with("invalid argument: schema: "), "{e}");
+}
+
+#[test]
+fn the_first_schema_of_a_topic_needs_no_compatibility() {
+    let mut sm = Sm::default();
+    sm.create(req("t"));
+    sm.alter("t", schema_alter(S_DROPS_ID)).unwrap();
+    assert_eq!(sm.schema_texts("t"), vec![S_DROPS_ID]);
+}
+
+#[test]
+fn an_alter_applies_all_of_its_steps_or_none() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("t", S1));
+    let all = AlterTopicRequest {
+        retention_ms: Some(7_200_000),
+        partitions: 9,
+        ..schema_alter(S_DROPS_ID)
+    };
+    let cmd = sm.alter_cmd("t", all);
+    sm.refuse(cmd);
+    assert_eq!((sm.topic("t").retention_ms(), sm.topic("t").partitions()), (604_800_000, 3));
+}
+
+#[test]
+fn a_child_links_to_its_parent_and_takes_its_partition_count() {
+    let mut sm = Sm::default();
+    sm.create(CreateTopicRequest { partitions: 6, ..req("p") });
+    let c = sm.create(child_req("c", "p", 0));
+    assert_eq!((c.role(), c.partitions()), (Role::Child, 6));
+    let link = c.parent().unwrap();
+    assert_eq!((link.name.as_str(), link.attach_epoch.as_str()), ("p", "000000000000feed"));
+    let p = sm.topic("p");
+    assert_eq!((p.role(), p.children()), (Role::Parent, &["c".to_owned()][..]));
+    let explicit = sm.create(CreateTopicRequest { partitions: 3, ..child_req("d", "p", 0) });
+    assert_eq!(explicit.partitions(), 3);
+    assert_eq!(sm.topic("p").children(), &["c".to_owned(), "d".to_owned()][..]);
+}
+
+#[test]
+fn a_child_adopts_its_parents_schema_or_brings_the_same_one() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("p", S1));
+    sm.alter("p", schema_alter(S2)).unwrap();
+    sm.create(child_req("adopts", "p", 0));
+    assert_eq!(sm.schema_texts("adopts"), vec![S1, S2]);
+    let mismatch =
+        sm.create_cmd(CreateTopicRequest { schema: Some(S2.into()), ..child_req("c", "p", 0) });
+    let e = sm.refuse(mismatch);
+    assert_eq!(e.status(), 409);
+    assert!(e.to_string().starts_with("schema mismatch"), "{e}");
+
+    sm.create(with_schema("q", S1));
+    sm.create(CreateTopicRequest { schema: Some(S1.into()), ..child_req("same", "q", 0) });
+    assert_eq!(sm.schema_texts("same"), vec![S1]);
+    sm.create(req("bare"));
+    let e =
+        sm.refuse(sm.create_cmd(CreateTopicRequest {
+            schema: Some(S1.into()),
+            ..child_req("x", "bare", 0)
+        }));
+    assert_eq!(e.status(), 409);
+}
+
+#[test]
+fn fan_out_is_one_level_deep_and_bounded() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    sm.create(child_req("c", "p", 0));
+    let e = sm.refuse(sm.create_cmd(child_req("grandchild", "c", 0)));
+    assert_eq!(e.status(), 409);
+    assert_eq!(e.to_string(), r#"topic "c" is a child of "p" and cannot have children"#);
+    for i in 1..108 {
+        sm.create(child_req(&format!("c{i}"), "p", 0));
+    }
+    assert_eq!(sm.topic("p").children().len(), 108);
+    let e = sm.refuse(sm.create_cmd(child_req("one-too-many", "p", 0)));
+    assert_eq!(
+        (e.status(), e.to_string()),
+        (409, r#"parent topic "p" already has 108 children"#.into())
+    );
+}
+
+#[test]
+fn a_delayed_child_needs_a_parent_retention_of_delay_plus_an_hour() {
+    let mut sm = Sm::default();
+    sm.create(CreateTopicRequest { retention_ms: 7_200_000, ..req("p") });
+    let e = sm.refuse(sm.create_cmd(child_req("c", "p", 3_600_001)));
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: parent retention_ms (7200000) must be at least fanout_delay_ms + 1 hour (7200001)"
+    );
+    let c = sm.create(child_req("c", "p", 3_600_000));
+    assert!(c.is_delayed_child());
+    let shrink = sm
+        .alter_cmd("p", AlterTopicRequest { retention_ms: Some(7_199_999), ..Default::default() });
+    assert_eq!(sm.refuse(shrink).status(), 400);
+    sm.create(CreateTopicRequest { retention_ms: 0, ..req("forever") });
+    let keep_forever =
+        sm.alter_cmd("forever", AlterTopicRequest { retention_ms: Some(0), ..Default::default() });
+    sm.run(keep_forever).unwrap();
+}
+
+#[test]
+fn a_parent_deleted_between_resolve_and_apply_is_404() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    let cmd = sm.create_cmd(child_req("c", "p", 0));
+    sm.delete("p").unwrap();
+    let e = sm.refuse(cmd);
+    assert_eq!((e.status(), e.to_string()), (404, r#"topic not found: parent topic "p""#.into()));
+}
+
+#[test]
+fn a_parent_manages_its_childrens_schema() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("p", S1));
+    sm.create(child_req("c", "p", 0));
+    let e = sm.refuse(sm.alter_cmd("c", schema_alter(S2)));
+    assert_eq!(e.status(), 409);
+    assert_eq!(e.to_string(), r#"topic "c" is attached to parent "p", which manages its schema"#);
+    sm.alter("p", schema_alter(S2)).unwrap();
+    assert_eq!(sm.schema_texts("c"), vec![S1, S2]);
+    assert_eq!(sm.state.compiled_schema("c").unwrap().version(), 2);
+}
+
+#[test]
+fn deleting_a_parent_leaves_standalone_children_with_their_schema() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("p", S1));
+    sm.create(child_req("c", "p", 5));
+    sm.delete("p").unwrap();
+    let c = sm.topic("c");
+    assert_eq!((c.role(), c.parent(), c.is_delayed_child()), (Role::Standalone, None, false));
+    assert_eq!(sm.schema_texts("c"), vec![S1]);
+    sm.alter("c", schema_alter(S2)).unwrap();
+}
+
+#[test]
+fn deleting_the_last_child_makes_the_parent_standalone() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    sm.create(child_req("a", "p", 0));
+    sm.create(child_req("b", "p", 0));
+    sm.delete("a").unwrap();
+    assert_eq!(sm.topic("p").children(), &["b".to_owned()][..]);
+    sm.delete("b").unwrap();
+    assert_eq!(sm.topic("p").role(), Role::Standalone);
+}
+
+fn assign(topic: &str, incarnation: u64, parts: &[(u32, &str)]) -> Command {
+    Command::AssignPartitions(AssignPartitions {
+        topic: topic.into(),
+        incarnation,
+        assignments: parts
+            .iter()
+            .map(|(p, owner)| crate::command::PartitionAssignment {
+                partition: *p,
+                owner_id: (*owner).into(),
+                target_id: None,
+            })
+            .collect(),
+    })
+}
+
+#[test]
+fn assignments_belong_to_one_incarnation_and_die_with_it() {
+    let mut sm = Sm::default();
+    let t = sm.create(req("t"));
+    sm.run(assign("t", t.incarnation(), &[(0, "n1"), (1, "n1"), (2, "n2")])).unwrap();
+    assert_eq!(sm.state.assignment("t", 2).unwrap().owner_id, "n2");
+    sm.run(assign("t", t.incarnation(), &[(2, "n1")])).unwrap();
+    assert_eq!(sm.state.assignments("t").unwrap().len(), 3);
+    assert_eq!(sm.state.assignment("t", 2).unwrap().owner_id, "n1");
+    let e = sm.refuse(assign("t", t.incarnation(), &[(3, "n1")]));
+    assert_eq!(e.to_string(), r#"invalid argument: partition 3 out of range (topic "t" has 3)"#);
+    assert_eq!(sm.refuse(assign("t", t.incarnation(), &[(0, "")])).status(), 400);
+    sm.delete("t").unwrap();
+    assert!(sm.state.assignments("t").is_none());
+    let again = sm.create(req("t"));
+    assert!(sm.state.assignment("t", 0).is_none());
+    let e = sm.refuse(assign("t", t.incarnation(), &[(0, "n1")]));
+    assert_eq!(e.status(), 409);
+    sm.run(assign("t", again.incarnation(), &[(0, "n1")])).unwrap();
+    assert_eq!(sm.refuse(assign("nope", 1, &[])).status(), 404);
+}
+
+fn member(id: &str, at: i64) -> Member {
+    Member {
+        id: id.into(),
+        addr: "127.0.0.1:7942".into(),
+        cluster_addr: None,
+        status: MemberStatus::Alive,
+        last_heartbeat: at,
+    }
+}
+
+#[test]
+fn members_are_upserted_and_marked_dead() {
+    let mut sm = Sm::default();
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 10) })).unwrap();
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 15) })).unwrap();
+    assert_eq!(sm.state.member("n1").unwrap().last_heartbeat, 15);
+    sm.run(Command::MemberDead(MemberDead { id: "n1".into() })).unwrap();
+    assert_eq!(sm.state.member("n1").unwrap().status, MemberStatus::Dead);
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 20) })).unwrap();
+    assert_eq!(sm.state.member("n1").unwrap().status, MemberStatus::Alive);
+    let e = sm.refuse(Command::MemberDead(MemberDead { id: "n9".into() }));
+    assert_eq!((e.status(), e.to_string()), (404, "member not found".to_owned()));
+    let e = sm.refuse(Command::MemberJoin(MemberJoin { member: member("", 1) }));
+    assert_eq!(e.to_string(), "invalid argument: member id required");
+}
+
+#[test]
+fn each_command_bumps_the_counter_of_each_domain_it_changed_once() {
+    let mut sm = Sm::default();
+    let v = |sm: &Sm| {
+        let v = sm.state.versions();
+        [v.topics, v.schemas, v.assignments, v.members, v.users]
+    };
+    let t = sm.create(with_schema("p", S1));
+    assert_eq!(v(&sm), [1, 1, 0, 0, 0]);
+    sm.create(child_req("c", "p", 0));
+    assert_eq!(v(&sm), [2, 2, 0, 0, 0], "a child create writes two topics and a schema copy");
+    sm.alter("p", AlterTopicRequest { max_in_flight_per_partition: Some(3), ..Default::default() })
+        .unwrap();
+    assert_eq!(v(&sm), [3, 2, 0, 0, 0]);
+    sm.alter("p", schema_alter(S2)).unwrap();
+    assert_eq!(v(&sm), [3, 3, 0, 0, 0], "a new schema version changes no topic record");
+    sm.run(assign("p", t.incarnation(), &[(0, "n1")])).unwrap();
+    assert_eq!(v(&sm), [3, 3, 1, 0, 0]);
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 1) })).unwrap();
+    assert_eq!(v(&sm), [3, 3, 1, 1, 0]);
+    sm.delete("p").unwrap();
+    assert_eq!(v(&sm), [4, 4, 2, 1, 0]);
+    sm.refuse(Command::DeleteTopic(DeleteTopic { name: "p".into() }));
+    assert_eq!(v(&sm), [4, 4, 2, 1, 0]);
+}
+
+#[test]
+#[should_panic(expected = "is not after the applied index")]
+fn apply_refuses_an_index_that_does_not_grow() {
+    let mut sm = Sm::default();
+    sm.create(req("t"));
+    let cmd = sm.create_cmd(req("u"));
+    let _ = apply(&sm.state, sm.state.applied_index(), &cmd);
+}
+
+fn page_names(page: &crate::state::TopicPage) -> Vec<&str> {
+    page.topics.iter().map(|t| t.name()).collect()
+}
+
+#[test]
+fn listing_pages_by_name_in_byte_order() {
+    let mut sm = Sm::default();
+    for name in ["b", "a", "C", "a.1", "z", "_"] {
+        sm.create(req(name));
+    }
+    let p1 = sm.state.list_topics("", 2);
+    assert_eq!((page_names(&p1), p1.next_page_token.as_str()), (vec!["C", "_"], "_"));
+    let p2 = sm.state.list_topics(&p1.next_page_token, 2);
+    assert_eq!((page_names(&p2), p2.next_page_token.as_str()), (vec!["a", "a.1"], "a.1"));
+    let p3 = sm.state.list_topics(&p2.next_page_token, 2);
+    assert_eq!((page_names(&p3), p3.next_page_token.as_str()), (vec!["b", "z"], ""));
+    let all = sm.state.list_topics("", 0);
+    assert_eq!((all.topics.len(), all.next_page_token.as_str()), (6, ""));
+}
+
+#[test]
+fn a_deleted_page_token_resumes_at_the_next_name() {
+    let mut sm = Sm::default();
+    for name in ["a", "b", "c", "d"] {
+        sm.create(req(name));
+    }
+    let p1 = sm.state.list_topics("", 2);
+    assert_eq!(p1.next_page_token, "b");
+    sm.delete("b").unwrap();
+    let p2 = sm.state.list_topics(&p1.next_page_token, 2);
+    assert_eq!((page_names(&p2), p2.next_page_token.as_str()), (vec!["c", "d"], ""));
+    assert!(sm.state.list_topics("zzz", 10).topics.is_empty());
+}
+
+#[test]
+fn listing_limits_are_clamped_to_a_thousand() {
+    let mut sm = Sm::default();
+    for i in 0..1001 {
+        sm.create(req(&format!("t{i:04}")));
+    }
+    let page = sm.state.list_topics("", 5000);
+    assert_eq!((page.topics.len(), page.next_page_token.as_str()), (1000, "t0999"));
+    assert_eq!(sm.state.list_topics("", 0).topics.len(), 100);
+    let last = sm.state.list_topics(&page.next_page_token, 5000);
+    assert_eq!((page_names(&last), last.next_page_token.as_str()), (vec!["t1000"], ""));
+}

@@ -1,0 +1,46 @@
+//! narad-meta: the metastore.
+//!
+//! Topics (every option of SPEC §1.4, their incarnation ids and fan-out
+//! links), schema histories, partition assignments and members, kept as a
+//! deterministic state machine of [`Command`]s:
+//!
+//! * [`request`] turns what a user asked for into a command (defaults and
+//!   stateless rules, SPEC's error texts);
+//! * [`apply()`] applies a command at an index to a [`MetaState`] (pure: no
+//!   clock, no randomness, no I/O);
+//! * [`MetaStore`] applies commands one by one, persisting each in a redb
+//!   transaction (`<data>/metastore/fsm.redb`, through `narad_fs`), and
+//!   serves reads from an in-memory snapshot. It implements [`MetaWriter`],
+//!   the seam a Raft-replicated store will implement later.
+//!
+//! Errors are one enum, [`MetaError`], with one HTTP status per variant.
+
+pub mod apply;
+mod assignment;
+pub mod command;
+mod config;
+mod error;
+pub mod limits;
+mod member;
+pub mod request;
+pub mod schema;
+mod state;
+mod storage;
+mod store;
+mod topic;
+
+pub use apply::{Applied, apply};
+pub use assignment::Assignment;
+pub use command::{
+    AlterTopic, AssignPartitions, Command, CreateTopic, DeleteTopic, MemberDead, MemberJoin,
+    PartitionAssignment, Response,
+};
+pub use config::TopicDefaults;
+pub use error::{MetaError, StorageError};
+pub use member::{Member, MemberStatus};
+pub use request::{AlterTopicRequest, CreateTopicRequest, parse_list_limit, validate_topic_name};
+pub use schema::{CompiledSchema, SchemaHistory};
+pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
+pub use storage::FORMAT_VERSION;
+pub use store::{MetaStore, MetaStoreOptions, MetaWriter, metastore_path};
+pub use topic::{ParentLink, Role, Topic, TopicJson};

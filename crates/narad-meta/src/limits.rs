@@ -1,0 +1,31 @@
+//! Every bound the metastore enforces, in one place. Relations between them
+//! are checked at compile time at the bottom of this file.
+
+/// The longest topic name, in bytes (`^[A-Za-z0-9._-]{1,255}$`).
+pub const TOPIC_NAME_LEN_MAX: usize = 255;
+
+/// The fewest partitions a topic may have.
+pub const PARTITIONS_MIN: u32 = 3;
+
+/// The shortest non-zero retention: one hour. Zero means keep forever.
+pub const RETENTION_MS_MIN: u64 = 60 * 60 * 1000;
+
+/// The longest fan-out delay of a child topic: one year.
+pub const FANOUT_DELAY_MS_MAX: u64 = 365 * 24 * 60 * 60 * 1000;
+
+/// The most children one parent topic may fan out to.
+pub const CHILDREN_PER_PARENT_MAX: usize = 108;
+
+/// Hex digits of an attach epoch (8 random bytes).
+pub const ATTACH_EPOCH_HEX_LEN: usize = 16;
+
+/// Topics per page of a listing when the caller gives no limit.
+pub const LIST_LIMIT_DEFAULT: usize = 100;
+
+/// The largest page of a listing; larger limits are clamped to it.
+pub const LIST_LIMIT_MAX: usize = 1000;
+
+const _: () = assert!(LIST_LIMIT_DEFAULT <= LIST_LIMIT_MAX);
+const _: () = assert!(FANOUT_DELAY_MS_MAX == 31_536_000_000);
+const _: () = assert!(RETENTION_MS_MIN == 3_600_000);
+const _: () = assert!(ATTACH_EPOCH_HEX_LEN == 2 * 8);

@@ -1,0 +1,306 @@
+//! The metastore on disk: one redb database, `<data>/metastore/fsm.redb`,
+//! reached through [`narad_fs`] (see [`backend`]).
+//!
+//! # Layout
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `meta` | `&str` | `u64`: `format` (= [`FORMAT_VERSION`]), `applied_index`, `versions.topics`, `versions.schemas`, `versions.assignments`, `versions.members`, `versions.users` |
+//! | `topics` | name | the [`Topic`] record as JSON |
+//! | `schemas` | (topic, version ≥ 1) | the schema text as the user sent it |
+//! | `assignments` | (topic, partition) | the [`Assignment`] as JSON (`{"owner_id","target_id"?}`) |
+//! | `members` | id | the [`Member`] as JSON |
+//!
+//! # Invariants
+//!
+//! * One redb write transaction per applied command carries everything the
+//!   command changed together with its index and the change counters, and
+//!   is durable when the commit returns (redb's immediate durability: the
+//!   data pages and the commit slot are fsynced before it returns).
+//! * Rows mirror the in-memory state exactly: a command rewrites every row
+//!   of each key it touched (a topic's whole schema history, a topic's whole
+//!   assignment set) from the state after the command.
+//! * The state read back must pass [`MetaState::check_invariants`] and every
+//!   stored schema must still compile; otherwise the open fails as corrupt.
+//!
+//! # What a crash may leave
+//!
+//! redb commits atomically: after a crash the file holds the state as of the
+//! last command whose commit reached the disk, which is every command whose
+//! apply returned `Ok` and perhaps the one in flight, never part of one. A
+//! crash while the file is first created leaves an empty or freshly
+//! initialised database, which opens as empty.
+
+pub(crate) mod backend;
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use narad_fs::{Fs, OpenMode};
+use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
+
+use crate::apply::Applied;
+use crate::assignment::Assignment;
+use crate::error::StorageError;
+use crate::member::Member;
+use crate::schema::SchemaHistory;
+use crate::state::{MetaState, TopicAssignments, Versions};
+use crate::topic::Topic;
+use backend::FsBackend;
+
+/// The on-disk format this build reads and writes. A change to any table or
+/// record shape takes the next number.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// redb's page cache for the metastore; reads are served from memory, so
+/// this only bounds what commits and the open scan hold.
+const CACHE_BYTES: usize = 16 << 20;
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
+const SCHEMAS: TableDefinition<(&str, u32), &str> = TableDefinition::new("schemas");
+const ASSIGNMENTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("assignments");
+const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
+
+const KEY_FORMAT: &str = "format";
+const KEY_APPLIED: &str = "applied_index";
+const KEY_VERSIONS: [&str; 5] = [
+    "versions.topics",
+    "versions.schemas",
+    "versions.assignments",
+    "versions.members",
+    "versions.users",
+];
+
+fn versions_array(v: &Versions) -> [u64; 5] {
+    [v.topics, v.schemas, v.assignments, v.members, v.users]
+}
+
+fn redb_err(context: &'static str) -> impl FnOnce(redb::Error) -> StorageError {
+    move |e| StorageError::redb(context, e)
+}
+
+/// The open database.
+#[derive(Debug)]
+pub(crate) struct MetaDb {
+    db: redb::Database,
+}
+
+impl MetaDb {
+    /// Opens (creating if needed) the database at `path` and reads the state.
+    pub(crate) fn open(fs: &dyn Fs, path: &Path) -> Result<(MetaDb, MetaState), StorageError> {
+        let io_err =
+            |context: String| move |source: io::Error| StorageError::Io { context, source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs.create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
+        }
+        let file = match fs.open(path, OpenMode::Existing) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs.open(path, OpenMode::CreateNew),
+            other => other,
+        }
+        .map_err(io_err(format!("open {}", path.display())))?;
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create_with_backend(FsBackend::new(file))
+            .map_err(|e| StorageError::redb("open database", e))?;
+        let meta_db = MetaDb { db };
+        let state = match meta_db.load()? {
+            Some(state) => state,
+            None => {
+                meta_db.init()?;
+                MetaState::default()
+            }
+        };
+        Ok((meta_db, state))
+    }
+
+    /// Creates the tables and the meta rows of an empty database.
+    fn init(&self) -> Result<(), StorageError> {
+        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
+        init_tables(&txn).map_err(redb_err("init"))?;
+        txn.commit().map_err(|e| StorageError::redb("commit init", e))
+    }
+
+    /// Reads the whole state; `None` for a database never initialised.
+    fn load(&self) -> Result<Option<MetaState>, StorageError> {
+        let read = |e: redb::Error| StorageError::redb("read", e);
+        let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
+        let meta = match txn.open_table(META) {
+            Ok(t) => t,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(read(e.into())),
+        };
+        let get = |key: &str| -> Result<u64, StorageError> {
+            let v = meta.get(key).map_err(|e| read(e.into()))?;
+            v.map(|g| g.value())
+                .ok_or_else(|| StorageError::Corrupt(format!("no meta row {key:?}")))
+        };
+        let format = get(KEY_FORMAT)?;
+        if format != FORMAT_VERSION {
+            return Err(StorageError::UnsupportedFormat {
+                found: format,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let mut state = MetaState { applied_index: get(KEY_APPLIED)?, ..MetaState::default() };
+        let [topics, schemas, assignments, members, users] = KEY_VERSIONS;
+        state.versions = Versions {
+            topics: get(topics)?,
+            schemas: get(schemas)?,
+            assignments: get(assignments)?,
+            members: get(members)?,
+            users: get(users)?,
+        };
+        state.topics = Arc::new(load_topics(&txn)?);
+        state.schemas = Arc::new(load_schemas(&txn)?);
+        state.assignments = Arc::new(load_assignments(&txn)?);
+        state.members = Arc::new(load_members(&txn)?);
+        state.check_invariants().map_err(StorageError::Corrupt)?;
+        Ok(Some(state))
+    }
+
+    /// Persists one applied command: its changed rows, its index and the
+    /// counters, in one transaction, durable when this returns.
+    pub(crate) fn commit(&self, applied: &Applied) -> Result<(), StorageError> {
+        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin write", e))?;
+        write_changes(&txn, applied).map_err(redb_err("write"))?;
+        txn.commit().map_err(|e| StorageError::redb("commit", e))
+    }
+}
+
+fn init_tables(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    meta.insert(KEY_FORMAT, FORMAT_VERSION)?;
+    meta.insert(KEY_APPLIED, 0)?;
+    for key in KEY_VERSIONS {
+        meta.insert(key, 0)?;
+    }
+    txn.open_table(TOPICS)?;
+    txn.open_table(SCHEMAS)?;
+    txn.open_table(ASSIGNMENTS)?;
+    txn.open_table(MEMBERS)?;
+    Ok(())
+}
+
+fn write_changes(txn: &redb::WriteTransaction, applied: &Applied) -> Result<(), redb::Error> {
+    let (state, dirty) = (&applied.state, &applied.dirty);
+    let mut topics = txn.open_table(TOPICS)?;
+    for name in &dirty.topics {
+        match state.topics.get(name) {
+            Some(t) => topics.insert(name.as_str(), encode(t.as_ref()).as_slice())?,
+            None => topics.remove(name.as_str())?,
+        };
+    }
+    let mut schemas = txn.open_table(SCHEMAS)?;
+    for name in &dirty.schemas {
+        let name = name.as_str();
+        schemas.retain_in((name, 0u32)..=(name, u32::MAX), |_, _| false)?;
+        for (i, raw) in state.schemas.get(name).iter().flat_map(|h| h.versions().iter().enumerate())
+        {
+            schemas.insert((name, i as u32 + 1), raw.as_ref())?;
+        }
+    }
+    let mut assignments = txn.open_table(ASSIGNMENTS)?;
+    for name in &dirty.assignments {
+        let name = name.as_str();
+        assignments.retain_in((name, 0u32)..=(name, u32::MAX), |_, _| false)?;
+        for (p, a) in state.assignments.get(name).iter().flat_map(|parts| parts.iter()) {
+            assignments.insert((name, *p), encode(a).as_slice())?;
+        }
+    }
+    let mut members = txn.open_table(MEMBERS)?;
+    for id in &dirty.members {
+        match state.members.get(id) {
+            Some(m) => members.insert(id.as_str(), encode(m.as_ref()).as_slice())?,
+            None => members.remove(id.as_str())?,
+        };
+    }
+    let mut meta = txn.open_table(META)?;
+    meta.insert(KEY_APPLIED, state.applied_index)?;
+    for (key, value) in KEY_VERSIONS.into_iter().zip(versions_array(&state.versions)) {
+        meta.insert(key, value)?;
+    }
+    Ok(())
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("metastore records always serialize")
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StorageError> {
+    serde_json::from_slice(bytes).map_err(|e| StorageError::Corrupt(format!("{what}: {e}")))
+}
+
+fn read_err(e: impl Into<redb::Error>) -> StorageError {
+    StorageError::redb("read", e)
+}
+
+fn load_topics(txn: &redb::ReadTransaction) -> Result<BTreeMap<String, Arc<Topic>>, StorageError> {
+    let table = txn.open_table(TOPICS).map_err(read_err)?;
+    let mut out = BTreeMap::new();
+    for row in table.iter().map_err(read_err)? {
+        let (k, v) = row.map_err(read_err)?;
+        let name = k.value().to_owned();
+        let topic: Topic = decode(&format!("topic {name:?}"), v.value())?;
+        out.insert(name, Arc::new(topic));
+    }
+    Ok(out)
+}
+
+fn load_schemas(
+    txn: &redb::ReadTransaction,
+) -> Result<BTreeMap<String, Arc<SchemaHistory>>, StorageError> {
+    let table = txn.open_table(SCHEMAS).map_err(read_err)?;
+    let mut texts: BTreeMap<String, Vec<Arc<str>>> = BTreeMap::new();
+    for row in table.iter().map_err(read_err)? {
+        let (k, v) = row.map_err(read_err)?;
+        let (name, version) = k.value();
+        let versions = texts.entry(name.to_owned()).or_default();
+        if version as usize != versions.len() + 1 {
+            return Err(StorageError::Corrupt(format!(
+                "schema versions of {name:?} are not dense: found {version} after {}",
+                versions.len()
+            )));
+        }
+        versions.push(Arc::from(v.value()));
+    }
+    texts
+        .into_iter()
+        .map(|(name, versions)| {
+            let history = SchemaHistory::from_versions(versions).map_err(|e| {
+                StorageError::Corrupt(format!("stored schema of {name:?} does not compile: {e}"))
+            })?;
+            Ok((name, Arc::new(history)))
+        })
+        .collect()
+}
+
+fn load_assignments(
+    txn: &redb::ReadTransaction,
+) -> Result<BTreeMap<String, Arc<TopicAssignments>>, StorageError> {
+    let table = txn.open_table(ASSIGNMENTS).map_err(read_err)?;
+    let mut out: BTreeMap<String, TopicAssignments> = BTreeMap::new();
+    for row in table.iter().map_err(read_err)? {
+        let (k, v) = row.map_err(read_err)?;
+        let (name, partition) = k.value();
+        let a: Assignment = decode(&format!("assignment {name:?}/{partition}"), v.value())?;
+        out.entry(name.to_owned()).or_default().insert(partition, a);
+    }
+    Ok(out.into_iter().map(|(k, v)| (k, Arc::new(v))).collect())
+}
+
+fn load_members(
+    txn: &redb::ReadTransaction,
+) -> Result<BTreeMap<String, Arc<Member>>, StorageError> {
+    let table = txn.open_table(MEMBERS).map_err(read_err)?;
+    let mut out = BTreeMap::new();
+    for row in table.iter().map_err(read_err)? {
+        let (k, v) = row.map_err(read_err)?;
+        let id = k.value().to_owned();
+        let member: Member = decode(&format!("member {id:?}"), v.value())?;
+        out.insert(id, Arc::new(member));
+    }
+    Ok(out)
+}

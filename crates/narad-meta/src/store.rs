@@ -1,0 +1,255 @@
+//! `MetaStore`: the single-node metastore. Writes apply commands directly,
+//! one at a time, each in its own redb transaction; reads are served from an
+//! in-memory snapshot.
+//!
+//! # The seam for the cluster
+//!
+//! Callers write through [`MetaWriter::propose`] and read from a
+//! [`MetaState`] snapshot. This store fulfils `propose` by applying the
+//! command at the next index and committing it; a replicated store will
+//! fulfil it by appending the same command to the Raft log and applying it
+//! on commit with the same [`crate::apply`], so callers do not change.
+//!
+//! # Concurrency
+//!
+//! Proposals serialize on one mutex (held across the commit, so snapshots
+//! are published in index order). The snapshot is an `Arc<MetaState>` behind
+//! an `RwLock` that is held only to clone or swap the `Arc`: a hot-path read
+//! (the topic of every produce) takes no redb transaction and allocates
+//! nothing beyond that clone.
+//!
+//! # Failures
+//!
+//! A failed commit poisons the store (it is never retried: the disk state
+//! after a failed fsync is unknown). Every later write fails with
+//! [`StorageError::Poisoned`]; reads keep serving the last applied state;
+//! reopening recovers whatever the disk holds.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use narad_clock::ClockRef;
+use narad_fs::{Fs, SimRng};
+
+use crate::apply::apply;
+use crate::command::{
+    AssignPartitions, Command, DeleteTopic, MemberDead, MemberJoin, PartitionAssignment, Response,
+};
+use crate::config::TopicDefaults;
+use crate::error::{MetaError, StorageError};
+use crate::member::Member;
+use crate::request::{AlterTopicRequest, CreateTopicRequest};
+use crate::schema::CompiledSchema;
+use crate::state::{MetaState, TopicPage, Versions};
+use crate::storage::MetaDb;
+use crate::topic::Topic;
+
+/// Where the metastore lives under the data directory.
+pub fn metastore_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("metastore").join("fsm.redb")
+}
+
+/// Applies commands to the metastore. Blocking: a commit waits for an
+/// fsync, so async callers run it on a blocking thread.
+pub trait MetaWriter: Send + Sync {
+    /// Applies `command` (locally, or through consensus) and returns its
+    /// response once it is durable.
+    fn propose(&self, command: Command) -> Result<Response, MetaError>;
+}
+
+/// How a store is opened.
+#[derive(Debug, Clone)]
+pub struct MetaStoreOptions {
+    /// Topic defaults and bounds.
+    pub defaults: TopicDefaults,
+    /// The clock that stamps `created_at`.
+    pub clock: ClockRef,
+    /// Seed of the attach-epoch generator; `None` seeds it randomly.
+    pub rng_seed: Option<u64>,
+}
+
+struct Writer {
+    db: MetaDb,
+    poisoned: Option<String>,
+}
+
+/// The single-node metastore.
+pub struct MetaStore {
+    writer: Mutex<Writer>,
+    snapshot: RwLock<Arc<MetaState>>,
+    defaults: TopicDefaults,
+    clock: ClockRef,
+    rng: Mutex<SimRng>,
+}
+
+impl std::fmt::Debug for MetaStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaStore")
+            .field("applied_index", &self.snapshot().applied_index())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl MetaStore {
+    /// Opens the metastore under `data_dir` ([`metastore_path`]), creating
+    /// it if needed, and loads its state.
+    pub fn open(
+        fs: &dyn Fs,
+        data_dir: &Path,
+        options: MetaStoreOptions,
+    ) -> Result<Self, MetaError> {
+        options.defaults.validate().map_err(MetaError::Invalid)?;
+        let path = metastore_path(data_dir);
+        let (db, state) = MetaDb::open(fs, &path)?;
+        tracing::info!(
+            path = %path.display(),
+            applied_index = state.applied_index(),
+            topics = state.topic_count(),
+            "metastore opened"
+        );
+        let seed = options
+            .rng_seed
+            .unwrap_or_else(|| RandomState::new().hash_one(options.clock.wall_ms()));
+        Ok(MetaStore {
+            writer: Mutex::new(Writer { db, poisoned: None }),
+            snapshot: RwLock::new(Arc::new(state)),
+            defaults: options.defaults,
+            clock: options.clock,
+            rng: Mutex::new(SimRng::new(seed)),
+        })
+    }
+
+    /// The topic defaults this store resolves requests with.
+    pub fn defaults(&self) -> &TopicDefaults {
+        &self.defaults
+    }
+
+    /// The current state.
+    pub fn snapshot(&self) -> Arc<MetaState> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A topic by name.
+    pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).topic(name).cloned()
+    }
+
+    /// The compiled latest schema of a topic, for payload validation.
+    pub fn compiled_schema(&self, topic: &str) -> Option<Arc<CompiledSchema>> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).compiled_schema(topic).cloned()
+    }
+
+    /// One page of topics after `after` (see [`MetaState::list_topics`]).
+    pub fn list_topics(&self, after: &str, limit: usize) -> TopicPage {
+        self.snapshot().list_topics(after, limit)
+    }
+
+    /// The change counters.
+    pub fn versions(&self) -> Versions {
+        self.snapshot().versions()
+    }
+
+    /// Creates a topic: resolves the request against the defaults, stamps
+    /// the creation time and an attach epoch, and applies it.
+    pub fn create_topic(&self, request: CreateTopicRequest) -> Result<Arc<Topic>, MetaError> {
+        let created_at = (self.clock.wall_ms() / 1000) as i64;
+        let epoch = lock(&self.rng).next_u64();
+        let command = request.resolve(&self.defaults, &self.snapshot(), created_at, epoch)?;
+        match self.propose(Command::CreateTopic(command))? {
+            Response::Topic(t) => Ok(t),
+            other => unreachable!("CreateTopic answered {other:?}"),
+        }
+    }
+
+    /// Alters topic `name`.
+    pub fn alter_topic(
+        &self,
+        name: &str,
+        request: AlterTopicRequest,
+    ) -> Result<Arc<Topic>, MetaError> {
+        let command = request.resolve(name, &self.defaults)?;
+        match self.propose(Command::AlterTopic(command))? {
+            Response::Topic(t) => Ok(t),
+            other => unreachable!("AlterTopic answered {other:?}"),
+        }
+    }
+
+    /// Deletes topic `name`; returns the deleted record.
+    pub fn delete_topic(&self, name: &str) -> Result<Arc<Topic>, MetaError> {
+        match self.propose(Command::DeleteTopic(DeleteTopic { name: name.to_owned() }))? {
+            Response::TopicDeleted(t) => Ok(t),
+            other => unreachable!("DeleteTopic answered {other:?}"),
+        }
+    }
+
+    /// Assigns partitions of incarnation `incarnation` of `topic`.
+    pub fn assign_partitions(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        assignments: Vec<PartitionAssignment>,
+    ) -> Result<(), MetaError> {
+        let command = AssignPartitions { topic: topic.to_owned(), incarnation, assignments };
+        self.propose(Command::AssignPartitions(command)).map(drop)
+    }
+
+    /// Upserts a member (join or heartbeat).
+    pub fn member_join(&self, member: Member) -> Result<Arc<Member>, MetaError> {
+        match self.propose(Command::MemberJoin(MemberJoin { member }))? {
+            Response::Member(m) => Ok(m),
+            other => unreachable!("MemberJoin answered {other:?}"),
+        }
+    }
+
+    /// Marks a member dead.
+    pub fn member_dead(&self, id: &str) -> Result<Arc<Member>, MetaError> {
+        match self.propose(Command::MemberDead(MemberDead { id: id.to_owned() }))? {
+            Response::Member(m) => Ok(m),
+            other => unreachable!("MemberDead answered {other:?}"),
+        }
+    }
+}
+
+impl MetaWriter for MetaStore {
+    fn propose(&self, command: Command) -> Result<Response, MetaError> {
+        let mut writer = lock(&self.writer);
+        if let Some(first) = &writer.poisoned {
+            return Err(StorageError::Poisoned { first: first.clone() }.into());
+        }
+        let current = self.snapshot();
+        let applied = apply(&current, current.applied_index() + 1, &command)?;
+        if let Err(e) = writer.db.commit(&applied) {
+            tracing::error!(error = %e, opcode = command.opcode(), "metastore commit failed; refusing further writes");
+            writer.poisoned = Some(e.to_string());
+            return Err(e.into());
+        }
+        let index = applied.state.applied_index();
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(applied.state);
+        match &applied.response {
+            Response::Topic(t) if matches!(command, Command::CreateTopic(_)) => {
+                tracing::info!(
+                    topic = t.name(),
+                    incarnation = t.incarnation(),
+                    index,
+                    "topic created"
+                );
+            }
+            Response::TopicDeleted(t) => {
+                tracing::info!(
+                    topic = t.name(),
+                    incarnation = t.incarnation(),
+                    index,
+                    "topic deleted"
+                );
+            }
+            _ => tracing::debug!(opcode = command.opcode(), index, "metastore command applied"),
+        }
+        Ok(applied.response)
+    }
+}
