@@ -1,0 +1,4 @@
+//! The produce dispatcher: moves durable WAL records to their partitions'
+//! owners. [`core`] decides; the driver reads the WAL and runs commits.
+
+pub mod core;

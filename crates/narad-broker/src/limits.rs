@@ -1,0 +1,42 @@
+//! Every bound of the data plane, in one place.
+
+use std::time::Duration;
+
+/// Records per destination the dispatch window aims for; a smaller batch
+/// lingers while other commits run.
+pub const DISPATCH_TARGET_PER_DEST: usize = 64;
+/// The window's floor (and the floor of a destination's queue cap).
+pub const DISPATCH_WINDOW_MIN: usize = 4_096;
+/// The window's hard cap.
+pub const DISPATCH_WINDOW_MAX: usize = 65_536;
+/// The reader never reads more than this many windows past the checkpoint.
+pub const DISPATCH_LOOKAHEAD_WINDOWS: usize = 16;
+/// Commits in flight at once (hung commits aside).
+pub const DISPATCH_COMMIT_SLOTS: usize = 16;
+/// A commit in flight this long is hung.
+pub const DISPATCH_HUNG_AFTER: Duration = Duration::from_secs(1);
+/// The longest a small batch lingers.
+pub const DISPATCH_LINGER_MAX: Duration = Duration::from_millis(50);
+/// A failing destination's probe is retried this often.
+pub const DISPATCH_FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+/// Records of a destination failing this long go to a sibling.
+pub const DISPATCH_REROUTE_GRACE: Duration = Duration::from_secs(3);
+/// Skipped records are read again at least this often.
+pub const DISPATCH_RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+/// An unresolvable destination is looked up again after this.
+pub const DISPATCH_UNRESOLVED_RETRY: Duration = Duration::from_millis(10);
+/// The dispatcher's idle backstop (a durable record wakes it at once).
+pub const DISPATCH_IDLE_BACKSTOP: Duration = Duration::from_millis(10);
+/// Budget of a full commit.
+pub const DISPATCH_COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Budget of a probe commit.
+pub const DISPATCH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Encoded bytes per commit to a remote owner (half the 16 MiB frame).
+pub const DISPATCH_REMOTE_BATCH_BYTES: usize = 8 << 20;
+
+const _: () = {
+    assert!(DISPATCH_WINDOW_MIN <= DISPATCH_WINDOW_MAX);
+    assert!(DISPATCH_TARGET_PER_DEST * DISPATCH_COMMIT_SLOTS <= DISPATCH_WINDOW_MIN);
+    assert!(DISPATCH_LINGER_MAX.as_millis() < DISPATCH_HUNG_AFTER.as_millis());
+    assert!(DISPATCH_PROBE_TIMEOUT.as_secs() < DISPATCH_COMMIT_TIMEOUT.as_secs());
+};
