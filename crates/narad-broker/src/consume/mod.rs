@@ -1,0 +1,3 @@
+//! The consume path: per-partition consumer state.
+
+pub mod shard;
