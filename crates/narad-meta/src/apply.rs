@@ -105,7 +105,12 @@ impl Txn {
         }
     }
 
+    /// Stores a topic's assignments; an empty set is stored as none, as
+    /// storage (one row per assigned partition) would read it back.
     fn put_assignments(&mut self, name: &str, parts: TopicAssignments) {
+        if parts.is_empty() {
+            return self.remove_assignments(name);
+        }
         self.dirty.assignments.insert(name.to_owned());
         Arc::make_mut(&mut self.state.assignments).insert(name.to_owned(), Arc::new(parts));
     }

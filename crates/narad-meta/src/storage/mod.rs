@@ -27,9 +27,10 @@
 //!
 //! redb commits atomically: after a crash the file holds the state as of the
 //! last command whose commit reached the disk, which is every command whose
-//! apply returned `Ok` and perhaps the one in flight, never part of one. A
-//! crash while the file is first created leaves an empty or freshly
-//! initialised database, which opens as empty.
+//! apply returned `Ok` and perhaps the one in flight, never part of one. The
+//! file is created whole: built and initialised as `fsm.redb.tmp`, then
+//! renamed into place, so a crash during creation leaves no database (the
+//! next open starts over) rather than a torn header.
 
 pub(crate) mod backend;
 
@@ -96,31 +97,17 @@ impl MetaDb {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs.create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
         }
-        let file = match fs.open(path, OpenMode::Existing) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => fs.open(path, OpenMode::CreateNew),
-            other => other,
+        if !fs.exists(path).map_err(io_err(format!("stat {}", path.display())))? {
+            create(fs, path)?;
         }
-        .map_err(io_err(format!("open {}", path.display())))?;
-        let db = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
-            .create_with_backend(FsBackend::new(file))
-            .map_err(|e| StorageError::redb("open database", e))?;
-        let meta_db = MetaDb { db };
-        let state = match meta_db.load()? {
-            Some(state) => state,
-            None => {
-                meta_db.init()?;
-                MetaState::default()
-            }
-        };
+        let file = fs
+            .open(path, OpenMode::Existing)
+            .map_err(io_err(format!("open {}", path.display())))?;
+        let meta_db = MetaDb { db: open_database(file)? };
+        let state = meta_db.load()?.ok_or_else(|| {
+            StorageError::Corrupt(format!("{} holds no metastore tables", path.display()))
+        })?;
         Ok((meta_db, state))
-    }
-
-    /// Creates the tables and the meta rows of an empty database.
-    fn init(&self) -> Result<(), StorageError> {
-        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
-        init_tables(&txn).map_err(redb_err("init"))?;
-        txn.commit().map_err(|e| StorageError::redb("commit init", e))
     }
 
     /// Reads the whole state; `None` for a database never initialised.
@@ -168,6 +155,31 @@ impl MetaDb {
         write_changes(&txn, applied).map_err(redb_err("write"))?;
         txn.commit().map_err(|e| StorageError::redb("commit", e))
     }
+}
+
+fn open_database(file: narad_fs::FileRef) -> Result<redb::Database, StorageError> {
+    redb::Builder::new()
+        .set_cache_size(CACHE_BYTES)
+        .create_with_backend(FsBackend::new(file))
+        .map_err(|e| StorageError::redb("open database", e))
+}
+
+/// Creates an initialised database at `path` atomically: it is built and
+/// committed in `<path>.tmp`, closed, and renamed into place, so a crash
+/// leaves either no database (and maybe a stale temporary file, which the
+/// next attempt truncates) or a complete empty one.
+fn create(fs: &dyn Fs, path: &Path) -> Result<(), StorageError> {
+    let tmp = narad_fs::tmp_sibling(path);
+    let io_err = |context: String| move |source: io::Error| StorageError::Io { context, source };
+    let file = fs
+        .open(&tmp, OpenMode::CreateOrTruncate)
+        .map_err(io_err(format!("create {}", tmp.display())))?;
+    let db = open_database(file)?;
+    let txn = db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
+    init_tables(&txn).map_err(redb_err("init"))?;
+    txn.commit().map_err(|e| StorageError::redb("commit init", e))?;
+    drop(db);
+    fs.rename(&tmp, path).map_err(io_err(format!("rename {} into place", tmp.display())))
 }
 
 fn init_tables(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
@@ -303,4 +315,103 @@ fn load_members(
         out.insert(id, Arc::new(member));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use narad_fs::SimFs;
+
+    use super::*;
+    use crate::member::MemberStatus;
+    use crate::topic::ParentLink;
+
+    fn path() -> PathBuf {
+        PathBuf::from("/d/metastore/fsm.redb")
+    }
+
+    /// Opens, lets `edit` write raw rows, closes, and reopens.
+    fn reopen_after(edit: impl FnOnce(&redb::WriteTransaction)) -> Result<MetaState, StorageError> {
+        let fs = SimFs::new(1);
+        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let txn = db.db.begin_write().unwrap();
+        edit(&txn);
+        txn.commit().unwrap();
+        drop(db);
+        MetaDb::open(&fs, &path()).map(|(_, state)| state)
+    }
+
+    #[test]
+    fn a_newer_format_is_refused() {
+        let e = reopen_after(|txn| {
+            txn.open_table(META).unwrap().insert(KEY_FORMAT, 2).unwrap();
+        })
+        .unwrap_err();
+        assert!(matches!(e, StorageError::UnsupportedFormat { found: 2, supported: 1 }), "{e}");
+    }
+
+    #[test]
+    fn an_undecodable_record_is_corrupt() {
+        let e = reopen_after(|txn| {
+            txn.open_table(TOPICS).unwrap().insert("t", b"{".as_slice()).unwrap();
+        })
+        .unwrap_err();
+        assert!(e.to_string().starts_with("metastore is corrupt: topic \"t\""), "{e}");
+    }
+
+    #[test]
+    fn a_state_that_breaks_an_invariant_is_corrupt() {
+        let e = reopen_after(|txn| {
+            txn.open_table(SCHEMAS).unwrap().insert(("ghost", 1), "{}").unwrap();
+        })
+        .unwrap_err();
+        assert_eq!(e.to_string(), "metastore is corrupt: schemas of missing topic \"ghost\"");
+    }
+
+    #[test]
+    fn a_gap_in_schema_versions_is_corrupt() {
+        let e = reopen_after(|txn| {
+            txn.open_table(SCHEMAS).unwrap().insert(("t", 2), "{}").unwrap();
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("not dense"), "{e}");
+    }
+
+    #[test]
+    fn records_encode_to_the_golden_bytes() {
+        let topic = Topic {
+            name: "c".into(),
+            incarnation: 9,
+            partitions: 3,
+            retention_ms: 0,
+            visibility_timeout_ms: 30_000,
+            max_in_flight_per_partition: 1024,
+            max_acked_ahead_per_partition: 1024,
+            created_at: 1_700_000_000,
+            owner: String::new(),
+            children: Vec::new(),
+            parent: Some(ParentLink {
+                name: "p".into(),
+                attach_epoch: "00000000000000ff".into(),
+                fanout_delay_ms: 0,
+            }),
+        };
+        let golden = r#"{"name":"c","incarnation":9,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"parent":{"name":"p","attach_epoch":"00000000000000ff","fanout_delay_ms":0}}"#;
+        assert_eq!(String::from_utf8(encode(&topic)).unwrap(), golden);
+        assert_eq!(decode::<Topic>("t", golden.as_bytes()).unwrap(), topic);
+
+        let a = Assignment { owner_id: "n1".into(), target_id: None };
+        assert_eq!(encode(&a), br#"{"owner_id":"n1"}"#);
+        let m = Member {
+            id: "n1".into(),
+            addr: "h:1".into(),
+            cluster_addr: None,
+            status: MemberStatus::Dead,
+            last_heartbeat: 5,
+        };
+        let golden = br#"{"id":"n1","addr":"h:1","status":"dead","last_heartbeat":5}"#;
+        assert_eq!(encode(&m), golden);
+        assert_eq!(decode::<Member>("m", golden).unwrap(), m);
+    }
 }
