@@ -236,7 +236,7 @@ fn check_create_as_child(
 /// A parent with a non-zero retention must keep records for the delay of
 /// each delayed child plus an hour.
 fn check_delay_fits_retention(parent_retention_ms: u64, delay_ms: u64) -> Result<(), MetaError> {
-    let needed = delay_ms + RETENTION_MS_MIN;
+    let needed = delay_ms.saturating_add(RETENTION_MS_MIN);
     if delay_ms > 0 && parent_retention_ms != 0 && parent_retention_ms < needed {
         return Err(invalid(format!(
             "parent retention_ms ({parent_retention_ms}) must be at least fanout_delay_ms + 1 \
