@@ -1,0 +1,398 @@
+//! The partition-log benchmark behind `narad bench log`: durable commits of
+//! fixed-size records from concurrent committers against a real directory,
+//! with the disk's serial fdatasync rate measured in the same run, then a
+//! sequential read of everything written. It prints figures; it asserts
+//! nothing.
+//!
+//! Phases, in order:
+//! 1. *fdatasync probe*: one thread appends a record-sized block to a file
+//!    and fdatasyncs it, serially, for `probe_seconds`: the disk's limit for
+//!    a committer that syncs on its own.
+//! 2. *commits*: `committers` threads each commit batches of `batch` records
+//!    of `record_bytes` bytes to one [`PartitionLog`] for `seconds`.
+//! 3. *read*: the log is reopened (so the decoded-frame cache is cold; the
+//!    OS page cache is not) and read sequentially from offset 0.
+//!
+//! The log directory is created under `dir` and removed at the end unless
+//! `keep` is set.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_clock::SystemClock;
+use narad_fs::{Fs, OpenMode, RealFs, SimRng};
+
+use crate::{Codec, CommitRecord, LogConfig, LogError, PartitionLog};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The directory to measure (a scratch subdirectory is made in it).
+    pub dir: PathBuf,
+    /// Concurrent committers. Default 16.
+    pub committers: usize,
+    /// Records per commit. Default 1.
+    pub batch: usize,
+    /// Payload bytes per record. Default 1,024.
+    pub record_bytes: usize,
+    /// Length of the commit phase. Default 5 s.
+    pub seconds: f64,
+    /// Length of the serial fdatasync probe. Default 2 s.
+    pub probe_seconds: f64,
+    /// The log's codec. Default none.
+    pub codec: Codec,
+    /// The log's segment size. Default 64 MiB.
+    pub segment_bytes: u64,
+    /// Keep the scratch directory. Default false.
+    pub keep: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            dir: std::env::temp_dir(),
+            committers: 16,
+            batch: 1,
+            record_bytes: 1024,
+            seconds: 5.0,
+            probe_seconds: 2.0,
+            codec: Codec::None,
+            segment_bytes: crate::limits::DEFAULT_SEGMENT_BYTES,
+            keep: false,
+        }
+    }
+}
+
+/// The figures of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchReport {
+    /// Concurrent committers.
+    pub committers: usize,
+    /// Records per commit.
+    pub batch: usize,
+    /// Payload bytes per record.
+    pub record_bytes: usize,
+    /// The codec.
+    pub codec: String,
+    /// Serial fdatasyncs per second of the probe (same run, same directory).
+    pub fdatasync_per_sec: f64,
+    /// Seconds the commit phase really lasted.
+    pub elapsed_sec: f64,
+    /// Successful `commit` calls.
+    pub commits: u64,
+    /// Records committed.
+    pub records: u64,
+    /// fdatasyncs the log issued.
+    pub syncs: u64,
+    /// Commits per second.
+    pub commits_per_sec: f64,
+    /// Records per second.
+    pub records_per_sec: f64,
+    /// Log fdatasyncs per second.
+    pub syncs_per_sec: f64,
+    /// Payload MB (10^6 bytes) committed per second.
+    pub write_mb_per_sec: f64,
+    /// Median commit latency, µs.
+    pub commit_p50_us: u64,
+    /// 99th percentile commit latency, µs.
+    pub commit_p99_us: u64,
+    /// Slowest commit, µs.
+    pub commit_max_us: u64,
+    /// Payload MB (10^6 bytes) per second of the sequential read.
+    pub read_mb_per_sec: f64,
+    /// Records per second of the sequential read.
+    pub read_records_per_sec: f64,
+    /// `records_per_sec / fdatasync_per_sec`.
+    pub records_per_fdatasync: f64,
+    /// The 1-minute load average when the run ended (Linux), if known.
+    pub load_avg_1m: Option<f64>,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Invalid options.
+    #[error("invalid benchmark options: {0}")]
+    Options(String),
+    /// The scratch directory or the probe file failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// A read failed.
+    #[error(transparent)]
+    Read(#[from] crate::ReadError),
+}
+
+/// Runs the benchmark.
+pub fn run(opts: &BenchOptions) -> Result<BenchReport, BenchError> {
+    if opts.committers == 0 || opts.batch == 0 || opts.record_bytes == 0 {
+        return Err(BenchError::Options("committers, batch and record bytes must be > 0".into()));
+    }
+    if !(opts.seconds > 0.0 && opts.probe_seconds > 0.0) {
+        return Err(BenchError::Options("seconds must be > 0".into()));
+    }
+    let fs = Arc::new(RealFs);
+    let scratch = opts.dir.join(format!("narad-bench-log-{}", std::process::id()));
+    let io = |op, path: &PathBuf| {
+        let path = path.clone();
+        move |source| BenchError::Io { op, path, source }
+    };
+    if fs.exists(&scratch).map_err(io("stat", &scratch))? {
+        fs.remove_dir_all(&scratch).map_err(io("remove", &scratch))?;
+    }
+    fs.create_dir_all(&scratch).map_err(io("create", &scratch))?;
+    let result = run_in(opts, fs.clone(), &scratch);
+    if !opts.keep {
+        fs.remove_dir_all(&scratch).map_err(io("remove", &scratch))?;
+    }
+    result
+}
+
+fn run_in(
+    opts: &BenchOptions,
+    fs: Arc<RealFs>,
+    scratch: &std::path::Path,
+) -> Result<BenchReport, BenchError> {
+    let fdatasync_per_sec = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds)?;
+
+    let config =
+        LogConfig { codec: opts.codec, segment_bytes: opts.segment_bytes, ..LogConfig::default() };
+    let log_dir = scratch.join("p00000");
+    let clock = SystemClock::shared();
+    let log = PartitionLog::open(fs.clone(), log_dir.clone(), config.clone(), clock.clone())?;
+    let mut rng = SimRng::new(0x006e_6172_6164);
+    let mut payload = vec![0u8; opts.record_bytes];
+    // Half random, half repeated: compressible like typical JSON, not
+    // trivially so.
+    rng.fill(&mut payload[..opts.record_bytes / 2]);
+    let payload = Bytes::from(payload);
+    let deadline = Instant::now() + Duration::from_secs_f64(opts.seconds);
+    let start = Instant::now();
+    let per_thread: Vec<Result<Vec<u32>, LogError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..opts.committers)
+            .map(|_| {
+                let log = &log;
+                let payload = payload.clone();
+                s.spawn(move || {
+                    let mut lat = Vec::new();
+                    while Instant::now() < deadline {
+                        let batch = vec![CommitRecord::keyless(payload.clone()); opts.batch];
+                        let t = Instant::now();
+                        log.commit(batch)?;
+                        lat.push(t.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("committer thread panicked")).collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut lat = Vec::new();
+    for r in per_thread {
+        lat.extend(r?);
+    }
+    let m = log.metrics();
+    log.close();
+    drop(log);
+    lat.sort_unstable();
+    let pct = |p: f64| {
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    let commits = lat.len() as u64;
+    let records = m.records_committed;
+
+    // Sequential read of everything, from a reopened log.
+    let log = PartitionLog::open(fs, log_dir, config, clock)?;
+    let hwm = log.high_watermark();
+    let start = Instant::now();
+    let (mut offset, mut bytes, mut read) = (0u64, 0u64, 0u64);
+    while offset < hwm {
+        let b = log.read(offset, 1000, 8 << 20)?;
+        bytes += b.records.iter().map(|r| r.payload.len() as u64).sum::<u64>();
+        read += b.records.len() as u64;
+        if b.next_offset == offset {
+            break;
+        }
+        offset = b.next_offset;
+    }
+    let read_sec = start.elapsed().as_secs_f64().max(1e-9);
+    log.close();
+
+    let records_per_sec = records as f64 / elapsed;
+    Ok(BenchReport {
+        committers: opts.committers,
+        batch: opts.batch,
+        record_bytes: opts.record_bytes,
+        codec: opts.codec.to_string(),
+        fdatasync_per_sec,
+        elapsed_sec: elapsed,
+        commits,
+        records,
+        syncs: m.syncs,
+        commits_per_sec: commits as f64 / elapsed,
+        records_per_sec,
+        syncs_per_sec: m.syncs as f64 / elapsed,
+        write_mb_per_sec: (records * opts.record_bytes as u64) as f64 / elapsed / 1e6,
+        commit_p50_us: u64::from(pct(0.50)),
+        commit_p99_us: u64::from(pct(0.99)),
+        commit_max_us: u64::from(lat.last().copied().unwrap_or(0)),
+        read_mb_per_sec: bytes as f64 / read_sec / 1e6,
+        read_records_per_sec: read as f64 / read_sec,
+        records_per_fdatasync: if fdatasync_per_sec > 0.0 {
+            records_per_sec / fdatasync_per_sec
+        } else {
+            0.0
+        },
+        load_avg_1m: load_avg(),
+    })
+}
+
+/// Serial append + fdatasync of `block` bytes for `seconds`.
+fn probe_fdatasync(
+    fs: &dyn Fs,
+    dir: &std::path::Path,
+    block: usize,
+    seconds: f64,
+) -> Result<f64, BenchError> {
+    let path = dir.join("fdatasync-probe");
+    let io = |op| {
+        let path = path.clone();
+        move |source| BenchError::Io { op, path, source }
+    };
+    let file = fs.open(&path, OpenMode::CreateNew).map_err(io("create"))?;
+    let buf = vec![0x5au8; block];
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        file.write_all_at(&buf, n * block as u64).map_err(io("write"))?;
+        file.sync_data().map_err(io("fdatasync"))?;
+        n += 1;
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    drop(file);
+    fs.remove_file(&path).map_err(io("remove"))?;
+    Ok(rate)
+}
+
+fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
+impl BenchReport {
+    /// One JSON object (keys in snake_case).
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("{");
+        let mut field = |k: &str, v: String| {
+            if s.len() > 1 {
+                s.push(',');
+            }
+            let _ = write!(s, "\"{k}\":{v}");
+        };
+        field("committers", self.committers.to_string());
+        field("batch", self.batch.to_string());
+        field("record_bytes", self.record_bytes.to_string());
+        field("codec", format!("\"{}\"", self.codec));
+        field("fdatasync_per_sec", format!("{:.1}", self.fdatasync_per_sec));
+        field("elapsed_sec", format!("{:.3}", self.elapsed_sec));
+        field("commits", self.commits.to_string());
+        field("records", self.records.to_string());
+        field("syncs", self.syncs.to_string());
+        field("commits_per_sec", format!("{:.1}", self.commits_per_sec));
+        field("records_per_sec", format!("{:.1}", self.records_per_sec));
+        field("syncs_per_sec", format!("{:.1}", self.syncs_per_sec));
+        field("write_mb_per_sec", format!("{:.2}", self.write_mb_per_sec));
+        field("commit_p50_us", self.commit_p50_us.to_string());
+        field("commit_p99_us", self.commit_p99_us.to_string());
+        field("commit_max_us", self.commit_max_us.to_string());
+        field("read_mb_per_sec", format!("{:.1}", self.read_mb_per_sec));
+        field("read_records_per_sec", format!("{:.1}", self.read_records_per_sec));
+        field("records_per_fdatasync", format!("{:.2}", self.records_per_fdatasync));
+        field("load_avg_1m", self.load_avg_1m.map_or("null".into(), |l| format!("{l:.2}")));
+        s.push('}');
+        s
+    }
+
+    /// A two-column table for people.
+    pub fn to_table(&self) -> String {
+        let rows = [
+            ("committers", self.committers.to_string()),
+            ("batch (records/commit)", self.batch.to_string()),
+            ("record bytes", self.record_bytes.to_string()),
+            ("codec", self.codec.clone()),
+            ("fdatasync/s (serial probe)", format!("{:.0}", self.fdatasync_per_sec)),
+            ("commits/s", format!("{:.0}", self.commits_per_sec)),
+            ("records/s", format!("{:.0}", self.records_per_sec)),
+            ("log fdatasyncs/s", format!("{:.0}", self.syncs_per_sec)),
+            ("records per probe fdatasync", format!("{:.1}", self.records_per_fdatasync)),
+            ("write MB/s", format!("{:.1}", self.write_mb_per_sec)),
+            ("commit p50 (µs)", self.commit_p50_us.to_string()),
+            ("commit p99 (µs)", self.commit_p99_us.to_string()),
+            ("commit max (µs)", self.commit_max_us.to_string()),
+            ("sequential read MB/s", format!("{:.0}", self.read_mb_per_sec)),
+            ("sequential read records/s", format!("{:.0}", self.read_records_per_sec)),
+            ("load average (1 min)", self.load_avg_1m.map_or("?".into(), |l| format!("{l:.2}"))),
+        ];
+        let width = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
+        let mut s = String::new();
+        for (k, v) in rows {
+            let _ = writeln!(s, "{k:<width$}  {v:>12}");
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_runs_against_a_real_directory_and_reports_json() {
+        let dir = std::env::temp_dir().join(format!("narad-log-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = BenchOptions {
+            dir: dir.clone(),
+            committers: 4,
+            batch: 8,
+            seconds: 0.3,
+            probe_seconds: 0.1,
+            ..BenchOptions::default()
+        };
+        let r = run(&opts).unwrap();
+        assert!(r.commits > 0 && r.records == r.commits * 8);
+        assert!(r.syncs > 0 && r.syncs <= r.commits);
+        assert!(r.fdatasync_per_sec > 0.0 && r.read_mb_per_sec > 0.0);
+        let json = r.to_json();
+        for key in [
+            "fdatasync_per_sec",
+            "commits_per_sec",
+            "records_per_sec",
+            "syncs_per_sec",
+            "commit_p50_us",
+            "commit_p99_us",
+            "read_mb_per_sec",
+        ] {
+            assert!(json.contains(&format!("\"{key}\":")), "{key} missing from {json}");
+        }
+        assert!(r.to_table().contains("records/s"));
+        // The scratch directory is gone.
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

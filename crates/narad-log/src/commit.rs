@@ -1,0 +1,574 @@
+//! The durable commit: the combiner that groups concurrent batches into one
+//! cycle, and the cycle itself (append, fdatasync, read back, publish; or
+//! truncate back).
+//!
+//! # The combiner
+//!
+//! A caller queues its batch and waits on a condvar. If no cycle is running,
+//! it becomes the leader: it drains the queue (whole batches, oldest first,
+//! up to the drain bounds) and runs the cycle on its own thread. When the
+//! cycle ends it files every drained batch's outcome, clears the "leading"
+//! flag and wakes everyone; a waiter whose batch is still queued becomes the
+//! next leader. A caller returns only with its own batch's outcome.
+//!
+//! # One cycle, under the produce lock
+//!
+//! 1. Refuse if closed or poisoned.
+//! 2. Commit time `t = max(wall clock, previous t)`; offsets from the high
+//!    watermark, contiguous in queue order.
+//! 3. Encode frames (split at the frame target), write each with its own
+//!    `write_all_at`, rolling to a new segment before a frame that would
+//!    overflow the active one (the old segment is fdatasynced first, so a
+//!    sealed segment is always complete on disk).
+//! 4. `fdatasync` the active segment.
+//! 5. Read every frame back and check its header and CRC.
+//! 6. Publish: extend the view and its sparse index, advance the high
+//!    watermark, cache the decoded frames, then (outside the lock) wake
+//!    waiters and the listener.
+//!
+//! If any step from 3 on fails, the cycle is rolled back: segments it
+//! created are removed, the segment it appended to is truncated to its old
+//! length and fdatasynced. If that fails too the log is poisoned: every
+//! later cycle fails until the log is reopened (a failed fsync is never
+//! retried).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+
+use narad_fs::{FileRef, OpenMode};
+use tracing::error;
+
+use crate::cache::{DecodedFrame, DecodedRecord};
+use crate::error::LogError;
+use crate::frame::{self, PayloadBuilder};
+use crate::limits::{
+    CYCLE_DRAIN_BYTES, CYCLE_DRAIN_RECORDS, MAX_COMMIT_BYTES, MAX_COMMIT_RECORDS,
+    MAX_FRAME_RECORDS_WRITTEN, MAX_KEY_BYTES, MAX_RECORD_BYTES,
+};
+use crate::log::{Active, PartitionLog, SegFile, SegState, Writer, lock};
+use crate::metrics::Counters;
+use crate::segment::{self, IndexBuilder};
+use crate::{CommitOutcome, CommitRecord};
+
+type Outcome = Result<CommitOutcome, LogError>;
+
+/// A batch waiting for a cycle.
+#[derive(Debug)]
+struct Queued {
+    id: u64,
+    records: Vec<CommitRecord>,
+    bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct CombinerState {
+    queue: VecDeque<Queued>,
+    leading: bool,
+    done: HashMap<u64, Outcome>,
+    next_id: u64,
+}
+
+/// The commit combiner of one log.
+#[derive(Debug, Default)]
+pub(crate) struct Combiner {
+    state: Mutex<CombinerState>,
+    cv: Condvar,
+}
+
+/// Files an outcome for every drained batch even if the cycle panicked, so
+/// no caller waits forever.
+struct LeaderGuard<'a> {
+    combiner: &'a Combiner,
+    ids: Vec<u64>,
+    outcomes: Option<Vec<Outcome>>,
+}
+
+impl Drop for LeaderGuard<'_> {
+    fn drop(&mut self) {
+        let outcomes = self.outcomes.take();
+        let mut st = lock(&self.combiner.state);
+        match outcomes {
+            Some(outcomes) => {
+                for (id, o) in self.ids.iter().zip(outcomes) {
+                    st.done.insert(*id, o);
+                }
+            }
+            None => {
+                for id in &self.ids {
+                    st.done.insert(*id, Err(LogError::CyclePanicked));
+                }
+            }
+        }
+        st.leading = false;
+        drop(st);
+        self.combiner.cv.notify_all();
+    }
+}
+
+/// Checks a batch against the bounds; returns its key + payload bytes.
+fn validate(records: &[CommitRecord]) -> Result<u64, LogError> {
+    if records.is_empty() {
+        return Err(LogError::EmptyCommit);
+    }
+    if records.len() > MAX_COMMIT_RECORDS {
+        return Err(LogError::TooLarge {
+            what: "commit record count",
+            len: records.len() as u64,
+            max: MAX_COMMIT_RECORDS as u64,
+        });
+    }
+    let mut total = 0u64;
+    for r in records {
+        let key = r.key.as_ref().map_or(0, |k| k.len() as u64);
+        if key > MAX_KEY_BYTES {
+            return Err(LogError::TooLarge {
+                what: "record key bytes",
+                len: key,
+                max: MAX_KEY_BYTES,
+            });
+        }
+        let size = r.size();
+        if size > MAX_RECORD_BYTES {
+            return Err(LogError::TooLarge {
+                what: "record bytes",
+                len: size,
+                max: MAX_RECORD_BYTES,
+            });
+        }
+        total += size;
+    }
+    if total > MAX_COMMIT_BYTES {
+        return Err(LogError::TooLarge { what: "commit bytes", len: total, max: MAX_COMMIT_BYTES });
+    }
+    Ok(total)
+}
+
+/// A frame of the cycle, encoded.
+struct BuiltFrame {
+    base: u64,
+    count: u32,
+    bytes: Vec<u8>,
+    records: Vec<DecodedRecord>,
+}
+
+impl BuiltFrame {
+    fn end(&self) -> u64 {
+        self.base + u64::from(self.count)
+    }
+}
+
+/// A segment the cycle wrote to (or created).
+struct Touched {
+    seg: Arc<SegFile>,
+    file: FileRef,
+    start_len: u64,
+    len: u64,
+    created: bool,
+    /// A write was attempted (the file may hold bytes past `start_len`).
+    dirty: bool,
+    synced: bool,
+    /// (frame index, byte position)
+    frames: Vec<(usize, u64)>,
+}
+
+/// What the cycle did, for publishing or rolling back.
+struct Cycle {
+    prior_active: Option<Active>,
+    touched: Vec<Touched>,
+    /// A segment whose creation was attempted and failed: it may exist.
+    failed_create: Option<std::path::PathBuf>,
+}
+
+impl PartitionLog {
+    /// Commits a batch durably and returns its offsets and commit time. Blocks
+    /// until the cycle holding the batch (see the module documentation of
+    /// the crate) has appended, fdatasynced and verified it, or failed.
+    ///
+    /// Errors: [`LogError::EmptyCommit`] / [`LogError::TooLarge`] before
+    /// queueing; [`LogError::Closed`] if the log is closed before the batch's
+    /// cycle appended it; the cycle's I/O or verification error (the batch
+    /// is not visible and its bytes were truncated away); or
+    /// [`LogError::Poisoned`].
+    pub fn commit(&self, records: Vec<CommitRecord>) -> Result<CommitOutcome, LogError> {
+        let bytes = validate(&records)?;
+        if self.is_closed() {
+            return Err(LogError::Closed);
+        }
+        let outcome = self.combine(Queued { id: 0, records, bytes });
+        let counter =
+            if outcome.is_ok() { &self.counters.commits } else { &self.counters.commit_failures };
+        Counters::add(counter, 1);
+        outcome
+    }
+
+    fn combine(&self, mut batch: Queued) -> Outcome {
+        let c = &self.combiner;
+        let mut st = lock(&c.state);
+        let id = st.next_id;
+        st.next_id += 1;
+        batch.id = id;
+        st.queue.push_back(batch);
+        loop {
+            if let Some(outcome) = st.done.remove(&id) {
+                return outcome;
+            }
+            if !st.leading {
+                st.leading = true;
+                let drained = drain(&mut st.queue);
+                drop(st);
+                let mut guard = LeaderGuard {
+                    combiner: c,
+                    ids: drained.iter().map(|q| q.id).collect(),
+                    outcomes: None,
+                };
+                let (outcomes, advanced) = self.run_cycle(&drained);
+                guard.outcomes = Some(outcomes);
+                drop(guard);
+                if advanced {
+                    self.notify_committed();
+                }
+                st = lock(&c.state);
+                continue;
+            }
+            st = c.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Runs one cycle for the drained batches; returns one outcome per batch
+    /// and whether the high watermark advanced.
+    fn run_cycle(&self, batches: &[Queued]) -> (Vec<Outcome>, bool) {
+        let result = match self.writer.lock() {
+            Ok(mut w) => self.cycle_locked(&mut w, batches),
+            // A cycle panicked while holding the produce lock: the files
+            // may hold unverified bytes. Refuse until reopened.
+            Err(_) => Err(LogError::Poisoned { source: Arc::new(LogError::CyclePanicked) }),
+        };
+        match result {
+            Ok(outcomes) => (outcomes.into_iter().map(Ok).collect(), true),
+            Err(e) => (batches.iter().map(|_| Err(e.clone())).collect(), false),
+        }
+    }
+
+    fn cycle_locked(
+        &self,
+        w: &mut Writer,
+        batches: &[Queued],
+    ) -> Result<Vec<CommitOutcome>, LogError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(LogError::Closed);
+        }
+        if let Some(p) = &w.poisoned {
+            return Err(LogError::Poisoned { source: p.clone() });
+        }
+        let time = self.clock.wall_ms().max(w.time_floor_ms);
+        w.time_floor_ms = time;
+        let base = w.next_offset;
+        let mut next = base;
+        let outcomes: Vec<CommitOutcome> = batches
+            .iter()
+            .map(|q| {
+                let o = CommitOutcome {
+                    first_offset: next,
+                    count: q.records.len() as u64,
+                    commit_time_ms: time,
+                };
+                next += o.count;
+                o
+            })
+            .collect();
+        let frames = self.build_frames(batches, base, time)?;
+        let mut cycle =
+            Cycle { prior_active: w.active.clone(), touched: Vec::new(), failed_create: None };
+        if let Err(e) = self.write_sync_verify(w, &frames, &mut cycle) {
+            error!(
+                dir = %self.dir.display(), error = %e, records = next - base,
+                "partition commit failed; truncating back to the high watermark"
+            );
+            self.rollback(w, cycle);
+            return Err(e);
+        }
+        self.publish(w, &frames, cycle, time);
+        Counters::add(&self.counters.commit_cycles, 1);
+        Counters::add(&self.counters.records_committed, next - base);
+        Ok(outcomes)
+    }
+
+    fn build_frames(
+        &self,
+        batches: &[Queued],
+        base: u64,
+        time: u64,
+    ) -> Result<Vec<BuiltFrame>, LogError> {
+        let target = self.config.effective_frame_target() as usize;
+        let codec = self.config.codec;
+        let mut frames = Vec::new();
+        let mut payload = PayloadBuilder::new();
+        let mut records = Vec::new();
+        let mut frame_base = base;
+        let finish = |payload: PayloadBuilder, records: Vec<DecodedRecord>, frame_base: u64| {
+            let count = payload.count();
+            let bytes =
+                payload.finish(frame_base, codec).map_err(|source| LogError::Encode { source })?;
+            Ok::<_, LogError>(BuiltFrame { base: frame_base, count, bytes, records })
+        };
+        for r in batches.iter().flat_map(|q| &q.records) {
+            let wire = PayloadBuilder::wire_len(r.key.as_deref(), r.payload.len());
+            let full =
+                payload.count() >= MAX_FRAME_RECORDS_WRITTEN || payload.len() + wire > target;
+            if !payload.is_empty() && full {
+                let done = std::mem::take(&mut payload);
+                let n = u64::from(done.count());
+                frames.push(finish(done, std::mem::take(&mut records), frame_base)?);
+                frame_base += n;
+            }
+            payload.push(r.key.as_deref(), time, &r.payload);
+            records.push(DecodedRecord {
+                key: r.key.clone(),
+                commit_time_ms: time,
+                payload: r.payload.clone(),
+            });
+        }
+        if !payload.is_empty() {
+            frames.push(finish(payload, records, frame_base)?);
+        }
+        Ok(frames)
+    }
+
+    fn write_sync_verify(
+        &self,
+        w: &mut Writer,
+        frames: &[BuiltFrame],
+        cycle: &mut Cycle,
+    ) -> Result<(), LogError> {
+        let segment_bytes = self.config.segment_bytes;
+        for (i, f) in frames.iter().enumerate() {
+            let len = f.bytes.len() as u64;
+            let roll = match &w.active {
+                None => true,
+                Some(a) => a.len > 0 && a.len + len > segment_bytes,
+            };
+            if roll {
+                self.roll(w, f.base, cycle)?;
+            }
+            let a = w.active.as_mut().expect("a segment is active after a roll");
+            if cycle.touched.last().is_none_or(|t| !Arc::ptr_eq(&t.seg, &a.seg)) {
+                cycle.touched.push(Touched {
+                    seg: a.seg.clone(),
+                    file: a.file.clone(),
+                    start_len: a.len,
+                    len: a.len,
+                    created: false,
+                    dirty: false,
+                    synced: false,
+                    frames: Vec::new(),
+                });
+            }
+            let t = cycle.touched.last_mut().expect("pushed above");
+            t.dirty = true;
+            t.file
+                .write_all_at(&f.bytes, t.len)
+                .map_err(|e| LogError::io("write", &t.seg.path, e))?;
+            t.frames.push((i, t.len));
+            t.len += len;
+            a.len = t.len;
+        }
+        if let Some(t) = cycle.touched.last_mut() {
+            self.sync(t)?;
+        }
+        let mut buf = Vec::new();
+        for t in &cycle.touched {
+            for &(i, pos) in &t.frames {
+                let f = &frames[i];
+                buf.resize(f.bytes.len(), 0);
+                t.file
+                    .read_exact_at(&mut buf, pos)
+                    .map_err(|e| LogError::io("read back", &t.seg.path, e))?;
+                let fail = |reason: String| {
+                    Counters::add(&self.counters.verify_failures, 1);
+                    LogError::VerifyFailed { path: t.seg.path.clone(), offset: pos, reason }
+                };
+                let h = frame::verify_frame(&buf).map_err(|e| fail(e.to_string()))?;
+                if h.base_offset != f.base || h.count != f.count {
+                    return Err(fail(format!(
+                        "frame holds offsets {}+{}, {}+{} were written",
+                        h.base_offset, h.count, f.base, f.count
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&self, t: &mut Touched) -> Result<(), LogError> {
+        if t.dirty && !t.synced {
+            t.file.sync_data().map_err(|e| LogError::io("fdatasync", &t.seg.path, e))?;
+            Counters::add(&self.counters.syncs, 1);
+            t.synced = true;
+        }
+        Ok(())
+    }
+
+    /// Starts a new segment at `base`. The current one is synced first, so a
+    /// sealed segment is always complete on disk before its successor exists.
+    fn roll(&self, w: &mut Writer, base: u64, cycle: &mut Cycle) -> Result<(), LogError> {
+        if let Some(t) = cycle.touched.last_mut() {
+            self.sync(t)?;
+        }
+        let path = segment::segment_path(&self.dir, base);
+        cycle.failed_create = Some(path.clone());
+        let file = self
+            .fs
+            .open(&path, OpenMode::CreateNew)
+            .map_err(|e| LogError::io("create", &path, e))?;
+        cycle.failed_create = None;
+        let seg = SegFile::new(base, path, Some(file.clone()));
+        cycle.touched.push(Touched {
+            seg: seg.clone(),
+            file: file.clone(),
+            start_len: 0,
+            len: 0,
+            created: true,
+            dirty: false,
+            synced: false,
+            frames: Vec::new(),
+        });
+        w.active = Some(Active { seg, file, len: 0 });
+        Counters::add(&self.counters.segments_rolled, 1);
+        Ok(())
+    }
+
+    /// Undoes a failed cycle: removes the segments it created (newest
+    /// first), then truncates the segment it appended to back to its old
+    /// length and fdatasyncs it. Poisons the log if any of that fails.
+    fn rollback(&self, w: &mut Writer, cycle: Cycle) {
+        Counters::add(&self.counters.rollbacks, 1);
+        let remove = |path: &std::path::Path| match self.fs.remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(LogError::io("remove", path, e)),
+        };
+        let result = (|| {
+            if let Some(path) = &cycle.failed_create {
+                remove(path)?;
+            }
+            for t in cycle.touched.iter().rev() {
+                if t.created {
+                    *lock(&t.seg.handle) = None;
+                    remove(&t.seg.path)?;
+                } else if t.dirty {
+                    t.file
+                        .set_len(t.start_len)
+                        .map_err(|e| LogError::io("truncate", &t.seg.path, e))?;
+                    t.file.sync_data().map_err(|e| LogError::io("fdatasync", &t.seg.path, e))?;
+                    Counters::add(&self.counters.syncs, 1);
+                }
+            }
+            Ok::<(), LogError>(())
+        })();
+        w.active = cycle.prior_active;
+        if let Err(e) = result {
+            error!(
+                dir = %self.dir.display(), error = %e,
+                "could not truncate a failed commit back to the high watermark; the partition log is poisoned until reopened"
+            );
+            w.poisoned = Some(Arc::new(e));
+        }
+    }
+
+    /// Makes a verified cycle visible.
+    fn publish(&self, w: &mut Writer, frames: &[BuiltFrame], cycle: Cycle, time: u64) {
+        let end = frames.last().map_or(w.next_offset, BuiltFrame::end);
+        w.next_offset = end;
+        let stride = self.config.index_stride_bytes;
+        let mut sealed = Vec::new();
+        let mut decoded = Vec::new();
+        {
+            let mut v = self.view_write();
+            for t in &cycle.touched {
+                if t.frames.is_empty() {
+                    continue;
+                }
+                if t.created {
+                    v.segments.push(SegState {
+                        file: t.seg.clone(),
+                        end_pos: 0,
+                        end_offset: t.seg.base,
+                        index: Vec::new(),
+                        last_frame_pos: None,
+                        first_time_ms: None,
+                        newest_time_ms: None,
+                    });
+                }
+                let s = v.segments.last_mut().expect("the cycle's segment is in the view");
+                assert_eq!(s.file.base, t.seg.base, "a cycle writes only to the last segment");
+                let mut ib = IndexBuilder::new(stride, s.index.last().map(|e| u64::from(e.pos)));
+                for &(i, pos) in &t.frames {
+                    let f = &frames[i];
+                    if let Some(e) = ib.frame(f.base - s.file.base, pos) {
+                        s.index.push(e);
+                    }
+                    s.last_frame_pos = Some(pos);
+                    decoded.push(Arc::new(DecodedFrame {
+                        base: f.base,
+                        records: f.records.clone(),
+                        segment_base: s.file.base,
+                        pos,
+                        frame_len: f.bytes.len() as u64,
+                    }));
+                }
+                if s.end_pos == 0 {
+                    s.first_time_ms = Some(time);
+                }
+                s.end_pos = t.len;
+                s.end_offset = frames[t.frames.last().expect("non-empty").0].end();
+                s.newest_time_ms = Some(time);
+            }
+            assert_eq!(v.segments.last().map_or(end, |s| s.end_offset), end);
+            v.hwm = end;
+            self.hwm.store(end, Ordering::Release);
+        }
+        // Segments the cycle rolled away from are sealed now: their handles
+        // join the few kept open for readers.
+        let active = w.active.as_ref().map(|a| a.seg.clone());
+        let is_active = |s: &Arc<SegFile>| active.as_ref().is_some_and(|a| Arc::ptr_eq(a, s));
+        for s in
+            cycle.prior_active.iter().map(|a| &a.seg).chain(cycle.touched.iter().map(|t| &t.seg))
+        {
+            if !is_active(s) && !sealed.iter().any(|x| Arc::ptr_eq(x, s)) {
+                sealed.push(s.clone());
+            }
+        }
+        for s in sealed {
+            self.remember_sealed(s);
+        }
+        let mut cache = lock(&self.cache);
+        for f in decoded {
+            cache.insert(f);
+        }
+        drop(cache);
+        Counters::add(&self.counters.frames_written, frames.len() as u64);
+        Counters::add(
+            &self.counters.bytes_written,
+            frames.iter().map(|f| f.bytes.len() as u64).sum(),
+        );
+    }
+}
+
+/// Takes whole batches from the queue, oldest first, until the drain bounds
+/// are reached (always at least one).
+fn drain(queue: &mut VecDeque<Queued>) -> Vec<Queued> {
+    let mut out = Vec::new();
+    let (mut records, mut bytes) = (0usize, 0u64);
+    while let Some(q) = queue.front() {
+        let over =
+            records + q.records.len() > CYCLE_DRAIN_RECORDS || bytes + q.bytes > CYCLE_DRAIN_BYTES;
+        if !out.is_empty() && over {
+            break;
+        }
+        records += q.records.len();
+        bytes += q.bytes;
+        out.push(queue.pop_front().expect("front exists"));
+    }
+    out
+}

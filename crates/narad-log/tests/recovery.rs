@@ -1,0 +1,371 @@
+//! Recovery on open, one test per case of the decision table in
+//! `narad_log::recovery` (the table itself is unit-tested there).
+#![allow(clippy::single_range_in_vec_init)] // lists of corrupt offset ranges, on purpose
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use narad_clock::ManualClock;
+use narad_fs::{CrashMode, Fs, OpenMode, SimFs};
+use narad_log::frame::{FrameHeader, PayloadBuilder};
+use narad_log::limits::FRAME_HEADER_LEN;
+use narad_log::recovery::Case;
+use narad_log::{Codec, CommitRecord, LogConfig, LogError, SealedCheck};
+
+/// A config with one big segment and small frames.
+fn one_segment() -> LogConfig {
+    LogConfig { segment_bytes: 1 << 20, ..small_config() }
+}
+
+/// The byte positions of the frames of a segment file.
+fn frame_positions(fs: &SimFs, path: &Path) -> Vec<u64> {
+    let f = fs.open(path, OpenMode::Existing).unwrap();
+    let len = f.len().unwrap();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < len {
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        f.read_exact_at(&mut raw, pos).unwrap();
+        out.push(pos);
+        pos += FrameHeader::parse(&raw).unwrap().frame_len();
+    }
+    out
+}
+
+fn append_raw(fs: &SimFs, path: &Path, bytes: &[u8]) {
+    let f = fs.open(path, OpenMode::Existing).unwrap();
+    let len = f.len().unwrap();
+    f.write_all_at(bytes, len).unwrap();
+    f.sync_data().unwrap();
+}
+
+/// A log with `n` single-record commits (one frame each).
+fn log_with_frames(fs: &SimFs, config: &LogConfig, n: usize) -> Vec<CommitRecord> {
+    let clock = ManualClock::new(T0);
+    let log = open_sim(fs, config, &clock).unwrap();
+    let records = recs("r", n);
+    for r in &records {
+        log.commit(vec![r.clone()]).unwrap();
+    }
+    records
+}
+
+fn assert_records(fs: &SimFs, config: &LogConfig, expected: &[CommitRecord]) {
+    let log = open_sim(fs, config, &ManualClock::new(T0)).unwrap();
+    let got = read_all(&log);
+    assert_eq!(got.len(), expected.len());
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert_eq!((g.offset, &g.key, &g.payload), (i as u64, &e.key, &e.payload));
+    }
+}
+
+fn only_segment(fs: &SimFs) -> PathBuf {
+    let segs = segment_paths(fs);
+    assert_eq!(segs.len(), 1);
+    segs[0].clone()
+}
+
+fn a_frame(base: u64) -> Vec<u8> {
+    let mut p = PayloadBuilder::new();
+    p.push(Some(b"k"), T0, b"a frame that was never acknowledged");
+    p.finish(base, Codec::None).unwrap()
+}
+
+#[test]
+fn clean_log_reopens_with_the_same_high_watermark_and_records() {
+    let fs = SimFs::new(1);
+    let config = small_config();
+    let records = log_with_frames(&fs, &config, 60);
+    assert!(segment_paths(&fs).len() > 3, "small segments roll");
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!(log.high_watermark(), 60);
+    assert_eq!(log.recovery_report().truncation, None);
+    drop(log);
+    assert_records(&fs, &config, &records);
+}
+
+#[test]
+fn torn_tail_of_last_segment_is_truncated() {
+    for cut in [1, FRAME_HEADER_LEN - 1, FRAME_HEADER_LEN, FRAME_HEADER_LEN + 5] {
+        let fs = SimFs::new(2);
+        let config = one_segment();
+        let records = log_with_frames(&fs, &config, 5);
+        let seg = only_segment(&fs);
+        let good_len = fs.durable_len(&seg).unwrap();
+        let frame = a_frame(5);
+        append_raw(&fs, &seg, &frame[..cut]);
+        let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+        let t = log.recovery_report().truncation.clone().expect("a truncation");
+        assert_eq!(
+            (t.case, t.at, t.dropped_bytes),
+            (Case::TornTailOfLastSegment, good_len, cut as u64)
+        );
+        assert_eq!(log.high_watermark(), 5);
+        // The truncation is durable, and the next commit starts clean.
+        assert_eq!(fs.durable_len(&seg), Some(good_len));
+        assert_eq!(log.commit(vec![CommitRecord::keyless("next")]).unwrap().first_offset, 5);
+        drop(log);
+        let mut expected = records.clone();
+        expected.push(CommitRecord::keyless("next"));
+        assert_records(&fs, &config, &expected);
+    }
+}
+
+#[test]
+fn garbage_tail_of_last_segment_without_valid_frames_is_truncated() {
+    // Zeros (a torn write with holes), and a whole last frame whose payload
+    // does not match its CRC, with nothing valid after either.
+    for damage in ["zeros", "bad last frame"] {
+        let fs = SimFs::new(3);
+        let config = one_segment();
+        let records = log_with_frames(&fs, &config, 5);
+        let seg = only_segment(&fs);
+        let good_len = fs.durable_len(&seg).unwrap();
+        match damage {
+            "zeros" => append_raw(&fs, &seg, &[0u8; 700]),
+            _ => {
+                let mut frame = a_frame(5);
+                let last = frame.len() - 1;
+                frame[last] ^= 0xff;
+                append_raw(&fs, &seg, &frame);
+            }
+        }
+        let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+        let t = log.recovery_report().truncation.clone().expect("a truncation");
+        assert_eq!((t.case, t.at), (Case::GarbageTailOfLastSegment, good_len), "{damage}");
+        assert_eq!(log.high_watermark(), 5);
+        drop(log);
+        assert_records(&fs, &config, &records);
+    }
+}
+
+#[test]
+fn bad_frame_followed_by_valid_frames_fails_open_naming_file_and_offset() {
+    let fs = SimFs::new(4);
+    let config = one_segment();
+    log_with_frames(&fs, &config, 5);
+    let seg = only_segment(&fs);
+    let pos = frame_positions(&fs, &seg)[2];
+    // One flipped byte in the payload of the third frame.
+    fs.poke(&seg, pos + FRAME_HEADER_LEN as u64 + 3, &[0xee]).unwrap();
+    match open_sim(&fs, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { path, offset, reason }) => {
+            assert_eq!((path, offset), (seg.clone(), pos));
+            assert!(reason.contains("followed by valid frames"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // A damaged header (the magic) is the same case.
+    let fs = SimFs::new(4);
+    log_with_frames(&fs, &config, 5);
+    let pos = frame_positions(&fs, &seg)[1];
+    fs.poke(&seg, pos, &[0x00]).unwrap();
+    let err = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap_err();
+    assert!(matches!(err, LogError::Corrupt { offset, .. } if offset == pos), "{err}");
+    // The message names the file and the byte offset.
+    let msg = err.to_string();
+    assert!(
+        msg.contains("00000000000000000000.log") && msg.contains(&format!("byte {pos}")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn damage_in_a_sealed_segment_fails_open() {
+    let config = small_config();
+    // A flipped payload byte, a cut-off end, and a damaged last frame: in a
+    // sealed segment, each fails the open.
+    for damage in ["flip", "cut", "last frame"] {
+        let fs = SimFs::new(5);
+        log_with_frames(&fs, &config, 60);
+        let segs = segment_paths(&fs);
+        assert!(segs.len() >= 3);
+        let sealed = &segs[0];
+        let positions = frame_positions(&fs, sealed);
+        let len = fs.durable_len(sealed).unwrap();
+        let at = match damage {
+            "flip" => {
+                fs.poke(sealed, positions[0] + FRAME_HEADER_LEN as u64 + 1, &[0x99]).unwrap();
+                positions[0]
+            }
+            "cut" => {
+                let f = fs.open(sealed, OpenMode::Existing).unwrap();
+                f.set_len(len - 3).unwrap();
+                f.sync_data().unwrap();
+                *positions.last().unwrap()
+            }
+            _ => {
+                fs.poke(sealed, len - 1, &[0x99]).unwrap();
+                *positions.last().unwrap()
+            }
+        };
+        match open_sim(&fs, &config, &ManualClock::new(T0)) {
+            Err(LogError::Corrupt { path, offset, reason }) => {
+                assert_eq!((&path, offset), (sealed, at), "{damage}");
+                assert!(reason.contains("sealed"), "{damage}: {reason}");
+            }
+            other => panic!("{damage}: expected Corrupt, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn with_header_checks_only_sealed_payload_damage_is_found_at_read_time() {
+    let fs = SimFs::new(6);
+    let config = LogConfig { sealed_check: SealedCheck::Headers, cache_bytes: 0, ..small_config() };
+    let records = log_with_frames(&fs, &config, 30);
+    let sealed = segment_paths(&fs)[0].clone();
+    let pos = frame_positions(&fs, &sealed)[1];
+    fs.poke(&sealed, pos + FRAME_HEADER_LEN as u64 + 2, &[0x77]).unwrap();
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!(log.high_watermark(), 30);
+    let b = log.read(0, 100, 1 << 20).unwrap();
+    assert_eq!(b.corrupt, vec![1..2], "exactly the damaged frame's record");
+    assert_eq!(b.records.len(), 29);
+    assert_eq!(b.records[1].offset, 2);
+    assert_eq!(b.records[1].payload, records[2].payload);
+    assert_eq!(log.corrupt_frames_skipped(), 1);
+}
+
+#[test]
+fn frame_with_the_wrong_offsets_fails_open() {
+    let fs = SimFs::new(7);
+    let config = one_segment();
+    log_with_frames(&fs, &config, 5);
+    let seg = only_segment(&fs);
+    let len = fs.durable_len(&seg).unwrap();
+    // A frame with a valid CRC that claims offset 9 where 5 is next.
+    append_raw(&fs, &seg, &a_frame(9));
+    match open_sim(&fs, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { offset, reason, .. }) => {
+            assert_eq!(offset, len);
+            assert!(reason.contains("offset 9, expected 5"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn offset_gap_between_segments_fails_open() {
+    let fs = SimFs::new(8);
+    let config = small_config();
+    log_with_frames(&fs, &config, 60);
+    let segs = segment_paths(&fs);
+    assert!(segs.len() >= 3);
+    fs.remove_file(&segs[1]).unwrap();
+    match open_sim(&fs, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, segs[2]);
+            assert!(reason.contains("offsets missing between segments"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_sealed_segment_fails_open_and_empty_active_segment_is_kept() {
+    let config = one_segment();
+    let fs = SimFs::new(9);
+    let records = log_with_frames(&fs, &config, 5);
+    // An empty segment where the next one would start: kept (a roll that
+    // crashed before its first frame reached the disk).
+    let empty = dir().join("00000000000000000005.log");
+    fs.open(&empty, OpenMode::CreateNew).unwrap();
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!((log.high_watermark(), log.stats().segments), (5, 2));
+    drop(log);
+    assert_records(&fs, &config, &records);
+    // Another segment after it makes it a sealed empty segment: refused.
+    let fs2 = SimFs::new(9);
+    log_with_frames(&fs2, &config, 5);
+    fs2.open(&empty, OpenMode::CreateNew).unwrap();
+    let later = dir().join("00000000000000000006.log");
+    fs2.open(&later, OpenMode::CreateNew).unwrap();
+    match open_sim(&fs2, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, empty);
+            assert!(reason.contains("empty sealed segment"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn commits_continue_in_the_empty_active_segment() {
+    let config = one_segment();
+    let fs = SimFs::new(10);
+    let mut records = log_with_frames(&fs, &config, 3);
+    fs.open(&dir().join("00000000000000000003.log"), OpenMode::CreateNew).unwrap();
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    let more = recs("more", 4);
+    assert_eq!(log.commit(more.clone()).unwrap().offsets(), 3..7);
+    assert_eq!(log.stats().segments, 2);
+    drop(log);
+    records.extend(more);
+    assert_records(&fs, &config, &records);
+}
+
+#[test]
+fn sparse_index_is_rebuilt_on_open_and_finds_every_offset() {
+    let fs = SimFs::new(11);
+    // Many small frames per index stride, cache off: every read walks from
+    // an index entry.
+    let config = LogConfig { segment_bytes: 64 << 10, cache_bytes: 0, ..small_config() };
+    let records = log_with_frames(&fs, &config, 600);
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    for offset in [0u64, 1, 17, 255, 256, 411, 598, 599] {
+        let b = log.read(offset, 1, 1 << 20).unwrap();
+        assert_eq!(b.records.len(), 1);
+        assert_eq!(b.records[0].offset, offset);
+        assert_eq!(b.records[0].payload, records[offset as usize].payload);
+    }
+}
+
+#[test]
+fn open_creates_a_missing_directory_and_ignores_foreign_files() {
+    let fs = SimFs::new(12);
+    let config = small_config();
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert!(fs.exists(&dir()).unwrap());
+    // No segment exists before the first commit.
+    assert!(segment_paths(&fs).is_empty());
+    assert_eq!(log.stats().segments, 0);
+    log.commit(recs("a", 2)).unwrap();
+    drop(log);
+    for name in ["hwm", "consumer.offset", "notes.log", "fanout-x.offset"] {
+        fs.open(&dir().join(name), OpenMode::CreateNew).unwrap();
+    }
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!(log.high_watermark(), 2);
+}
+
+#[test]
+fn recovery_after_a_torn_crash_in_the_middle_of_a_commit_keeps_every_acked_record() {
+    // A commit whose bytes were written but not synced when the machine
+    // stopped: whatever part of it survives, reopening works and the
+    // earlier commits are intact.
+    for seed in 0..40 {
+        let fs = SimFs::new(seed);
+        let config = small_config();
+        let clock = ManualClock::new(T0);
+        let log = open_sim(&fs, &config, &clock).unwrap();
+        let acked = recs("acked", 12);
+        log.commit(acked.clone()).unwrap();
+        // Cut the power at the next cycle's first or second operation (its
+        // write or its fdatasync, or the roll before them).
+        fs.power_cut_at(fs.op_count() + seed % 2);
+        assert!(log.commit(recs("lost", 9)).is_err());
+        drop(log);
+        let mode =
+            [CrashMode::DropUnsynced, CrashMode::Torn, CrashMode::TornWithHoles][seed as usize % 3];
+        fs.crash(mode);
+        let log = open_sim(&fs, &config, &clock).unwrap();
+        let got = read_all(&log);
+        assert!(got.len() >= 12, "seed {seed}");
+        for (g, e) in got.iter().zip(&acked) {
+            assert_eq!(g.payload, e.payload, "seed {seed}");
+        }
+    }
+}
