@@ -202,6 +202,12 @@ impl PartitionLog {
         outcome
     }
 
+    /// Batches waiting for a commit cycle (not counting the running one): a
+    /// gauge of the combiner's queue.
+    pub fn queued_commits(&self) -> usize {
+        lock(&self.combiner.state).queue.len()
+    }
+
     fn combine(&self, mut batch: Queued) -> Outcome {
         let c = &self.combiner;
         let mut st = lock(&c.state);
