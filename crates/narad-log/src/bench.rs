@@ -76,7 +76,7 @@ pub struct BenchReport {
     /// Payload bytes per record.
     pub record_bytes: usize,
     /// The codec.
-    pub codec: String,
+    pub codec: Codec,
     /// Serial fdatasyncs per second of the probe (same run, same directory).
     pub fdatasync_per_sec: f64,
     /// Seconds the commit phase really lasted.
@@ -239,7 +239,7 @@ fn run_in(
         committers: opts.committers,
         batch: opts.batch,
         record_bytes: opts.record_bytes,
-        codec: opts.codec.to_string(),
+        codec: opts.codec,
         fdatasync_per_sec,
         elapsed_sec: elapsed,
         commits,
@@ -296,64 +296,52 @@ fn load_avg() -> Option<f64> {
 }
 
 impl BenchReport {
-    /// One JSON object (keys in snake_case).
-    pub fn to_json(&self) -> String {
-        let mut s = String::from("{");
-        let mut field = |k: &str, v: String| {
-            if s.len() > 1 {
-                s.push(',');
-            }
-            let _ = write!(s, "\"{k}\":{v}");
+    /// The figures as (name, value) pairs, in a stable order (the JSON keys
+    /// of `narad bench log --json`).
+    pub fn fields(&self) -> Vec<(&'static str, f64)> {
+        let zstd_level = match self.codec {
+            Codec::None => 0.0,
+            Codec::Zstd { level } => f64::from(level),
         };
-        field("committers", self.committers.to_string());
-        field("batch", self.batch.to_string());
-        field("record_bytes", self.record_bytes.to_string());
-        field("codec", format!("\"{}\"", self.codec));
-        field("fdatasync_per_sec", format!("{:.1}", self.fdatasync_per_sec));
-        field("elapsed_sec", format!("{:.3}", self.elapsed_sec));
-        field("commits", self.commits.to_string());
-        field("records", self.records.to_string());
-        field("syncs", self.syncs.to_string());
-        field("commits_per_sec", format!("{:.1}", self.commits_per_sec));
-        field("records_per_sec", format!("{:.1}", self.records_per_sec));
-        field("syncs_per_sec", format!("{:.1}", self.syncs_per_sec));
-        field("write_mb_per_sec", format!("{:.2}", self.write_mb_per_sec));
-        field("commit_p50_us", self.commit_p50_us.to_string());
-        field("commit_p99_us", self.commit_p99_us.to_string());
-        field("commit_max_us", self.commit_max_us.to_string());
-        field("read_mb_per_sec", format!("{:.1}", self.read_mb_per_sec));
-        field("read_records_per_sec", format!("{:.1}", self.read_records_per_sec));
-        field("records_per_fdatasync", format!("{:.2}", self.records_per_fdatasync));
-        field("load_avg_1m", self.load_avg_1m.map_or("null".into(), |l| format!("{l:.2}")));
-        s.push('}');
-        s
+        let mut fields = vec![
+            ("committers", self.committers as f64),
+            ("batch", self.batch as f64),
+            ("record_bytes", self.record_bytes as f64),
+            ("zstd_level", zstd_level),
+            ("fdatasync_per_sec", self.fdatasync_per_sec),
+            ("elapsed_sec", self.elapsed_sec),
+            ("commits", self.commits as f64),
+            ("records", self.records as f64),
+            ("syncs", self.syncs as f64),
+            ("commits_per_sec", self.commits_per_sec),
+            ("records_per_sec", self.records_per_sec),
+            ("syncs_per_sec", self.syncs_per_sec),
+            ("records_per_fdatasync", self.records_per_fdatasync),
+            ("write_mb_per_sec", self.write_mb_per_sec),
+            ("commit_p50_us", self.commit_p50_us as f64),
+            ("commit_p99_us", self.commit_p99_us as f64),
+            ("commit_max_us", self.commit_max_us as f64),
+            ("read_mb_per_sec", self.read_mb_per_sec),
+            ("read_records_per_sec", self.read_records_per_sec),
+        ];
+        fields.extend(self.load_avg_1m.map(|l| ("load_avg_1m", l)));
+        fields
     }
 
-    /// A two-column table for people.
-    pub fn to_table(&self) -> String {
-        let rows = [
-            ("committers", self.committers.to_string()),
-            ("batch (records/commit)", self.batch.to_string()),
-            ("record bytes", self.record_bytes.to_string()),
-            ("codec", self.codec.clone()),
-            ("fdatasync/s (serial probe)", format!("{:.0}", self.fdatasync_per_sec)),
-            ("commits/s", format!("{:.0}", self.commits_per_sec)),
-            ("records/s", format!("{:.0}", self.records_per_sec)),
-            ("log fdatasyncs/s", format!("{:.0}", self.syncs_per_sec)),
-            ("records per probe fdatasync", format!("{:.1}", self.records_per_fdatasync)),
-            ("write MB/s", format!("{:.1}", self.write_mb_per_sec)),
-            ("commit p50 (µs)", self.commit_p50_us.to_string()),
-            ("commit p99 (µs)", self.commit_p99_us.to_string()),
-            ("commit max (µs)", self.commit_max_us.to_string()),
-            ("sequential read MB/s", format!("{:.0}", self.read_mb_per_sec)),
-            ("sequential read records/s", format!("{:.0}", self.read_records_per_sec)),
-            ("load average (1 min)", self.load_avg_1m.map_or("?".into(), |l| format!("{l:.2}"))),
-        ];
-        let width = rows.iter().map(|(k, _)| k.chars().count()).max().unwrap_or(0);
-        let mut s = String::new();
-        for (k, v) in rows {
-            let _ = writeln!(s, "{k:<width$}  {v:>12}");
+    /// One JSON object of [`BenchReport::fields`].
+    pub fn to_json(&self) -> String {
+        let mut s = String::from("{");
+        for (i, (k, v)) in self.fields().into_iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let _ = match v {
+                v if !v.is_finite() => write!(s, "\"{k}\":null"),
+                v if v.fract() == 0.0 && v.abs() < 1e15 => write!(s, "\"{k}\":{}", v as i64),
+                v => write!(s, "\"{k}\":{v:.2}"),
+            };
         }
+        s.push('}');
         s
     }
 }
@@ -390,7 +378,6 @@ mod tests {
         ] {
             assert!(json.contains(&format!("\"{key}\":")), "{key} missing from {json}");
         }
-        assert!(r.to_table().contains("records/s"));
         // The scratch directory is gone.
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -51,6 +51,7 @@ mod retention;
 pub mod segment;
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
@@ -62,6 +63,12 @@ pub use log::{CommitListener, PartitionLog};
 pub use metrics::LogMetrics;
 pub use recovery::RecoveryReport;
 pub use retention::RetentionReport;
+
+/// The directory of a partition's log: `<data>/topics/<topic>/p%05d`
+/// (SPEC §5.1). The topic name is used as is; the broker validates it.
+pub fn partition_dir(data_dir: &Path, topic: &str, partition: u32) -> PathBuf {
+    data_dir.join("topics").join(topic).join(format!("p{partition:05}"))
+}
 
 /// One record to commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,4 +181,21 @@ pub struct LogStats {
     pub size_bytes: u64,
     /// The commit time of the oldest segment's first record, if any.
     pub oldest_segment_at_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_directories_follow_the_spec_layout() {
+        assert_eq!(
+            partition_dir(Path::new("/var/lib/narad"), "orders", 7),
+            PathBuf::from("/var/lib/narad/topics/orders/p00007")
+        );
+        assert_eq!(
+            partition_dir(Path::new("d"), "t", 123_456),
+            PathBuf::from("d/topics/t/p123456")
+        );
+    }
 }

@@ -13,6 +13,8 @@
 //!   oldest offset. The writer changes it only when a cycle succeeded,
 //!   retention only after a segment file is gone. Readers hold it only to
 //!   look a position up, never during I/O.
+//! * Lock order: combiner, then writer, then view, then cache / open-sealed
+//!   list; a segment's handle lock is never held while another is taken.
 //!
 //! # Invariants
 //!
@@ -379,8 +381,9 @@ impl PartitionLog {
         let mut w = lock(&self.writer);
         w.active = None;
         drop(w);
-        for s in &self.view_read().segments {
-            *lock(&s.file.handle) = None;
+        let files: Vec<_> = self.view_read().segments.iter().map(|s| s.file.clone()).collect();
+        for f in files {
+            *lock(&f.handle) = None;
         }
         lock(&self.open_sealed).clear();
         lock(&self.cache).clear();
@@ -424,6 +427,7 @@ impl PartitionLog {
         let file = match self.fs.open(&seg.path, OpenMode::Existing) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                drop(h); // never hold a handle lock while taking the view lock
                 let oldest = self.view_read().oldest.max(end_offset);
                 return Err(ReadError::Gone { offset: seg.base, oldest });
             }

@@ -272,7 +272,8 @@ impl PartitionLog {
 
     /// Finds (and decodes) the frame holding `offset`.
     fn frame_at(&self, offset: u64, cursor: &mut Option<Cursor>) -> Result<Step, ReadError> {
-        if let Some(f) = lock(&self.cache).get(offset) {
+        let cached = lock(&self.cache).get(offset);
+        if let Some(f) = cached {
             Counters::add(&self.counters.cache_hits, 1);
             if let Some(c) = cursor.as_mut().filter(|c| c.seg.base == f.segment_base) {
                 c.pos = f.pos + f.frame_len;

@@ -75,12 +75,13 @@ fn every_caller_of_a_failed_cycle_gets_the_same_error_and_the_next_cycle_is_clea
     log.commit(recs("before", 2)).unwrap();
     // Hold the leader's cycle just before its fdatasync while eight more
     // batches queue behind it.
+    let syncs_before = fs.gate().syncs_started.load(std::sync::atomic::Ordering::SeqCst);
     fs.hold(true);
     let leader = {
         let log = log.clone();
         std::thread::spawn(move || log.commit(recs("leader", 1)))
     };
-    fs.wait_syncs_started(1);
+    fs.wait_syncs_started(syncs_before + 1);
     let queued: Vec<_> = (0..8)
         .map(|i| {
             let log = log.clone();

@@ -94,7 +94,9 @@ fn readers_race_retention(fs: FsRef, dir: std::path::PathBuf) {
             std::thread::spawn(move || {
                 let mut rng = narad_fs::SimRng::new(t);
                 let (mut ok, mut gone) = (0u64, 0u64);
-                while !stop.load(Ordering::Acquire) {
+                // Keep going until told to stop, and at least 200 reads (a
+                // starved reader still checks the final state).
+                while !stop.load(Ordering::Acquire) || ok + gone < 200 {
                     let oldest = log.oldest_offset();
                     let hwm = log.high_watermark();
                     let from =

@@ -12,6 +12,40 @@ pub enum BenchCommand {
     /// Can this disk carry the ingress WAL? Serial fdatasync rate, dsync
     /// bandwidth, and the WAL's group commit under concurrent appenders.
     Disk(DiskArgs),
+    /// Durable commits to one partition log (append, fdatasync, read-back)
+    /// from concurrent committers, against the serial fdatasync rate of the
+    /// same disk; then a sequential read of what was written.
+    Log(LogArgs),
+}
+
+/// Options of `narad bench log`.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// A directory on the disk to measure (a scratch subdirectory is used
+    /// and removed afterwards).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Concurrent committers.
+    #[arg(long, default_value_t = 16)]
+    pub committers: usize,
+    /// Records per commit.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Payload bytes per record.
+    #[arg(long, default_value_t = 1024)]
+    pub record_bytes: usize,
+    /// Seconds of commit load.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Seconds of the serial fdatasync probe.
+    #[arg(long, default_value_t = 2.0)]
+    pub probe_seconds: f64,
+    /// Compress frames with zstd at this level (default: no compression).
+    #[arg(long)]
+    pub zstd_level: Option<i32>,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `narad bench disk`.
@@ -53,6 +87,22 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 probe_seconds: a.probe_seconds,
             })?;
             print_figures("narad bench disk", &report.fields(), a.json);
+            Ok(())
+        }
+        BenchCommand::Log(a) => {
+            let report = narad_log::bench::run(&narad_log::bench::BenchOptions {
+                dir: a.dir,
+                committers: a.committers,
+                batch: a.batch,
+                record_bytes: a.record_bytes,
+                seconds: a.seconds,
+                probe_seconds: a.probe_seconds,
+                codec: a
+                    .zstd_level
+                    .map_or(narad_log::Codec::None, |level| narad_log::Codec::Zstd { level }),
+                ..narad_log::bench::BenchOptions::default()
+            })?;
+            print_figures("narad bench log", &report.fields(), a.json);
             Ok(())
         }
     }
