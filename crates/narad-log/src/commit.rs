@@ -4,12 +4,21 @@
 //!
 //! # The combiner
 //!
-//! A caller queues its batch and waits on a condvar. If no cycle is running,
-//! it becomes the leader: it drains the queue (whole batches, oldest first,
-//! up to the drain bounds) and runs the cycle on its own thread. When the
-//! cycle ends it files every drained batch's outcome, clears the "leading"
-//! flag and wakes everyone; a waiter whose batch is still queued becomes the
-//! next leader. A caller returns only with its own batch's outcome.
+//! A caller queues its batch and parks. If no cycle is running, it becomes
+//! the leader instead: it drains the queue (whole batches, oldest first, up
+//! to the drain bounds) and runs the cycle on its own thread. When the cycle
+//! ends it files every drained batch's outcome, wakes the callers of the
+//! finished cycle, and hands the lead to the caller of the oldest batch
+//! still queued (if any). A caller returns only with its own batch's
+//! outcome.
+//!
+//! Before draining, a new leader lingers while callers of the previous cycle
+//! have not yet collected their outcomes (at most
+//! [`LogConfig::commit_linger_us`](crate::LogConfig), 200 µs by default):
+//! under closed-loop load (each committer commits again as soon as its last
+//! commit returns) this lets them join the cycle instead of forming a second
+//! group that alternates with the first, roughly doubling the records per
+//! fdatasync. A lone committer never waits.
 //!
 //! # One cycle, under the produce lock
 //!
@@ -34,7 +43,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
 
 use narad_fs::{FileRef, OpenMode};
 use tracing::error;
@@ -59,28 +70,37 @@ struct Queued {
     id: u64,
     records: Vec<CommitRecord>,
     bytes: u64,
+    /// The caller, parked until its outcome is filed or it is handed the
+    /// lead.
+    thread: Thread,
 }
 
 #[derive(Debug, Default)]
 struct CombinerState {
     queue: VecDeque<Queued>,
+    /// A cycle is running, or leadership was handed to `handoff`.
     leading: bool,
+    /// The batch whose caller leads the next cycle.
+    handoff: Option<u64>,
     done: HashMap<u64, Outcome>,
     next_id: u64,
+    /// A leader lingering until the outcomes in `done` are collected.
+    lingerer: Option<Thread>,
 }
 
 /// The commit combiner of one log.
 #[derive(Debug, Default)]
 pub(crate) struct Combiner {
     state: Mutex<CombinerState>,
-    cv: Condvar,
 }
 
-/// Files an outcome for every drained batch even if the cycle panicked, so
-/// no caller waits forever.
+/// Ends a cycle, even one that panicked: files an outcome for every drained
+/// batch, hands the lead to the oldest queued batch's caller, and wakes the
+/// callers of the cycle, then the next leader. Only those threads are woken:
+/// no thundering herd.
 struct LeaderGuard<'a> {
     combiner: &'a Combiner,
-    ids: Vec<u64>,
+    callers: Vec<(u64, Thread)>,
     outcomes: Option<Vec<Outcome>>,
 }
 
@@ -90,19 +110,29 @@ impl Drop for LeaderGuard<'_> {
         let mut st = lock(&self.combiner.state);
         match outcomes {
             Some(outcomes) => {
-                for (id, o) in self.ids.iter().zip(outcomes) {
+                for ((id, _), o) in self.callers.iter().zip(outcomes) {
                     st.done.insert(*id, o);
                 }
             }
             None => {
-                for id in &self.ids {
+                for (id, _) in &self.callers {
                     st.done.insert(*id, Err(LogError::CyclePanicked));
                 }
             }
         }
-        st.leading = false;
+        let next = st.queue.front().map(|q| (q.id, q.thread.clone()));
+        st.handoff = next.as_ref().map(|(id, _)| *id);
+        st.leading = next.is_some();
         drop(st);
-        self.combiner.cv.notify_all();
+        let me = std::thread::current().id();
+        for (_, t) in &self.callers {
+            if t.id() != me {
+                t.unpark();
+            }
+        }
+        if let Some((_, t)) = next {
+            t.unpark();
+        }
     }
 }
 
@@ -195,7 +225,7 @@ impl PartitionLog {
         if self.is_closed() {
             return Err(LogError::Closed);
         }
-        let outcome = self.combine(Queued { id: 0, records, bytes });
+        let outcome = self.combine(records, bytes);
         let counter =
             if outcome.is_ok() { &self.counters.commits } else { &self.counters.commit_failures };
         Counters::add(counter, 1);
@@ -208,24 +238,31 @@ impl PartitionLog {
         lock(&self.combiner.state).queue.len()
     }
 
-    fn combine(&self, mut batch: Queued) -> Outcome {
+    fn combine(&self, records: Vec<CommitRecord>, bytes: u64) -> Outcome {
         let c = &self.combiner;
         let mut st = lock(&c.state);
         let id = st.next_id;
         st.next_id += 1;
-        batch.id = id;
-        st.queue.push_back(batch);
+        st.queue.push_back(Queued { id, records, bytes, thread: std::thread::current() });
         loop {
             if let Some(outcome) = st.done.remove(&id) {
+                if st.done.is_empty()
+                    && let Some(t) = st.lingerer.take()
+                {
+                    t.unpark();
+                }
                 return outcome;
             }
-            if !st.leading {
+            let my_turn = if st.leading { st.handoff == Some(id) } else { true };
+            if my_turn {
                 st.leading = true;
+                st.handoff = None;
+                st = self.linger(st);
                 let drained = drain(&mut st.queue);
                 drop(st);
                 let mut guard = LeaderGuard {
                     combiner: c,
-                    ids: drained.iter().map(|q| q.id).collect(),
+                    callers: drained.iter().map(|q| (q.id, q.thread.clone())).collect(),
                     outcomes: None,
                 };
                 let (outcomes, advanced) = self.run_cycle(&drained);
@@ -234,11 +271,42 @@ impl PartitionLog {
                 if advanced {
                     self.notify_committed();
                 }
-                st = lock(&c.state);
-                continue;
+            } else {
+                drop(st);
+                // Woken when our outcome is filed or the lead is handed to
+                // us; a spurious wake-up just loops.
+                std::thread::park();
             }
-            st = c.cv.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+            st = lock(&c.state);
         }
+    }
+
+    /// The linger of a new leader: while callers of the previous cycle have
+    /// not collected their outcomes yet, wait (at most the configured
+    /// linger) for them to do so, so that a caller that commits again right
+    /// away joins this cycle instead of starting the next. With a single
+    /// committer there is nothing to collect and no wait.
+    fn linger<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, CombinerState>,
+    ) -> MutexGuard<'a, CombinerState> {
+        let max = Duration::from_micros(self.config.commit_linger_us);
+        if st.done.is_empty() || max.is_zero() {
+            return st;
+        }
+        let deadline = Instant::now() + max;
+        while !st.done.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st.lingerer = Some(std::thread::current());
+            drop(st);
+            std::thread::park_timeout(deadline - now);
+            st = lock(&self.combiner.state);
+        }
+        st.lingerer = None;
+        st
     }
 
     /// Runs one cycle for the drained batches; returns one outcome per batch

@@ -3,9 +3,10 @@
 use crate::error::LogError;
 use crate::frame::Codec;
 use crate::limits::{
-    DEFAULT_CACHE_BYTES, DEFAULT_CACHE_FRAMES, DEFAULT_FRAME_TARGET_BYTES,
-    DEFAULT_INDEX_STRIDE_BYTES, DEFAULT_SEGMENT_BYTES, MAX_FRAME_TARGET_BYTES, MAX_SEGMENT_BYTES,
-    MAX_ZSTD_LEVEL, MIN_FRAME_TARGET_BYTES, MIN_INDEX_STRIDE_BYTES, MIN_SEGMENT_BYTES,
+    DEFAULT_CACHE_BYTES, DEFAULT_CACHE_FRAMES, DEFAULT_COMMIT_LINGER_US,
+    DEFAULT_FRAME_TARGET_BYTES, DEFAULT_INDEX_STRIDE_BYTES, DEFAULT_SEGMENT_BYTES,
+    MAX_COMMIT_LINGER_US, MAX_FRAME_TARGET_BYTES, MAX_SEGMENT_BYTES, MAX_ZSTD_LEVEL,
+    MIN_FRAME_TARGET_BYTES, MIN_INDEX_STRIDE_BYTES, MIN_SEGMENT_BYTES,
 };
 
 /// How much of the sealed segments [`PartitionLog::open`](crate::PartitionLog::open)
@@ -46,6 +47,12 @@ pub struct LogConfig {
     pub cache_frames: usize,
     /// How much of the sealed segments open checks. Default full.
     pub sealed_check: SealedCheck,
+    /// The most a new commit-cycle leader waits, in µs, for the callers of
+    /// the previous cycle to collect their outcomes (so that those who
+    /// commit again at once join its cycle). Default 200; 0 disables;
+    /// at most 10,000. Only applies when the previous cycle had other
+    /// callers.
+    pub commit_linger_us: u64,
 }
 
 impl Default for LogConfig {
@@ -58,6 +65,7 @@ impl Default for LogConfig {
             cache_bytes: DEFAULT_CACHE_BYTES,
             cache_frames: DEFAULT_CACHE_FRAMES,
             sealed_check: SealedCheck::Full,
+            commit_linger_us: DEFAULT_COMMIT_LINGER_US,
         }
     }
 }
@@ -84,6 +92,12 @@ impl LogConfig {
                 self.index_stride_bytes
             ));
         }
+        if self.commit_linger_us > MAX_COMMIT_LINGER_US {
+            return bad(format!(
+                "commit_linger_us {} is above {MAX_COMMIT_LINGER_US}",
+                self.commit_linger_us
+            ));
+        }
         if let Codec::Zstd { level } = self.codec
             && !(1..=MAX_ZSTD_LEVEL).contains(&level)
         {
@@ -96,5 +110,28 @@ impl LogConfig {
     /// size.
     pub(crate) fn effective_frame_target(&self) -> u64 {
         self.frame_target_bytes.min(self.segment_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_values_out_of_bounds_are_refused_not_adjusted() {
+        assert!(LogConfig::default().validate().is_ok());
+        let bad = [
+            LogConfig { segment_bytes: MIN_SEGMENT_BYTES - 1, ..LogConfig::default() },
+            LogConfig { segment_bytes: MAX_SEGMENT_BYTES + 1, ..LogConfig::default() },
+            LogConfig { frame_target_bytes: MAX_FRAME_TARGET_BYTES + 1, ..LogConfig::default() },
+            LogConfig { frame_target_bytes: MIN_FRAME_TARGET_BYTES - 1, ..LogConfig::default() },
+            LogConfig { index_stride_bytes: MIN_INDEX_STRIDE_BYTES - 1, ..LogConfig::default() },
+            LogConfig { codec: Codec::Zstd { level: 0 }, ..LogConfig::default() },
+            LogConfig { codec: Codec::Zstd { level: MAX_ZSTD_LEVEL + 1 }, ..LogConfig::default() },
+            LogConfig { commit_linger_us: MAX_COMMIT_LINGER_US + 1, ..LogConfig::default() },
+        ];
+        for c in bad {
+            assert!(matches!(c.validate(), Err(LogError::InvalidConfig(_))), "{c:?}");
+        }
     }
 }

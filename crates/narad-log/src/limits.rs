@@ -100,6 +100,13 @@ pub const READ_WINDOW_BYTES: usize = 256 << 10;
 /// The most records one read returns.
 pub const MAX_READ_RECORDS: usize = 1 << 16;
 
+/// The default bound of a commit leader's linger (see
+/// [`LogConfig::commit_linger_us`](crate::LogConfig)), in µs.
+pub const DEFAULT_COMMIT_LINGER_US: u64 = 200;
+
+/// The largest allowed linger, in µs.
+pub const MAX_COMMIT_LINGER_US: u64 = 10_000;
+
 /// The highest zstd level accepted in the config.
 pub const MAX_ZSTD_LEVEL: i32 = 22;
 
@@ -136,3 +143,4 @@ const _: () = assert!(MIN_INDEX_STRIDE_BYTES <= DEFAULT_INDEX_STRIDE_BYTES);
 const _: () = assert!(READ_WINDOW_BYTES as u64 >= MIN_INDEX_STRIDE_BYTES);
 const _: () = assert!(CONSUMER_OFFSET_FILE_LEN <= CONSUMER_OFFSET_MAX_READ);
 const _: () = assert!(MAX_READ_RECORDS <= CYCLE_DRAIN_RECORDS);
+const _: () = assert!(DEFAULT_COMMIT_LINGER_US <= MAX_COMMIT_LINGER_US);
