@@ -359,3 +359,33 @@ fn an_idle_log_costs_no_file_until_its_first_commit() {
     assert_eq!((s.segments, s.next_offset, s.oldest_segment_at_ms), (1, 1, Some(T0)));
     assert!(s.size_bytes > 0);
 }
+
+#[test]
+fn codec_can_change_between_opens_and_readers_follow_each_frame() {
+    let fs = SimFs::new(14);
+    let clock = ManualClock::new(T0);
+    let zstd = LogConfig { codec: Codec::Zstd { level: 5 }, cache_bytes: 0, ..small_config() };
+    let plain = LogConfig { codec: Codec::None, ..zstd.clone() };
+    let compressible = |tag: &str| -> Vec<CommitRecord> {
+        (0..4)
+            .map(|i| {
+                CommitRecord::keyed(format!("{tag}{i}"), format!("{tag} {}", "abc".repeat(40)))
+            })
+            .collect()
+    };
+    let log = open_sim(&fs, &zstd, &clock).unwrap();
+    log.commit(compressible("z")).unwrap();
+    let zstd_bytes = log.stats().size_bytes;
+    drop(log);
+    let log = open_sim(&fs, &plain, &clock).unwrap();
+    log.commit(compressible("p")).unwrap();
+    assert!(log.stats().size_bytes - zstd_bytes > 2 * zstd_bytes, "the first frame was compressed");
+    drop(log);
+    let log = open_sim(&fs, &zstd, &clock).unwrap();
+    let got = read_all(&log);
+    assert_eq!(got.len(), 8);
+    let want: Vec<_> = compressible("z").into_iter().chain(compressible("p")).collect();
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((&g.key, &g.payload), (&w.key, &w.payload));
+    }
+}
