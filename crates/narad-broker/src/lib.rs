@@ -2,7 +2,15 @@
 //! to the WAL), the dispatcher, the owner's commit, consumer leases. It
 //! knows nothing of HTTP.
 
+mod broker;
 pub mod consume;
 pub mod dispatch;
+mod error;
 pub mod limits;
+pub mod metrics;
+pub mod owner;
 pub mod partition;
+pub mod topics;
+
+pub use broker::{AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord};
+pub use error::BrokerError;

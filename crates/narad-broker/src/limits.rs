@@ -40,3 +40,16 @@ const _: () = {
     assert!(DISPATCH_LINGER_MAX.as_millis() < DISPATCH_HUNG_AFTER.as_millis());
     assert!(DISPATCH_PROBE_TIMEOUT.as_secs() < DISPATCH_COMMIT_TIMEOUT.as_secs());
 };
+
+/// Consumer frontiers are persisted at most this often.
+pub const FRONTIER_PERSIST_INTERVAL: Duration = Duration::from_millis(100);
+/// Expired leases are released (and waiters woken) at least this often.
+pub const EXPIRY_PURGE_INTERVAL: Duration = Duration::from_secs(1);
+/// Retention runs this often.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Per-partition gauges are refreshed this often.
+pub const METRICS_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// A batch consume returns at most this many payload bytes.
+pub const CONSUME_BATCH_BYTES: usize = 8 << 20;
+/// A batch consume returns at most this many messages.
+pub const CONSUME_BATCH_MAX: usize = 100;

@@ -6,6 +6,7 @@
 
 mod bench;
 mod report;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -21,14 +22,27 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the broker (`narad serve --dev` for a single node on loopback).
+    Serve(serve::ServeArgs),
+    /// Server commands.
+    #[command(subcommand)]
+    Server(ServerCommand),
     /// Measure this machine: disk limits and narad's storage engines.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
 
+/// `narad server ...`.
+#[derive(Debug, Subcommand)]
+enum ServerCommand {
+    /// Run the broker (same as `narad serve`).
+    Start(serve::ServeArgs),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(a) | Command::Server(ServerCommand::Start(a)) => serve::run_serve(a),
         Command::Bench(cmd) => bench::run(cmd),
     };
     match result {

@@ -112,6 +112,11 @@ impl Shard {
         std::mem::take(&mut self.dirty).then_some(self.next)
     }
 
+    /// Marks the frontier as not yet persisted (after a failed persist).
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
     /// Releases expired leases; returns how many.
     pub fn purge_expired(&mut self, now_ms: u64) -> usize {
         let mut n = 0;

@@ -2,3 +2,4 @@
 //! owners. [`core`] decides; the driver reads the WAL and runs commits.
 
 pub mod core;
+pub mod driver;

@@ -1,0 +1,995 @@
+//! The broker on one node: wiring of the metastore, the ingress WAL, the
+//! dispatcher, the partition logs and the consumer state, and the
+//! operations the HTTP layer calls.
+//!
+//! Start-up order: metastore → partition logs (recovered; damage stops the
+//! start) → WAL (recovered) → dispatcher → background tasks. Shutdown:
+//! refuse new work → stop the dispatcher (commits in flight finish) → close
+//! the WAL (final checkpoint sync) → persist consumer frontiers → close logs.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use narad_clock::ClockRef;
+use narad_fs::FsRef;
+use narad_log::{LogConfig, LogStats, ReadError};
+use narad_meta::{
+    AlterTopicRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions,
+    PartitionAssignment, Topic, TopicDefaults, TopicPage,
+};
+use narad_wal::{RecordRef, Wal, WalOptions, WalRecord};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::consume::shard::{ResolveError, parse_receipt_handle, receipt_handle};
+use crate::dispatch::core::{Dest, OwnerId, Target, Topology};
+use crate::dispatch::driver::{Dispatcher, Resolver};
+use crate::error::BrokerError;
+use crate::limits::{
+    CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, METRICS_POLL_INTERVAL,
+    RETENTION_INTERVAL,
+};
+use crate::metrics::{BrokerMetrics, PartitionLabels, RejectionLabels, TopicLabels, WaitLabels};
+use crate::owner::LocalOwner;
+use crate::partition::{RoundRobin, keyed_partition};
+use crate::topics::{PartitionRt, TopicRt, Topics, shard_limits};
+
+/// How the broker is set up.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// This node's id.
+    pub node_id: String,
+    /// This node's advertised HTTP address.
+    pub advertised_addr: String,
+    /// Topic defaults and bounds.
+    pub topic_defaults: TopicDefaults,
+    /// Partition log settings.
+    pub log: LogConfig,
+    /// Ingress WAL sizes.
+    pub wal: WalOptions,
+}
+
+/// One message handed to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: u32,
+    /// Offset.
+    pub offset: u64,
+    /// Key.
+    pub key: Option<Bytes>,
+    /// Payload.
+    pub payload: Bytes,
+    /// Commit time, ms.
+    pub commit_time_ms: u64,
+    /// Receipt handle (queue mode).
+    pub receipt_handle: Option<String>,
+}
+
+/// One record of a batch produce, already decoded from the wire.
+#[derive(Debug, Clone)]
+pub struct ProduceRecord {
+    /// The key.
+    pub key: Option<Bytes>,
+    /// A pinned partition.
+    pub partition: Option<u32>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// What to do with a leased message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckAction {
+    /// Done with it.
+    Ack,
+    /// Keep it invisible for another visibility timeout.
+    Extend,
+    /// Make it visible again now.
+    Nack,
+}
+
+/// Per-partition details for `GET /v1/topics/{topic}`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PartitionStats {
+    /// Partition index.
+    pub index: u32,
+    /// Segment files.
+    pub segments: usize,
+    /// Oldest readable offset.
+    pub oldest_offset: u64,
+    /// Offset of the next record.
+    pub next_offset: u64,
+    /// First offset not yet visible.
+    pub high_watermark: u64,
+    /// Bytes on disk.
+    pub size_bytes: u64,
+    /// Commit time (Unix s) of the oldest segment's first record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_segment_at: Option<u64>,
+}
+
+/// The broker.
+#[derive(Debug)]
+pub struct Broker {
+    config: BrokerConfig,
+    clock: ClockRef,
+    meta: Arc<MetaStore>,
+    wal: Arc<Wal>,
+    topics: Arc<Topics>,
+    metrics: Arc<BrokerMetrics>,
+    round_robin: RoundRobin,
+    dispatcher: Mutex<Option<Dispatcher>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    stop: Arc<Notify>,
+    shutting_down: AtomicBool,
+    /// Long polls return at once (the HTTP layer is draining).
+    draining: AtomicBool,
+}
+
+/// Resolves WAL records against this node's metastore replica. On one node
+/// the local metastore is the authority, so a missing topic or another
+/// incarnation is a confirmed deletion.
+#[derive(Debug)]
+struct LocalResolver {
+    meta: Arc<MetaStore>,
+}
+
+impl Topology for LocalResolver {
+    fn owner_of(&self, topic: &str, partition: u32) -> Option<(OwnerId, bool)> {
+        let t = self.meta.topic(topic)?;
+        (partition < t.partitions()).then_some((0, true))
+    }
+}
+
+impl Resolver for LocalResolver {
+    fn resolve(&self, record: &WalRecord, topic: &Arc<str>) -> Target {
+        let Some(t) = self.meta.topic(topic) else { return Target::Discard };
+        if record.incarnation.is_some_and(|id| id != t.incarnation()) {
+            warn!(
+                topic = %topic,
+                topic_id = record.incarnation,
+                partition = record.partition,
+                seq = record.seq,
+                "discarding undispatched record of a deleted topic incarnation"
+            );
+            return Target::Discard;
+        }
+        let partitions = t.partitions();
+        Target::Commit {
+            dest: Dest { topic: topic.clone(), partition: record.partition % partitions },
+            owner: 0,
+            alive: true,
+            partitions,
+        }
+    }
+}
+
+fn join_err(e: tokio::task::JoinError) -> BrokerError {
+    BrokerError::internal("background task", e)
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BrokerError> + Send + 'static,
+) -> Result<T, BrokerError> {
+    tokio::task::spawn_blocking(f).await.map_err(join_err)?
+}
+
+impl Broker {
+    /// Opens everything and starts the dispatcher and background tasks.
+    /// Fails (naming file and offset) when recovery finds damage to acked
+    /// data.
+    pub async fn open(
+        config: BrokerConfig,
+        fs: FsRef,
+        clock: ClockRef,
+        metrics: Arc<BrokerMetrics>,
+    ) -> Result<Arc<Broker>, BrokerError> {
+        let (cfg, fs2, clock2) = (config.clone(), fs.clone(), clock.clone());
+        let (meta, topics, wal) = blocking(move || {
+            fs2.create_dir_all(&cfg.data_dir).map_err(|e| {
+                BrokerError::internal(
+                    "open data directory",
+                    format!("{}: {e}", cfg.data_dir.display()),
+                )
+            })?;
+            let meta = MetaStore::open(
+                &*fs2,
+                &cfg.data_dir,
+                MetaStoreOptions {
+                    defaults: cfg.topic_defaults.clone(),
+                    clock: clock2.clone(),
+                    rng_seed: None,
+                },
+            )?;
+            let now_s = (clock2.wall_ms() / 1000) as i64;
+            meta.member_join(Member {
+                id: cfg.node_id.clone(),
+                addr: cfg.advertised_addr.clone(),
+                cluster_addr: None,
+                status: MemberStatus::Alive,
+                last_heartbeat: now_s,
+            })?;
+            let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone());
+            let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
+            topics.open_at_startup(&live)?;
+            let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
+                .map_err(|e| BrokerError::internal("open ingress WAL", e))?;
+            Ok((Arc::new(meta), Arc::new(topics), Arc::new(wal)))
+        })
+        .await?;
+        let broker = Arc::new(Broker {
+            round_robin: RoundRobin::new(clock.wall_ms() ^ 0x5EED, Duration::from_secs(300)),
+            config,
+            clock: clock.clone(),
+            meta: meta.clone(),
+            wal: wal.clone(),
+            topics: topics.clone(),
+            metrics: metrics.clone(),
+            dispatcher: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
+            stop: Arc::new(Notify::new()),
+            shutting_down: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        });
+        let wake = Arc::new(Notify::new());
+        let w = wake.clone();
+        wal.on_durable(Arc::new(move |_| w.notify_one()));
+        let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
+        let dispatcher = Dispatcher::start(
+            wal,
+            Arc::new(owner),
+            Arc::new(LocalResolver { meta }),
+            clock,
+            wake,
+            metrics,
+        );
+        *broker.dispatcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(dispatcher);
+        broker.spawn_background();
+        info!(data_dir = %broker.config.data_dir.display(), "broker started");
+        Ok(broker)
+    }
+
+    /// The metastore.
+    pub fn meta(&self) -> &Arc<MetaStore> {
+        &self.meta
+    }
+
+    /// The ingress WAL.
+    pub fn wal(&self) -> &Arc<Wal> {
+        &self.wal
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<BrokerMetrics> {
+        &self.metrics
+    }
+
+    fn check_running(&self) -> Result<(), BrokerError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(BrokerError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ topics
+
+    /// Creates a topic and assigns its partitions to this node.
+    pub async fn create_topic(
+        &self,
+        request: CreateTopicRequest,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        self.check_running()?;
+        let meta = self.meta.clone();
+        let node = self.config.node_id.clone();
+        blocking(move || {
+            let t = meta.create_topic(request)?;
+            assign_all(&meta, &t, 0, &node)?;
+            Ok(t)
+        })
+        .await
+    }
+
+    /// Alters a topic (new partitions are assigned to this node).
+    pub async fn alter_topic(
+        &self,
+        name: &str,
+        request: AlterTopicRequest,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        self.check_running()?;
+        let (meta, node, name) = (self.meta.clone(), self.config.node_id.clone(), name.to_owned());
+        let t = blocking(move || {
+            let before = meta.topic(&name).map_or(0, |t| t.partitions());
+            let t = meta.alter_topic(&name, request)?;
+            if t.partitions() > before {
+                assign_all(&meta, &t, before, &node)?;
+            }
+            Ok(t)
+        })
+        .await?;
+        if let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) {
+            rt.notify.notify_waiters(); // caps may have grown
+        }
+        Ok(t)
+    }
+
+    /// Deletes a topic and its files. Undispatched records of it are
+    /// discarded by the dispatcher.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let (meta, topics, name) = (self.meta.clone(), self.topics.clone(), name.to_owned());
+        let deleted = blocking(move || {
+            let t = meta.delete_topic(&name)?;
+            topics.remove(&name)?;
+            Ok(t)
+        })
+        .await?;
+        self.metrics.forget_topic(deleted.name(), deleted.partitions());
+        Ok(())
+    }
+
+    /// A topic's record.
+    pub fn topic(&self, name: &str) -> Result<Arc<Topic>, BrokerError> {
+        self.meta.topic(name).ok_or(BrokerError::TopicNotFound)
+    }
+
+    /// A page of topics.
+    pub fn list_topics(&self, after: &str, limit: usize) -> TopicPage {
+        self.meta.list_topics(after, limit)
+    }
+
+    /// Per-partition details of a topic (all, or one).
+    pub fn partition_stats(&self, t: &Topic, only: Option<u32>) -> Vec<PartitionStats> {
+        let rt = self.topics.get_open(t.name(), t.incarnation());
+        let range = match only {
+            Some(p) => p..p + 1,
+            None => 0..t.partitions(),
+        };
+        range
+            .map(|p| {
+                let s =
+                    rt.as_ref().and_then(|rt| rt.partition_if_open(p)).map(|part| part.log.stats());
+                let s = s.unwrap_or(LogStats {
+                    segments: 0,
+                    oldest_offset: 0,
+                    next_offset: 0,
+                    high_watermark: 0,
+                    size_bytes: 0,
+                    oldest_segment_at_ms: None,
+                });
+                PartitionStats {
+                    index: p,
+                    segments: s.segments,
+                    oldest_offset: s.oldest_offset,
+                    next_offset: s.next_offset,
+                    high_watermark: s.high_watermark,
+                    size_bytes: s.size_bytes,
+                    oldest_segment_at: s.oldest_segment_at_ms.map(|ms| ms / 1000),
+                }
+            })
+            .collect()
+    }
+
+    // ----------------------------------------------------------- produce
+
+    /// Checks a produce against its topic (delayed child, schema, pinned
+    /// partition) and picks the partition.
+    fn accept_one(
+        &self,
+        t: &Topic,
+        key: Option<&[u8]>,
+        partition: Option<u32>,
+        payload: &[u8],
+    ) -> Result<u32, BrokerError> {
+        if t.is_delayed_child() {
+            self.metrics
+                .produce_rejections
+                .get_or_create(&RejectionLabels {
+                    topic: t.name().into(),
+                    reason: "delayed_child".into(),
+                })
+                .inc();
+            return Err(BrokerError::DelayedChild);
+        }
+        if let Some(schema) = self.meta.compiled_schema(t.name())
+            && let Err(reason) = schema.validate_payload(payload)
+        {
+            self.metrics
+                .produce_rejections
+                .get_or_create(&RejectionLabels { topic: t.name().into(), reason: "schema".into() })
+                .inc();
+            return Err(BrokerError::Invalid(format!("invalid argument: schema: {reason}")));
+        }
+        match (partition, key) {
+            (Some(p), _) if p >= t.partitions() => {
+                Err(BrokerError::Invalid("invalid argument: partition out of range".into()))
+            }
+            (Some(p), _) => Ok(p),
+            (None, Some(k)) => Ok(keyed_partition(k, t.partitions())),
+            (None, None) => Ok(self.round_robin.pick(t.name(), t.partitions(), self.clock.mono())),
+        }
+    }
+
+    /// Produces one record: answers once it is fsynced in the ingress WAL.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        key: Option<Bytes>,
+        partition: Option<u32>,
+        payload: Bytes,
+    ) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let t = self.topic(topic)?;
+        let p = self.accept_one(&t, key.as_deref(), partition, &payload)?;
+        let rec = RecordRef {
+            topic,
+            incarnation: Some(t.incarnation()),
+            key: key.as_deref(),
+            partition: p,
+            accepted_at_ms: self.clock.wall_ms(),
+            payload: &payload,
+        };
+        let pending = self.wal.append_async(&rec).map_err(|e| self.wal_error(e))?;
+        pending.await.map_err(|e| self.wal_error(e))?;
+        Ok(())
+    }
+
+    /// Produces a batch atomically from the client's view: every record is
+    /// checked before any is appended; one failure refuses all
+    /// (`message <i>: ...`). Answers once the last record is durable.
+    pub async fn produce_batch(
+        &self,
+        topic: &str,
+        records: Vec<ProduceRecord>,
+    ) -> Result<usize, BrokerError> {
+        self.check_running()?;
+        let t = self.topic(topic)?;
+        let mut parts = Vec::with_capacity(records.len());
+        for (i, r) in records.iter().enumerate() {
+            let p = self.accept_one(&t, r.key.as_deref(), r.partition, &r.payload).map_err(
+                |e| match e {
+                    BrokerError::Invalid(m) => BrokerError::Invalid(format!("message {i}: {m}")),
+                    other => other,
+                },
+            )?;
+            parts.push(p);
+        }
+        let now = self.clock.wall_ms();
+        let refs: Vec<RecordRef<'_>> = records
+            .iter()
+            .zip(&parts)
+            .map(|(r, p)| RecordRef {
+                topic,
+                incarnation: Some(t.incarnation()),
+                key: r.key.as_deref(),
+                partition: *p,
+                accepted_at_ms: now,
+                payload: &r.payload,
+            })
+            .collect();
+        let pending = self.wal.append_many_async(&refs).map_err(|e| self.wal_error(e))?;
+        drop(refs);
+        let range = pending.await.map_err(|e| self.wal_error(e))?;
+        Ok((range.end - range.start) as usize)
+    }
+
+    fn wal_error(&self, e: narad_wal::WalError) -> BrokerError {
+        if let narad_wal::WalError::Record(r) = &e {
+            return BrokerError::Invalid(format!("invalid argument: {r}"));
+        }
+        self.metrics.error("messaging", "append");
+        BrokerError::Wal(Arc::new(e))
+    }
+
+    // ----------------------------------------------------------- consume
+
+    /// Leases up to `max` messages (queue mode, or one pinned partition),
+    /// waiting up to `wait` for one to become available.
+    pub async fn consume(
+        &self,
+        topic: &str,
+        partition: Option<u32>,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivered>, BrokerError> {
+        let started = self.clock.mono();
+        let deadline = started + wait;
+        let t = self.topic(topic)?;
+        if let Some(p) = partition
+            && p >= t.partitions()
+        {
+            return Err(BrokerError::Invalid("invalid partition".into()));
+        }
+        let topics = self.topics.clone();
+        let t2 = t.clone();
+        let rt = blocking(move || topics.topic(&t2)).await?;
+        let mut t = t;
+        loop {
+            let notified = rt.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = self.take(&t, &rt, partition, max)?;
+            let now = self.clock.mono();
+            if !got.is_empty() || now >= deadline || self.draining.load(Ordering::Acquire) {
+                let outcome = match (got.is_empty(), wait.is_zero()) {
+                    (false, true) | (true, true) => "no_wait",
+                    (false, false) => "hit",
+                    (true, false) => "timeout",
+                };
+                self.metrics
+                    .consume_wait_seconds
+                    .0
+                    .get_or_create(&WaitLabels { topic: topic.into(), outcome: outcome.into() })
+                    .observe((now - started).as_secs_f64());
+                if got.is_empty() {
+                    self.metrics
+                        .consume_empty
+                        .get_or_create(&TopicLabels { topic: topic.into() })
+                        .inc();
+                }
+                return Ok(got);
+            }
+            let next_expiry = self
+                .next_expiry(&rt)
+                .map(|ms| Duration::from_millis(ms.saturating_sub(self.clock.wall_ms())));
+            let sleep = (deadline - now).min(next_expiry.unwrap_or(Duration::MAX));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+            // The topic may have been deleted or altered meanwhile.
+            t = self.topic(topic)?;
+            if rt.is_closed() || t.incarnation() != rt.incarnation {
+                return Err(BrokerError::TopicNotFound);
+            }
+        }
+    }
+
+    fn next_expiry(&self, rt: &TopicRt) -> Option<u64> {
+        rt.open_partitions()
+            .iter()
+            .filter_map(|p| {
+                p.shard().ok().and_then(|mut g| g.as_mut().and_then(|s| s.next_expiry()))
+            })
+            .min()
+    }
+
+    /// One pass over the partitions: reserve, then read.
+    fn take(
+        &self,
+        t: &Topic,
+        rt: &TopicRt,
+        pinned: Option<u32>,
+        max: usize,
+    ) -> Result<Vec<Delivered>, BrokerError> {
+        let n = t.partitions();
+        let order: Vec<u32> = match pinned {
+            Some(p) => vec![p],
+            None => {
+                let start = rt.consume_rr.fetch_add(1, Ordering::Relaxed) as u32 % n.max(1);
+                (0..n).map(|i| (start + i) % n).collect()
+            }
+        };
+        let limits = shard_limits(t);
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for p in order {
+            let Some(part) = rt.partition_if_open(p) else { continue };
+            self.take_from(&rt.name, &part, &limits, max - out.len(), &mut bytes, &mut out)?;
+            if out.len() >= max || bytes >= CONSUME_BATCH_BYTES {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn take_from(
+        &self,
+        topic: &Arc<str>,
+        part: &PartitionRt,
+        limits: &crate::consume::shard::ShardLimits,
+        max: usize,
+        bytes: &mut usize,
+        out: &mut Vec<Delivered>,
+    ) -> Result<(), BrokerError> {
+        let mut guard = part.shard()?;
+        let shard = guard.as_mut().expect("shard() fills the slot");
+        let labels = PartitionLabels::new(topic, part.index);
+        let mut taken = 0;
+        while taken < max && *bytes < CONSUME_BATCH_BYTES {
+            let hwm = part.log.high_watermark();
+            let Some(res) = shard.reserve(hwm, self.clock.wall_ms(), limits) else { break };
+            match part.log.read(res.offset, 1, u64::MAX) {
+                Ok(batch) => {
+                    match batch.records.into_iter().next().filter(|r| r.offset == res.offset) {
+                        Some(r) => {
+                            *bytes += r.payload.len();
+                            self.metrics.messages_consumed.get_or_create(&labels).inc();
+                            self.metrics
+                                .bytes_consumed
+                                .get_or_create(&labels)
+                                .inc_by(r.payload.len() as u64);
+                            out.push(Delivered {
+                                topic: topic.clone(),
+                                partition: part.index,
+                                offset: r.offset,
+                                key: r.key,
+                                payload: r.payload,
+                                commit_time_ms: r.commit_time_ms,
+                                receipt_handle: Some(receipt_handle(
+                                    part.index, res.offset, res.nonce,
+                                )),
+                            });
+                            taken += 1;
+                        }
+                        None => {
+                            shard.mark_corrupt(res.offset);
+                            self.metrics.consumer_corrupt_skipped.get_or_create(&labels).inc();
+                            warn!(topic = %topic, partition = part.index, offset = res.offset, "skipped permanently-unreadable record");
+                        }
+                    }
+                }
+                Err(ReadError::Gone { oldest, .. }) => {
+                    let skipped = shard.skip_below(oldest);
+                    self.metrics.consumer_corrupt_skipped.get_or_create(&labels).inc_by(skipped);
+                }
+                Err(e) => {
+                    // Not corruption: give the lease back and report.
+                    let _ = shard.nack(res.offset, res.nonce, self.clock.wall_ms());
+                    self.metrics.error("messaging", "consume");
+                    return Err(BrokerError::internal("consume", e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads without leasing (replay mode): up to `max` records from
+    /// `offset`.
+    pub fn replay(
+        &self,
+        topic: &str,
+        partition: u32,
+        offset: u64,
+        max: usize,
+    ) -> Result<Vec<Delivered>, BrokerError> {
+        let t = self.topic(topic)?;
+        if partition >= t.partitions() {
+            return Err(BrokerError::Invalid("invalid partition".into()));
+        }
+        let Some(part) = self
+            .topics
+            .get_open(t.name(), t.incarnation())
+            .and_then(|rt| rt.partition_if_open(partition))
+        else {
+            return Ok(Vec::new()); // nothing was ever committed here
+        };
+        if offset >= part.log.high_watermark() {
+            return Ok(Vec::new());
+        }
+        let batch =
+            part.log.read(offset, max, CONSUME_BATCH_BYTES as u64).map_err(|e| match e {
+                ReadError::Gone { oldest, .. } => BrokerError::AgedOut { offset, oldest },
+                other => BrokerError::internal("consume", other),
+            })?;
+        let topic: Arc<str> = t.name().into();
+        let labels = PartitionLabels::new(&topic, partition);
+        let mut out = Vec::new();
+        for r in batch.records {
+            if out.is_empty() && r.offset != offset {
+                return Err(BrokerError::Unreadable(offset));
+            }
+            self.metrics.messages_consumed.get_or_create(&labels).inc();
+            self.metrics.bytes_consumed.get_or_create(&labels).inc_by(r.payload.len() as u64);
+            out.push(Delivered {
+                topic: topic.clone(),
+                partition,
+                offset: r.offset,
+                key: r.key,
+                payload: r.payload,
+                commit_time_ms: r.commit_time_ms,
+                receipt_handle: None,
+            });
+        }
+        if out.is_empty() {
+            return Err(BrokerError::Unreadable(offset));
+        }
+        Ok(out)
+    }
+
+    /// Acks, extends or nacks the lease named by `handle`.
+    pub fn resolve(&self, topic: &str, handle: &str, action: AckAction) -> Result<(), BrokerError> {
+        let (p, offset, nonce) = parse_receipt_handle(handle)
+            .ok_or_else(|| BrokerError::Invalid("receipt handle is malformed".into()))?;
+        let t = self.topic(topic)?;
+        let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) else {
+            return Err(BrokerError::StaleHandle);
+        };
+        let Some(part) = rt.partition_if_open(p) else { return Err(BrokerError::StaleHandle) };
+        let limits = shard_limits(&t);
+        let now = self.clock.wall_ms();
+        let result = {
+            let mut g = part.shard()?;
+            let shard = g.as_mut().expect("shard() fills the slot");
+            match action {
+                AckAction::Ack => shard.ack(offset, nonce, now, &limits).map(drop),
+                AckAction::Extend => shard.extend(offset, nonce, now, &limits),
+                AckAction::Nack => shard.nack(offset, nonce, now),
+            }
+        };
+        match result {
+            Ok(()) => {
+                let labels = TopicLabels { topic: topic.into() };
+                match action {
+                    AckAction::Ack | AckAction::Nack => rt.notify.notify_waiters(),
+                    AckAction::Extend => {}
+                }
+                match action {
+                    AckAction::Extend => {
+                        self.metrics.ack_extended.get_or_create(&labels).inc();
+                    }
+                    AckAction::Nack => {
+                        self.metrics.nack.get_or_create(&labels).inc();
+                    }
+                    AckAction::Ack => {}
+                }
+                Ok(())
+            }
+            Err(ResolveError::Stale) => Err(BrokerError::StaleHandle),
+            Err(ResolveError::AheadFull) => {
+                self.metrics
+                    .ack_rejected
+                    .get_or_create(&crate::metrics::ReasonLabels { reason: "cap".into() })
+                    .inc();
+                Err(BrokerError::AckedAheadFull)
+            }
+        }
+    }
+
+    // -------------------------------------------------------- background
+
+    fn spawn_background(self: &Arc<Self>) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let me = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        tasks.push(tokio::spawn(every(FRONTIER_PERSIST_INTERVAL, stop.clone(), {
+            let me = me.clone();
+            move || {
+                let me = me.clone();
+                async move {
+                    if let Some(b) = me.upgrade() {
+                        let topics = b.topics.clone();
+                        let metrics = b.metrics.clone();
+                        let _ = tokio::task::spawn_blocking(move || {
+                            persist_frontiers(&topics, &metrics)
+                        })
+                        .await;
+                    }
+                }
+            }
+        })));
+        tasks.push(tokio::spawn(every(EXPIRY_PURGE_INTERVAL, stop.clone(), {
+            let me = me.clone();
+            move || {
+                let me = me.clone();
+                async move {
+                    if let Some(b) = me.upgrade() {
+                        b.purge_expired();
+                    }
+                }
+            }
+        })));
+        tasks.push(tokio::spawn(every(RETENTION_INTERVAL, stop.clone(), {
+            let me = me.clone();
+            move || {
+                let me = me.clone();
+                async move {
+                    if let Some(b) = me.upgrade() {
+                        let b2 = b.clone();
+                        let _ = tokio::task::spawn_blocking(move || b2.enforce_retention()).await;
+                    }
+                }
+            }
+        })));
+        tasks.push(tokio::spawn(every(METRICS_POLL_INTERVAL, stop, move || {
+            let me = me.clone();
+            async move {
+                if let Some(b) = me.upgrade() {
+                    b.poll_metrics();
+                }
+            }
+        })));
+    }
+
+    fn purge_expired(&self) {
+        let now = self.clock.wall_ms();
+        for rt in self.topics.all() {
+            let mut freed = 0;
+            for part in rt.open_partitions() {
+                if let Ok(mut g) = part.shard() {
+                    freed += g.as_mut().map_or(0, |s| s.purge_expired(now));
+                }
+            }
+            if freed > 0 {
+                rt.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// Runs retention on every open log (every minute in the background).
+    pub fn enforce_retention(&self) {
+        let now = self.clock.wall_ms();
+        for rt in self.topics.all() {
+            let Some(t) = self.meta.topic(&rt.name).filter(|t| t.incarnation() == rt.incarnation)
+            else {
+                continue;
+            };
+            for part in rt.open_partitions() {
+                match part.log.enforce_retention(now, t.retention_ms()) {
+                    Ok(r) if r.segments_deleted > 0 => {
+                        let l = PartitionLabels::new(&rt.name, part.index);
+                        self.metrics
+                            .storage_retention_bytes_deleted
+                            .get_or_create(&l)
+                            .inc_by(r.bytes_deleted);
+                        self.metrics
+                            .storage_retention_messages_deleted
+                            .get_or_create(&l)
+                            .inc_by(r.records_deleted);
+                        info!(topic = %rt.name, partition = part.index, segments = r.segments_deleted, "retention deleted segments");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.metrics.error("storage", "retention");
+                        warn!(topic = %rt.name, partition = part.index, error = %e, "retention pass failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Refreshes the gauges (every 5 s in the background).
+    pub fn poll_metrics(&self) {
+        let m = &self.metrics;
+        let snap = self.meta.snapshot();
+        m.topics.set(snap.topic_count() as i64);
+        m.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
+        m.open_partition_logs.set(self.topics.open_logs() as i64);
+        m.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
+        m.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
+        for rt in self.topics.all() {
+            for part in rt.open_partitions() {
+                let l = PartitionLabels::new(&rt.name, part.index);
+                let stats = part.log.stats();
+                m.partition_size_bytes.get_or_create(&l).set(stats.size_bytes as i64);
+                m.segments.get_or_create(&l).set(stats.segments as i64);
+                if let Ok(mut g) = part.shard()
+                    && let Some(s) = g.as_mut()
+                {
+                    m.consumer_lag_messages
+                        .get_or_create(&l)
+                        .set(stats.next_offset.saturating_sub(s.next()) as i64);
+                    m.consumer_dropped_messages
+                        .get_or_create(&l)
+                        .set(stats.oldest_offset.saturating_sub(s.next()) as i64);
+                    m.inflight_size.get_or_create(&l).set(s.in_flight() as i64);
+                    m.acked_ahead_size
+                        .get_or_create(&l)
+                        .set((s.acked_ahead() + s.corrupt_ahead()) as i64);
+                }
+            }
+        }
+    }
+
+    /// Makes long polls return at once (shutdown is draining requests).
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        for rt in self.topics.all() {
+            rt.notify.notify_waiters();
+        }
+    }
+
+    /// Refreshes the cheap node-level gauges (called on every scrape).
+    pub fn poll_cheap_gauges(&self) {
+        let snap = self.meta.snapshot();
+        self.metrics.topics.set(snap.topic_count() as i64);
+        self.metrics.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
+        self.metrics.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
+        self.metrics.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
+        self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
+    }
+
+    /// Whether the WAL latched a failure.
+    pub fn wal_failed(&self) -> bool {
+        self.wal.is_latched()
+    }
+
+    /// Stops the broker: the dispatcher finishes its commits in flight, the
+    /// WAL checkpoint and consumer frontiers are made durable, logs close.
+    /// Returns an error if a final sync failed.
+    pub async fn shutdown(&self) -> Result<(), BrokerError> {
+        if self.shutting_down.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.begin_drain();
+        for rt in self.topics.all() {
+            rt.notify.notify_waiters();
+        }
+        let dispatcher = self.dispatcher.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(d) = dispatcher {
+            d.stop().await;
+        }
+        self.stop.notify_waiters();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        let (wal, topics, metrics) = (self.wal.clone(), self.topics.clone(), self.metrics.clone());
+        blocking(move || {
+            let wal_result = wal.close().map_err(|e| BrokerError::internal("close ingress WAL", e));
+            let frontier_errors = persist_frontiers(&topics, &metrics);
+            for rt in topics.all() {
+                for part in rt.open_partitions() {
+                    part.log.close();
+                }
+            }
+            wal_result?;
+            if frontier_errors > 0 {
+                return Err(BrokerError::internal(
+                    "persist consumer frontiers",
+                    format!("{frontier_errors} frontier(s) could not be made durable"),
+                ));
+            }
+            info!("broker stopped");
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// Persists every moved consumer frontier; returns how many failed.
+fn persist_frontiers(topics: &Topics, metrics: &BrokerMetrics) -> usize {
+    let mut failed = 0;
+    for rt in topics.all() {
+        for part in rt.open_partitions() {
+            if let Err(e) = part.persist_frontier() {
+                failed += 1;
+                metrics.error("storage", "consumer_frontier");
+                warn!(topic = %rt.name, partition = part.index, error = %e, "cannot persist the consumer frontier");
+            }
+        }
+    }
+    failed
+}
+
+fn assign_all(meta: &MetaStore, t: &Topic, from: u32, node: &str) -> Result<(), BrokerError> {
+    let assignments = (from..t.partitions())
+        .map(|p| PartitionAssignment { partition: p, owner_id: node.to_owned(), target_id: None })
+        .collect();
+    meta.assign_partitions(t.name(), t.incarnation(), assignments)?;
+    Ok(())
+}
+
+async fn every<F, Fut>(period: Duration, stop: Arc<Notify>, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => f().await,
+            _ = stop.notified() => return,
+        }
+    }
+}

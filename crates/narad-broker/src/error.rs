@@ -1,0 +1,85 @@
+//! The data plane's one error enum. Each variant has exactly one HTTP
+//! meaning (the server maps it with one exhaustive match); causes are kept.
+
+use std::sync::Arc;
+
+use narad_meta::MetaError;
+
+/// Everything the broker can refuse or fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The topic does not exist (404).
+    #[error("topic not found")]
+    TopicNotFound,
+    /// The request is malformed or violates a rule (400). The text is the
+    /// full wire message.
+    #[error("{0}")]
+    Invalid(String),
+    /// Produce into a delayed child (409).
+    #[error("direct produce to a delayed child topic is not allowed")]
+    DelayedChild,
+    /// The receipt handle matches no live lease (410).
+    #[error("receipt handle no longer matches an active reservation")]
+    StaleHandle,
+    /// A replay offset is older than the log keeps (410).
+    #[error("consume failed: offset {offset} aged out of retention (oldest retained: {oldest})")]
+    AgedOut {
+        /// The offset asked for.
+        offset: u64,
+        /// The oldest offset still kept.
+        oldest: u64,
+    },
+    /// A replay offset cannot be read (410).
+    #[error("consume failed: offset {0} is not readable")]
+    Unreadable(u64),
+    /// The acked-ahead set is full (503).
+    #[error("acked-ahead set is full; head of queue may be stuck")]
+    AckedAheadFull,
+    /// The node is shutting down (503).
+    #[error("server is shutting down")]
+    ShuttingDown,
+    /// A metastore error (its own status).
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+    /// The ingress WAL refused or failed the append (500 `produce failed`).
+    #[error("produce failed: {0}")]
+    Wal(#[source] Arc<narad_wal::WalError>),
+    /// A storage or internal failure during `op` (500 `<op> failed`).
+    #[error("{op} failed: {detail}")]
+    Internal {
+        /// The operation, e.g. `consume`.
+        op: &'static str,
+        /// What went wrong (logged; the client sees `<op> failed`).
+        detail: String,
+    },
+}
+
+impl BrokerError {
+    pub(crate) fn internal(op: &'static str, detail: impl std::fmt::Display) -> BrokerError {
+        BrokerError::Internal { op, detail: detail.to_string() }
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> u16 {
+        match self {
+            BrokerError::TopicNotFound => 404,
+            BrokerError::Invalid(_) => 400,
+            BrokerError::DelayedChild => 409,
+            BrokerError::StaleHandle | BrokerError::AgedOut { .. } | BrokerError::Unreadable(_) => {
+                410
+            }
+            BrokerError::AckedAheadFull | BrokerError::ShuttingDown => 503,
+            BrokerError::Meta(e) => e.status(),
+            BrokerError::Wal(_) | BrokerError::Internal { .. } => 500,
+        }
+    }
+
+    /// The message a client sees (internal details stay in the logs).
+    pub fn public_message(&self) -> String {
+        match self {
+            BrokerError::Wal(_) => "produce failed".to_owned(),
+            BrokerError::Internal { op, .. } => format!("{op} failed"),
+            other => other.to_string(),
+        }
+    }
+}

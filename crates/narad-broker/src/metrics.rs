@@ -1,0 +1,248 @@
+//! The data plane's metrics (SPEC §9 names; prometheus-client appends
+//! `_total` to counters, and the registry adds the `narad_` prefix).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `{topic, partition}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: String,
+}
+
+impl PartitionLabels {
+    /// Labels of one partition.
+    pub fn new(topic: &str, partition: u32) -> Self {
+        PartitionLabels { topic: topic.to_owned(), partition: partition.to_string() }
+    }
+}
+
+/// `{topic}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// Topic name.
+    pub topic: String,
+}
+
+/// `{topic, reason}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    /// Topic name.
+    pub topic: String,
+    /// `schema` or `delayed_child`.
+    pub reason: String,
+}
+
+/// `{topic, outcome}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabels {
+    /// Topic name.
+    pub topic: String,
+    /// `hit`, `timeout`, `cancelled` or `no_wait`.
+    pub outcome: String,
+}
+
+/// `{reason}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why.
+    pub reason: String,
+}
+
+/// `{component, kind}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// Where: `http`, `messaging`, `storage`, `dispatch`.
+    pub component: String,
+    /// What: `5xx`, `append`, `commit_boundary`, `consume`, ...
+    pub kind: String,
+}
+
+/// Every data-plane metric.
+#[derive(Debug, Default)]
+pub struct BrokerMetrics {
+    /// Records committed by this node's owner, per partition.
+    pub messages_produced: Family<PartitionLabels, Counter>,
+    /// Payload bytes committed.
+    pub bytes_produced: Family<PartitionLabels, Counter>,
+    /// Messages handed to consumers (queue and replay).
+    pub messages_consumed: Family<PartitionLabels, Counter>,
+    /// Payload bytes handed to consumers.
+    pub bytes_consumed: Family<PartitionLabels, Counter>,
+    /// Produces refused by schema or because the topic is a delayed child.
+    pub produce_rejections: Family<RejectionLabels, Counter>,
+    /// How long consumes waited, by outcome.
+    pub consume_wait_seconds: WaitSeconds,
+    /// Consumes that returned nothing.
+    pub consume_empty: Family<TopicLabels, Counter>,
+    /// Offsets skipped as unreadable.
+    pub consumer_corrupt_skipped: Family<PartitionLabels, Counter>,
+    /// Acks refused (`cap`: the acked-ahead set was full).
+    pub ack_rejected: Family<ReasonLabels, Counter>,
+    /// Lease extensions.
+    pub ack_extended: Family<TopicLabels, Counter>,
+    /// Nacks.
+    pub nack: Family<TopicLabels, Counter>,
+    /// Next offset − (committed + 1), per partition (5 s poller).
+    pub consumer_lag_messages: Family<PartitionLabels, Gauge>,
+    /// Offsets retention removed before they were consumed.
+    pub consumer_dropped_messages: Family<PartitionLabels, Gauge>,
+    /// Live leases.
+    pub inflight_size: Family<PartitionLabels, Gauge>,
+    /// Acked-ahead plus corrupt offsets.
+    pub acked_ahead_size: Family<PartitionLabels, Gauge>,
+    /// Bytes of a partition's log.
+    pub partition_size_bytes: Family<PartitionLabels, Gauge>,
+    /// Segments of a partition's log.
+    pub segments: Family<PartitionLabels, Gauge>,
+    /// Segments and bytes deleted by retention.
+    pub storage_retention_bytes_deleted: Family<PartitionLabels, Counter>,
+    /// Records deleted by retention.
+    pub storage_retention_messages_deleted: Family<PartitionLabels, Counter>,
+    /// Commits whose durable commit failed on this owner.
+    pub errors: Family<ErrorLabels, Counter>,
+    /// Topics in the metastore.
+    pub topics: Gauge,
+    /// Partitions of all topics.
+    pub partitions: Gauge,
+    /// Partition logs open on this node.
+    pub open_partition_logs: Gauge,
+    /// 1 once the ingress WAL latched a write/fsync failure.
+    pub ingress_wal_failed: Gauge,
+    /// Records a restart would replay: durable WAL end − stored checkpoint.
+    pub ingress_dispatch_backlog_records: Gauge,
+    /// Records rerouted to a sibling partition.
+    pub dispatch_rerouted: Counter,
+    /// Records discarded because their topic (incarnation) is gone.
+    pub dispatch_discarded: Counter,
+    /// Dispatcher commits that failed.
+    pub dispatch_commit_failures: Counter,
+    /// Bytes free on the data directory's file system.
+    pub data_dir_available_bytes: Gauge,
+}
+
+fn wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+/// Consume wait-time histograms by topic and outcome.
+#[derive(Debug, Clone)]
+pub struct WaitSeconds(pub Family<WaitLabels, Histogram, fn() -> Histogram>);
+
+impl Default for WaitSeconds {
+    fn default() -> Self {
+        WaitSeconds(Family::new_with_constructor(wait_histogram))
+    }
+}
+
+impl BrokerMetrics {
+    /// Metrics registered in `registry` (which carries the `narad` prefix).
+    pub fn new(registry: &mut Registry) -> BrokerMetrics {
+        let m = BrokerMetrics::default();
+        macro_rules! reg {
+            ($name:literal, $help:literal, $field:ident) => {
+                registry.register($name, $help, m.$field.clone());
+            };
+        }
+        reg!("messages_produced", "Records committed on this owner", messages_produced);
+        reg!("bytes_produced", "Payload bytes committed on this owner", bytes_produced);
+        reg!("messages_consumed", "Messages delivered (queue and replay)", messages_consumed);
+        reg!("bytes_consumed", "Payload bytes delivered", bytes_consumed);
+        reg!("produce_rejections", "Produces refused (schema, delayed_child)", produce_rejections);
+        registry.register(
+            "consume_wait_seconds",
+            "Time consumes waited, by outcome",
+            m.consume_wait_seconds.0.clone(),
+        );
+        reg!("consume_empty", "Consumes that returned no message", consume_empty);
+        reg!("consumer_corrupt_skipped", "Offsets skipped as unreadable", consumer_corrupt_skipped);
+        reg!("ack_rejected", "Acks refused, by reason", ack_rejected);
+        reg!("ack_extended", "Lease extensions", ack_extended);
+        reg!("nack", "Nacks", nack);
+        reg!("consumer_lag_messages", "Committed records not yet consumed", consumer_lag_messages);
+        reg!(
+            "consumer_dropped_messages",
+            "Records retention removed unconsumed",
+            consumer_dropped_messages
+        );
+        reg!("inflight_size", "Live leases", inflight_size);
+        reg!("acked_ahead_size", "Acked-ahead and corrupt offsets", acked_ahead_size);
+        reg!("partition_size_bytes", "Bytes of a partition log", partition_size_bytes);
+        reg!("segments", "Segments of a partition log", segments);
+        reg!(
+            "storage_retention_bytes_deleted",
+            "Bytes deleted by retention",
+            storage_retention_bytes_deleted
+        );
+        reg!(
+            "storage_retention_messages_deleted",
+            "Records deleted by retention",
+            storage_retention_messages_deleted
+        );
+        reg!("errors", "Errors by component and kind", errors);
+        reg!("topics", "Topics", topics);
+        reg!("partitions", "Partitions of all topics", partitions);
+        reg!("open_partition_logs", "Partition logs open on this node", open_partition_logs);
+        reg!("ingress_wal_failed", "1 once the ingress WAL latched a failure", ingress_wal_failed);
+        reg!(
+            "ingress_dispatch_backlog_records",
+            "Records a restart would replay",
+            ingress_dispatch_backlog_records
+        );
+        reg!("dispatch_rerouted", "Records rerouted to a sibling partition", dispatch_rerouted);
+        reg!("dispatch_discarded", "Records of deleted topics discarded", dispatch_discarded);
+        reg!(
+            "dispatch_commit_failures",
+            "Dispatcher commits that failed",
+            dispatch_commit_failures
+        );
+        reg!(
+            "data_dir_available_bytes",
+            "Bytes free on the data directory's file system",
+            data_dir_available_bytes
+        );
+        m
+    }
+
+    /// Counts an error.
+    pub fn error(&self, component: &str, kind: &str) {
+        self.errors
+            .get_or_create(&ErrorLabels { component: component.into(), kind: kind.into() })
+            .inc();
+    }
+
+    /// Removes every per-partition series of a deleted topic.
+    pub fn forget_topic(&self, topic: &str, partitions: u32) {
+        for p in 0..partitions {
+            let l = PartitionLabels::new(topic, p);
+            for fam in [
+                &self.consumer_lag_messages,
+                &self.consumer_dropped_messages,
+                &self.inflight_size,
+                &self.acked_ahead_size,
+                &self.partition_size_bytes,
+                &self.segments,
+            ] {
+                fam.remove(&l);
+            }
+            for fam in [
+                &self.messages_produced,
+                &self.bytes_produced,
+                &self.messages_consumed,
+                &self.bytes_consumed,
+                &self.consumer_corrupt_skipped,
+                &self.storage_retention_bytes_deleted,
+                &self.storage_retention_messages_deleted,
+            ] {
+                fam.remove(&l);
+            }
+        }
+    }
+}

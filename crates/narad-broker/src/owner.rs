@@ -1,0 +1,154 @@
+//! The owner side of a commit, reached through one trait so the dispatcher
+//! never knows whether an owner is this node or another one.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use narad_log::{CommitRecord, LogError};
+use narad_meta::MetaStore;
+use tracing::warn;
+
+use crate::dispatch::core::OwnerId;
+use crate::error::BrokerError;
+use crate::metrics::{BrokerMetrics, PartitionLabels};
+use crate::topics::Topics;
+
+/// One record of a commit batch.
+#[derive(Debug, Clone)]
+pub struct BatchRecord {
+    /// The topic incarnation the record was accepted under (if it has one).
+    pub incarnation: Option<u64>,
+    /// The key.
+    pub key: Option<Bytes>,
+    /// The payload.
+    pub payload: Bytes,
+}
+
+/// A batch of records for one partition.
+#[derive(Debug, Clone)]
+pub struct CommitBatch {
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Partition.
+    pub partition: u32,
+    /// The records, in WAL order.
+    pub records: Vec<BatchRecord>,
+}
+
+/// Why a commit did not land.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitError {
+    /// The owner answered but holds another topic incarnation, or no such
+    /// topic: the records go back to the WAL and are resolved again, and the
+    /// destination is not marked failing.
+    #[error("commit refused: {0}")]
+    Refused(String),
+    /// The commit failed (storage error, unreachable owner, timeout).
+    #[error("commit failed: {0}")]
+    Failed(String),
+}
+
+/// A boxed commit future.
+pub type CommitFuture = Pin<Box<dyn Future<Output = Result<(), CommitError>> + Send>>;
+
+/// Where commits go.
+pub trait Owner: Send + Sync + Debug {
+    /// Commits `batch` durably on `owner`: appended, fsynced, read back and
+    /// visible when the future resolves `Ok`.
+    fn commit(&self, owner: OwnerId, batch: CommitBatch) -> CommitFuture;
+
+    /// The byte budget of one commit to `owner` (`None`: unbounded).
+    fn max_batch_bytes(&self, owner: OwnerId) -> Option<usize>;
+}
+
+/// Commits into this node's partition logs.
+#[derive(Debug)]
+pub struct LocalOwner {
+    meta: Arc<MetaStore>,
+    topics: Arc<Topics>,
+    metrics: Arc<BrokerMetrics>,
+}
+
+impl LocalOwner {
+    /// The local owner.
+    pub fn new(meta: Arc<MetaStore>, topics: Arc<Topics>, metrics: Arc<BrokerMetrics>) -> Self {
+        LocalOwner { meta, topics, metrics }
+    }
+
+    /// The commit itself (blocking: append, fsync, read back).
+    pub fn commit_blocking(&self, batch: CommitBatch) -> Result<(), CommitError> {
+        let Some(topic) = self.meta.topic(&batch.topic) else {
+            return Err(CommitError::Refused(format!("topic {} does not exist", batch.topic)));
+        };
+        // The incarnation check runs here, before the log of the live
+        // incarnation is resolved; a delete in between closes that log, so
+        // the commit then fails as Closed and nothing lands in a new one.
+        if let Some(other) =
+            batch.records.iter().filter_map(|r| r.incarnation).find(|id| *id != topic.incarnation())
+        {
+            return Err(CommitError::Refused(format!(
+                "records accepted for incarnation {other} of topic {}, which is now incarnation {}",
+                batch.topic,
+                topic.incarnation()
+            )));
+        }
+        if batch.partition >= topic.partitions() {
+            return Err(CommitError::Refused(format!(
+                "partition {} out of range for topic {}",
+                batch.partition, batch.topic
+            )));
+        }
+        let part = match self.topics.partition(&topic, batch.partition) {
+            Ok(p) => p,
+            Err(BrokerError::TopicNotFound) => {
+                return Err(CommitError::Refused(format!("topic {} was removed", batch.topic)));
+            }
+            Err(e) => {
+                self.metrics.error("messaging", "append");
+                return Err(CommitError::Failed(e.to_string()));
+            }
+        };
+        let count = batch.records.len() as u64;
+        let bytes: u64 = batch.records.iter().map(|r| r.payload.len() as u64).sum();
+        let records = batch
+            .records
+            .into_iter()
+            .map(|r| CommitRecord { key: r.key, payload: r.payload })
+            .collect();
+        match part.log.commit(records) {
+            Ok(_) => {
+                let l = PartitionLabels::new(&batch.topic, batch.partition);
+                self.metrics.messages_produced.get_or_create(&l).inc_by(count);
+                self.metrics.bytes_produced.get_or_create(&l).inc_by(bytes);
+                Ok(())
+            }
+            Err(LogError::Closed) => {
+                Err(CommitError::Refused(format!("topic {} was deleted", batch.topic)))
+            }
+            Err(e) => {
+                self.metrics.error("messaging", "commit_boundary");
+                warn!(topic = %batch.topic, partition = batch.partition, error = %e, "durable commit failed");
+                Err(CommitError::Failed(e.to_string()))
+            }
+        }
+    }
+}
+
+impl Owner for Arc<LocalOwner> {
+    fn commit(&self, _owner: OwnerId, batch: CommitBatch) -> CommitFuture {
+        let this = self.clone();
+        Box::pin(async move {
+            match tokio::task::spawn_blocking(move || this.commit_blocking(batch)).await {
+                Ok(r) => r,
+                Err(e) => Err(CommitError::Failed(format!("commit task failed: {e}"))),
+            }
+        })
+    }
+
+    fn max_batch_bytes(&self, _owner: OwnerId) -> Option<usize> {
+        None
+    }
+}

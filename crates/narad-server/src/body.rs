@@ -1,0 +1,133 @@
+//! Request bodies: read with a size cap enforced before buffering (the
+//! declared `Content-Length` is checked first, then the bytes as they
+//! arrive), optional decompression with a cap on the decompressed size, and
+//! strict JSON decoding with Narad's error texts.
+
+use std::io::Read;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// Reads the whole body, refusing more than `limit` bytes with 413.
+pub async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    if let Some(len) = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(ApiError::too_large());
+    }
+    let limited = http_body_util::Limited::new(body, limit);
+    match limited.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            Err(ApiError::too_large())
+        }
+        Err(e) => Err(ApiError::bad_request(format!("cannot read request body: {e}"))),
+    }
+}
+
+/// Decodes a `Content-Encoding` of `gzip` or `zstd` (or none), refusing a
+/// decompressed size above `limit` (413) without ever holding more.
+pub fn decode_content(headers: &HeaderMap, raw: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+    let enc = headers
+        .get(axum::http::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_ascii_lowercase());
+    let reader: Box<dyn Read> = match enc.as_deref() {
+        None | Some("") | Some("identity") => return Ok(raw),
+        Some("gzip") => Box::new(flate2::read::GzDecoder::new(std::io::Cursor::new(raw))),
+        Some("zstd") => Box::new(
+            zstd::stream::read::Decoder::new(std::io::Cursor::new(raw))
+                .map_err(|e| ApiError::bad_request(format!("invalid zstd body: {e}")))?,
+        ),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("unsupported Content-Encoding {other:?}")));
+        }
+    };
+    let mut out = Vec::new();
+    let n = reader
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| ApiError::bad_request(format!("invalid compressed body: {e}")))?;
+    if n > limit {
+        return Err(ApiError::too_large());
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Decodes exactly one JSON value into `T`, refusing unknown fields and
+/// trailing values with Narad's texts.
+pub fn strict_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = T::deserialize(&mut de).map_err(|e| ApiError::bad_request(json_error_text(&e)))?;
+    de.end().map_err(|_| ApiError::bad_request("invalid json: multiple JSON values"))?;
+    Ok(value)
+}
+
+fn json_error_text(e: &serde_json::Error) -> String {
+    let msg = e.to_string();
+    if let Some(rest) = msg.strip_prefix("unknown field `")
+        && let Some(name) = rest.split('`').next()
+    {
+        return format!("invalid json: json: unknown field \"{name}\"");
+    }
+    if e.is_eof() && msg.starts_with("EOF while parsing a value") && e.column() == 0 {
+        return "invalid json: EOF".into();
+    }
+    format!("invalid json: {msg}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct T {
+        a: Option<i64>,
+    }
+
+    #[test]
+    fn strict_json_refuses_unknown_fields_and_trailing_values_with_narads_texts() {
+        let e = strict_json::<T>(br#"{"a":1,"x":2}"#).unwrap_err();
+        assert!(
+            matches!(e, ApiError::Json { ref message, .. } if message == "invalid json: json: unknown field \"x\""),
+            "{e:?}"
+        );
+        let e = strict_json::<T>(br#"{"a":1} {"a":2}"#).unwrap_err();
+        assert!(
+            matches!(e, ApiError::Json { ref message, .. } if message == "invalid json: multiple JSON values"),
+            "{e:?}"
+        );
+        assert!(strict_json::<T>(b" {\"a\":1}\n").is_ok());
+    }
+
+    #[test]
+    fn decompression_is_capped() {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::CONTENT_ENCODING, "zstd".parse().unwrap());
+        let data = vec![b'a'; 10_000];
+        let packed = Bytes::from(zstd::encode_all(&data[..], 1).unwrap());
+        assert_eq!(decode_content(&h, packed.clone(), 10_000).unwrap().len(), 10_000);
+        assert_eq!(decode_content(&h, packed, 9_999).unwrap_err().status(), 413);
+        let mut g = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut g, &data).unwrap();
+        h.insert(axum::http::header::CONTENT_ENCODING, "gzip".parse().unwrap());
+        assert_eq!(
+            decode_content(&h, Bytes::from(g.finish().unwrap()), 20_000).unwrap().len(),
+            10_000
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! Errors at the HTTP edge: every failure becomes a status and a body in
+//! one place. JSON errors are `{"error":"<msg>"}\n`; a few are plain text,
+//! as in Narad (unknown route, wrong method).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use narad_broker::BrokerError;
+use narad_meta::MetaError;
+use tracing::error;
+
+/// An error answer.
+#[derive(Debug)]
+pub enum ApiError {
+    /// `{"error": msg}` with `status`.
+    Json {
+        /// HTTP status.
+        status: StatusCode,
+        /// The wire message.
+        message: String,
+    },
+    /// A plain-text body.
+    Text {
+        /// HTTP status.
+        status: StatusCode,
+        /// The body.
+        body: &'static str,
+    },
+}
+
+impl ApiError {
+    /// 400 with `message`.
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::Json { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+
+    /// 413 `request body too large`.
+    pub fn too_large() -> ApiError {
+        ApiError::Json {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: "request body too large".into(),
+        }
+    }
+
+    /// The status of this answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Json { status, .. } | ApiError::Text { status, .. } => *status,
+        }
+    }
+}
+
+/// The JSON error body.
+pub fn error_body(message: &str) -> String {
+    let mut s = serde_json::json!({ "error": message }).to_string();
+    s.push('\n');
+    s
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> ApiError {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            error!(error = %e, status = status.as_u16(), "http server error");
+        }
+        ApiError::Json { status, message: e.public_message() }
+    }
+}
+
+impl From<MetaError> for ApiError {
+    fn from(e: MetaError) -> ApiError {
+        BrokerError::Meta(e).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            ApiError::Json { status, message } => {
+                let mut r = (status, error_body(&message)).into_response();
+                r.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                r
+            }
+            ApiError::Text { status, body } => {
+                let mut r = (status, body).into_response();
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                );
+                r.headers_mut()
+                    .insert("X-Content-Type-Options", HeaderValue::from_static("nosniff"));
+                r
+            }
+        }
+    }
+}
+
+/// A JSON response: the value's encoding plus `\n`.
+pub fn json_response(status: StatusCode, body: String) -> Response {
+    let mut body = body;
+    body.push('\n');
+    let mut r = (status, body).into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}

@@ -1,0 +1,17 @@
+//! narad-server: the HTTP API (SPEC §1), wire-compatible with Narad /v1.
+//!
+//! * [`server`]: binding, wiring, graceful shutdown.
+//! * [`routes`]: one module per resource.
+//! * [`error`]: every failure to a status and body, in one place.
+//! * [`body`], [`query`], [`duration`], [`wire`]: parsing and encoding.
+
+pub mod body;
+pub mod duration;
+pub mod error;
+pub mod http_metrics;
+pub mod limits;
+pub mod query;
+pub mod routes;
+pub mod server;
+pub mod state;
+pub mod wire;

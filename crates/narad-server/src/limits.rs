@@ -1,0 +1,20 @@
+//! Every bound of the HTTP layer.
+
+/// Produce body (exactly 1 MiB allowed).
+pub const PRODUCE_BODY_BYTES: usize = 1 << 20;
+/// Topic create/alter body.
+pub const TOPIC_BODY_BYTES: usize = 1 << 20;
+/// Batch produce body, compressed or not, and its decompressed size.
+pub const BATCH_BODY_BYTES: usize = 16 << 20;
+/// Records per batch produce.
+pub const BATCH_MAX_RECORDS: usize = 1_000;
+/// Receipt handles per batch ack.
+pub const BATCH_ACK_MAX: usize = 100;
+/// Batch ack body.
+pub const BATCH_ACK_BODY_BYTES: usize = 1 << 20;
+
+const _: () = {
+    assert!(PRODUCE_BODY_BYTES <= BATCH_BODY_BYTES);
+    // A batch record's payload fits in a WAL record.
+    assert!(BATCH_BODY_BYTES <= narad_wal::limits::MAX_RECORD_BYTES as usize);
+};

@@ -1,0 +1,253 @@
+//! `GET /v1/topics/{topic}/consume` (queue, pinned and replay modes) and
+//! `POST /v1/topics/{topic}/ack` (ack, extend, nack; single or batch).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_broker::{AckAction, Delivered};
+use serde::Deserialize;
+
+use crate::body::{read_limited, strict_json};
+use crate::duration::parse_go_duration;
+use crate::error::{ApiError, json_response};
+use crate::limits::{BATCH_ACK_BODY_BYTES, BATCH_ACK_MAX};
+use crate::query::{decode_component, pairs, values};
+use crate::state::Shared;
+use crate::wire::{MessageView, encode_message, push_json_string};
+
+/// The parsed query of a consume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeQuery {
+    /// `partition=`.
+    pub partition: Option<u32>,
+    /// `offset=` (replay).
+    pub offset: Option<u64>,
+    /// `wait=`, before clamping.
+    pub wait: Duration,
+    /// `max=` (batch shape when present).
+    pub max: Option<usize>,
+}
+
+fn first_decoded(p: &[(String, &str)], name: &str) -> Result<Option<String>, ApiError> {
+    match values(p, name).first() {
+        None => Ok(None),
+        Some(v) => decode_component(v)
+            .map(|b| Some(String::from_utf8_lossy(&b).into_owned()))
+            .map_err(|e| ApiError::bad_request(format!("invalid {name}: {e}"))),
+    }
+}
+
+/// Parses `partition`, `offset`, `wait` and `max`.
+pub fn parse_consume_query(raw: &str) -> Result<ConsumeQuery, ApiError> {
+    let p = pairs(raw);
+    let partition = first_decoded(&p, "partition")?
+        .map(|s| {
+            s.parse::<u32>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid partition: {s:?} is not a non-negative integer"
+                ))
+            })
+        })
+        .transpose()?;
+    let offset = first_decoded(&p, "offset")?
+        .map(|s| {
+            s.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid offset: {s:?} is not a non-negative integer"
+                ))
+            })
+        })
+        .transpose()?;
+    let wait = match first_decoded(&p, "wait")? {
+        None => Duration::ZERO,
+        Some(s) => parse_go_duration(&s)
+            .map_err(|e| ApiError::bad_request(format!("invalid wait: {e}")))?,
+    };
+    let max = first_decoded(&p, "max")?
+        .map(|s| match s.parse::<usize>() {
+            Ok(n) if (1..=narad_broker::limits::CONSUME_BATCH_MAX).contains(&n) => Ok(n),
+            _ => Err(ApiError::bad_request(format!(
+                "invalid max: {s:?} (must be between 1 and {})",
+                narad_broker::limits::CONSUME_BATCH_MAX
+            ))),
+        })
+        .transpose()?;
+    if offset.is_some() && partition.is_none() {
+        return Err(ApiError::bad_request("partition required for replay-mode consume"));
+    }
+    Ok(ConsumeQuery { partition, offset, wait, max })
+}
+
+fn view(d: &Delivered) -> MessageView<'_> {
+    MessageView {
+        topic: &d.topic,
+        partition: d.partition,
+        offset: d.offset,
+        key: d.key.as_deref(),
+        payload: &d.payload,
+        commit_time_ms: d.commit_time_ms,
+        receipt_handle: d.receipt_handle.as_deref(),
+    }
+}
+
+fn messages_response(got: &[Delivered], batch: bool) -> Response {
+    if got.is_empty() {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let mut s = String::with_capacity(got.iter().map(|d| d.payload.len() + 160).sum());
+    if batch {
+        s.push_str("{\"messages\":[");
+        for (i, d) in got.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            encode_message(&mut s, &view(d));
+        }
+        s.push_str("]}");
+    } else {
+        encode_message(&mut s, &view(&got[0]));
+    }
+    json_response(StatusCode::OK, s)
+}
+
+/// `GET /v1/topics/{topic}/consume?partition=&offset=&wait=&max=`.
+pub async fn consume(
+    State(s): State<Shared>,
+    Path(topic): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = parse_consume_query(q.as_deref().unwrap_or(""))?;
+    let batch = q.max.is_some();
+    let max = q.max.unwrap_or(1);
+    if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
+        let got = s.broker.replay(&topic, partition, offset, max)?;
+        return Ok(messages_response(&got, batch));
+    }
+    let wait = q.wait.min(s.max_consume_wait);
+    let got = s.broker.consume(&topic, q.partition, wait, max).await?;
+    Ok(messages_response(&got, batch))
+}
+
+/// Parses `extend=`: absent, bare, empty or `false` ack; `true`/`1` extend;
+/// `0` nack.
+pub fn parse_extend(p: &[(String, &str)]) -> Result<AckAction, ApiError> {
+    let Some(raw) = values(p, "extend").first().copied() else { return Ok(AckAction::Ack) };
+    let v =
+        decode_component(raw).map_err(|e| ApiError::bad_request(format!("invalid extend: {e}")))?;
+    match &v[..] {
+        b"" | b"false" => Ok(AckAction::Ack),
+        b"true" | b"1" => Ok(AckAction::Extend),
+        b"0" => Ok(AckAction::Nack),
+        other => Err(ApiError::bad_request(format!(
+            "invalid extend: {:?} (use true, 1, 0 or false)",
+            String::from_utf8_lossy(other)
+        ))),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchAck {
+    #[serde(default)]
+    receipt_handles: Vec<String>,
+}
+
+/// `POST /v1/topics/{topic}/ack?receipt_handle=&extend=`, or a batch ack
+/// with body `{"receipt_handles":[...]}`.
+pub async fn ack(
+    State(s): State<Shared>,
+    Path(topic): Path<String>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let raw = q.unwrap_or_default();
+    let p = pairs(&raw);
+    let action = parse_extend(&p)?;
+    if let Some(h) = values(&p, "receipt_handle").first() {
+        let h = decode_component(h)
+            .map_err(|e| ApiError::bad_request(format!("invalid receipt_handle: {e}")))?;
+        if h.is_empty() {
+            return Err(ApiError::bad_request("receipt_handle required"));
+        }
+        let h = String::from_utf8_lossy(&h).into_owned();
+        s.broker.resolve(&topic, &h, action)?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let bytes = read_limited(&headers, body, BATCH_ACK_BODY_BYTES).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("receipt_handle required"));
+    }
+    let b: BatchAck = strict_json(&bytes)?;
+    if b.receipt_handles.is_empty() {
+        return Err(ApiError::bad_request("receipt_handles required"));
+    }
+    if b.receipt_handles.len() > BATCH_ACK_MAX {
+        return Err(ApiError::bad_request(format!(
+            "too many receipt_handles: {} (at most {BATCH_ACK_MAX})",
+            b.receipt_handles.len()
+        )));
+    }
+    s.broker.topic(&topic)?;
+    let mut out = String::from("{\"results\":[");
+    for (i, h) in b.receipt_handles.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        match s.broker.resolve(&topic, h, action) {
+            Ok(()) => out.push_str("{\"status\":204}"),
+            Err(e) => {
+                let api: ApiError = e.into();
+                let msg = match &api {
+                    ApiError::Json { message, .. } => message.clone(),
+                    ApiError::Text { body, .. } => (*body).to_owned(),
+                };
+                out.push_str(&format!("{{\"status\":{},\"error\":", api.status().as_u16()));
+                push_json_string(&mut out, &msg);
+                out.push('}');
+            }
+        }
+    }
+    out.push_str("]}");
+    Ok(json_response(StatusCode::OK, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consume_query_parses_and_validates() {
+        let q = parse_consume_query("partition=2&wait=1.5s&max=10").unwrap();
+        assert_eq!(
+            q,
+            ConsumeQuery {
+                partition: Some(2),
+                offset: None,
+                wait: Duration::from_millis(1500),
+                max: Some(10)
+            }
+        );
+        assert_eq!(parse_consume_query("").unwrap().wait, Duration::ZERO);
+        for bad in
+            ["partition=x", "offset=-1&partition=0", "wait=10", "max=0", "max=101", "offset=3"]
+        {
+            assert_eq!(parse_consume_query(bad).unwrap_err().status(), 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn extend_values_map_to_actions() {
+        let act = |q: &str| parse_extend(&pairs(q));
+        assert_eq!(act("").unwrap(), AckAction::Ack);
+        assert_eq!(act("extend").unwrap(), AckAction::Ack);
+        assert_eq!(act("extend=false").unwrap(), AckAction::Ack);
+        assert_eq!(act("extend=true").unwrap(), AckAction::Extend);
+        assert_eq!(act("extend=1").unwrap(), AckAction::Extend);
+        assert_eq!(act("extend=0").unwrap(), AckAction::Nack);
+        assert_eq!(act("extend=maybe").unwrap_err().status(), 400);
+    }
+}

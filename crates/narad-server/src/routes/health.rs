@@ -1,0 +1,46 @@
+//! `/healthz`, `/readyz`, `/metrics` (no auth).
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::error::json_response;
+use crate::state::Shared;
+
+/// 200 `{"status":"ok"}`, 503 `{"status":"shutting down"}` once shutdown
+/// started.
+pub async fn healthz(State(s): State<Shared>) -> Response {
+    if s.shutting_down.load(Ordering::Acquire) {
+        json_response(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"shutting down"}"#.into())
+    } else {
+        json_response(StatusCode::OK, r#"{"status":"ok"}"#.into())
+    }
+}
+
+/// 200 `{"status":"ready"}` once start-up finished, else 503. A latched
+/// WAL does not make the node unready (alert on `narad_ingress_wal_failed`).
+pub async fn readyz(State(s): State<Shared>) -> Response {
+    if s.ready.load(Ordering::Acquire) {
+        json_response(StatusCode::OK, r#"{"status":"ready"}"#.into())
+    } else {
+        json_response(StatusCode::SERVICE_UNAVAILABLE, r#"{"error":"not ready"}"#.into())
+    }
+}
+
+/// Prometheus text format.
+pub async fn metrics(State(s): State<Shared>) -> Response {
+    s.broker.poll_cheap_gauges();
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &s.registry) {
+        return (StatusCode::INTERNAL_SERVER_ERROR, format!("metrics encoding failed: {e}\n"))
+            .into_response();
+    }
+    let mut r = (StatusCode::OK, out).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    r
+}

@@ -1,0 +1,30 @@
+//! What every handler shares.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use narad_broker::Broker;
+use prometheus_client::registry::Registry;
+
+use crate::http_metrics::HttpMetrics;
+
+/// Shared state of the HTTP server.
+#[derive(Debug)]
+pub struct AppState {
+    /// The data plane.
+    pub broker: Arc<Broker>,
+    /// Every metric, for `/metrics`.
+    pub registry: Registry,
+    /// HTTP metrics.
+    pub http: HttpMetrics,
+    /// Set once start-up finished (`/readyz`).
+    pub ready: AtomicBool,
+    /// Set once shutdown started (`/healthz` answers 503).
+    pub shutting_down: AtomicBool,
+    /// The long-poll ceiling (`http.max_consume_wait`).
+    pub max_consume_wait: Duration,
+}
+
+/// The handle handlers receive.
+pub type Shared = Arc<AppState>;
