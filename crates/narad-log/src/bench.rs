@@ -6,8 +6,9 @@
 //!
 //! Phases, in order:
 //! 1. *fdatasync probe*: one thread appends a record-sized block to a file
-//!    and fdatasyncs it, serially, for `probe_seconds`: the disk's limit for
-//!    a committer that syncs on its own.
+//!    and fdatasyncs it, serially, for half of `probe_seconds`: the disk's
+//!    limit for a committer that syncs on its own. The other half runs after
+//!    phase 2; the figure is the mean of the two (both are reported).
 //! 2. *commits*: `committers` threads each commit batches of `batch` records
 //!    of `record_bytes` bytes to one [`PartitionLog`] for `seconds`.
 //! 3. *read*: the log is reopened (so the decoded-frame cache is cold; the
@@ -40,7 +41,8 @@ pub struct BenchOptions {
     pub record_bytes: usize,
     /// Length of the commit phase. Default 5 s.
     pub seconds: f64,
-    /// Length of the serial fdatasync probe. Default 2 s.
+    /// Length of the serial fdatasync probe (half before, half after the
+    /// commits). Default 2 s.
     pub probe_seconds: f64,
     /// The log's codec. Default none.
     pub codec: Codec,
@@ -77,8 +79,13 @@ pub struct BenchReport {
     pub record_bytes: usize,
     /// The codec.
     pub codec: Codec,
-    /// Serial fdatasyncs per second of the probe (same run, same directory).
+    /// Serial fdatasyncs per second of the probe (same run, same directory):
+    /// the mean of the runs before and after the commit phase.
     pub fdatasync_per_sec: f64,
+    /// The probe before the commit phase.
+    pub fdatasync_before_per_sec: f64,
+    /// The probe after the commit phase.
+    pub fdatasync_after_per_sec: f64,
     /// Seconds the commit phase really lasted.
     pub elapsed_sec: f64,
     /// Successful `commit` calls.
@@ -166,7 +173,9 @@ fn run_in(
     fs: Arc<RealFs>,
     scratch: &std::path::Path,
 ) -> Result<BenchReport, BenchError> {
-    let fdatasync_per_sec = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds)?;
+    // The probe runs half before and half after the commit phase, so a
+    // change of load on a shared machine shows (and averages out).
+    let before = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
 
     let config =
         LogConfig { codec: opts.codec, segment_bytes: opts.segment_bytes, ..LogConfig::default() };
@@ -208,6 +217,8 @@ fn run_in(
     let m = log.metrics();
     log.close();
     drop(log);
+    let after = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
+    let fdatasync_per_sec = (before + after) / 2.0;
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
@@ -241,6 +252,8 @@ fn run_in(
         record_bytes: opts.record_bytes,
         codec: opts.codec,
         fdatasync_per_sec,
+        fdatasync_before_per_sec: before,
+        fdatasync_after_per_sec: after,
         elapsed_sec: elapsed,
         commits,
         records,
@@ -309,6 +322,8 @@ impl BenchReport {
             ("record_bytes", self.record_bytes as f64),
             ("zstd_level", zstd_level),
             ("fdatasync_per_sec", self.fdatasync_per_sec),
+            ("fdatasync_before_per_sec", self.fdatasync_before_per_sec),
+            ("fdatasync_after_per_sec", self.fdatasync_after_per_sec),
             ("elapsed_sec", self.elapsed_sec),
             ("commits", self.commits as f64),
             ("records", self.records as f64),

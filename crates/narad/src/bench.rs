@@ -37,7 +37,8 @@ pub struct LogArgs {
     /// Seconds of commit load.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
-    /// Seconds of the serial fdatasync probe.
+    /// Seconds of the serial fdatasync probe (half before, half after the
+    /// commits).
     #[arg(long, default_value_t = 2.0)]
     pub probe_seconds: f64,
     /// Compress frames with zstd at this level (default: no compression).
