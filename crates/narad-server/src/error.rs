@@ -79,6 +79,11 @@ impl IntoResponse for ApiError {
                 let mut r = (status, error_body(&message)).into_response();
                 r.headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    // The unread rest of the body makes the connection
+                    // unusable: tell the client not to reuse it.
+                    r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
                 r
             }
             ApiError::Text { status, body } => {

@@ -103,7 +103,9 @@ pub async fn list(State(s): State<Shared>, RawQuery(q): RawQuery) -> Result<Resp
     let p = pairs(&raw);
     let limit = values(&p, "limit").first().map(|v| decode_component(v).unwrap_or_default());
     let limit_str = limit.as_ref().map(|v| String::from_utf8_lossy(v).into_owned());
-    let limit = parse_list_limit(limit_str.as_deref())?;
+    // Narad answers this one without the `invalid argument:` prefix.
+    let limit = parse_list_limit(limit_str.as_deref())
+        .map_err(|_| ApiError::bad_request("limit must be a positive integer"))?;
     let after = values(&p, "page_token")
         .first()
         .map(|v| String::from_utf8_lossy(&decode_component(v).unwrap_or_default()).into_owned())

@@ -1,0 +1,249 @@
+//! Black-box harness: starts the real `narad` binary on a free loopback
+//! port with a temporary data directory and speaks HTTP to it.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::blocking::{Client, Response};
+use serde_json::Value;
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A running (or stopped) narad server.
+pub struct Server {
+    pub data_dir: PathBuf,
+    pub port: u16,
+    pub base: String,
+    child: Option<Child>,
+    log_path: PathBuf,
+    pub client: Client,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn temp_dir(name: &str) -> PathBuf {
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("narad-it-{name}-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+impl Server {
+    /// Starts a server on a fresh data directory.
+    pub fn start(name: &str) -> Server {
+        let root = temp_dir(name);
+        Server::start_in(root.join("data"), root.join("server.log"))
+    }
+
+    /// Starts a server on `data_dir`.
+    pub fn start_in(data_dir: PathBuf, log_path: PathBuf) -> Server {
+        let port = free_port();
+        let client = Client::builder()
+            .timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap();
+        let mut s = Server {
+            data_dir,
+            port,
+            base: format!("http://127.0.0.1:{port}"),
+            child: None,
+            log_path,
+            client,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(["serve", "--dev", "--addr"])
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .env("NARAD_LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start narad");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// Waits for `/readyz` to answer 200.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("narad exited during start-up ({status}); log:\n{}", self.log());
+            }
+            if let Ok(r) = self.client.get(format!("{}/readyz", self.base)).send()
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "narad not ready in 30 s; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("server running");
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "narad did not stop in 30 s after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts again on the same data directory (a new port).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the server first");
+        self.port = free_port();
+        self.base = format!("http://127.0.0.1:{}", self.port);
+        self.spawn();
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn post(&self, path: &str, body: impl Into<reqwest::blocking::Body>) -> Response {
+        self.client.post(self.url(path)).body(body).send().unwrap()
+    }
+
+    pub fn get(&self, path: &str) -> Response {
+        self.client.get(self.url(path)).send().unwrap()
+    }
+
+    pub fn create_topic(&self, body: &str) -> Value {
+        let r = self.post("/v1/topics", body.to_owned());
+        let status = r.status();
+        let text = r.text().unwrap();
+        assert_eq!(status, 201, "create topic {body}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    pub fn produce(&self, topic: &str, query: &str, body: &[u8]) -> u16 {
+        let q = if query.is_empty() { String::new() } else { format!("?{query}") };
+        self.post(&format!("/v1/topics/{topic}/produce{q}"), body.to_vec()).status().as_u16()
+    }
+
+    /// One consume; `None` on 204.
+    pub fn consume(&self, topic: &str, query: &str) -> Option<Value> {
+        let r = self.get(&format!("/v1/topics/{topic}/consume?{query}"));
+        match r.status().as_u16() {
+            204 => None,
+            200 => Some(serde_json::from_str(&r.text().unwrap()).unwrap()),
+            other => panic!("consume: {other} {}", r.text().unwrap_or_default()),
+        }
+    }
+
+    pub fn ack(&self, topic: &str, handle: &str, extend: Option<&str>) -> u16 {
+        let e = extend.map(|e| format!("&extend={e}")).unwrap_or_default();
+        self.post(&format!("/v1/topics/{topic}/ack?receipt_handle={handle}{e}"), Vec::new())
+            .status()
+            .as_u16()
+    }
+
+    /// Consumes and acks until the topic is empty; returns the payloads.
+    pub fn drain(&self, topic: &str) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        loop {
+            let r = self.get(&format!("/v1/topics/{topic}/consume?max=100&wait=200ms"));
+            if r.status() == 204 {
+                return out;
+            }
+            assert_eq!(r.status(), 200);
+            let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+            let msgs = v["messages"].as_array().unwrap().clone();
+            let handles: Vec<Value> = msgs.iter().map(|m| m["receipt_handle"].clone()).collect();
+            for m in &msgs {
+                out.push(payload_bytes(m));
+            }
+            let body = serde_json::json!({ "receipt_handles": handles }).to_string();
+            let r = self.post(&format!("/v1/topics/{topic}/ack"), body);
+            assert_eq!(r.status(), 200);
+        }
+    }
+}
+
+/// A message's payload as bytes: raw JSON text, a string's contents, or
+/// decoded base64.
+pub fn payload_bytes(m: &Value) -> Vec<u8> {
+    match (&m["payload"], m.get("payload_encoding")) {
+        (Value::String(s), Some(_)) => base64_decode(s),
+        (Value::String(s), None) => s.as_bytes().to_vec(),
+        (other, _) => other.to_string().into_bytes(),
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let table = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => 0,
+        }
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=').collect();
+    let mut out = Vec::new();
+    for chunk in bytes.chunks(4) {
+        let mut v = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            v |= table(c) << (18 - 6 * i);
+        }
+        let n = chunk.len() * 6 / 8;
+        for i in 0..n {
+            out.push((v >> (16 - 8 * i)) as u8);
+        }
+    }
+    out
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        if !std::thread::panicking()
+            && let Some(root) = self.data_dir.parent()
+        {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
+
+/// Whether a path exists.
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}

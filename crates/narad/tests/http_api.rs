@@ -1,0 +1,301 @@
+//! Every /v1 route's happy path and every documented error status, against
+//! the real binary over HTTP.
+
+mod common;
+
+use common::{Server, payload_bytes};
+use serde_json::{Value, json};
+
+fn error_of(r: reqwest::blocking::Response) -> (u16, String) {
+    let status = r.status().as_u16();
+    let ct = r.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned());
+    let body = r.text().unwrap();
+    assert_eq!(ct.as_deref(), Some("application/json"), "{status} {body}");
+    assert!(body.ends_with('\n'), "JSON bodies end with a newline");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    (status, v["error"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn topic_routes_answer_with_narads_shapes_and_statuses() {
+    let s = Server::start("topics");
+    let r = s.post("/v1/topics", r#"{"name":"orders","partitions":4,"retention_ms":3600000}"#);
+    assert_eq!(r.status(), 201);
+    let text = r.text().unwrap();
+    assert!(
+        text.starts_with(
+            r#"{"name":"orders","partitions":4,"retention_ms":3600000,"visibility_timeout_ms""#
+        ),
+        "{text}"
+    );
+    let t: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(t["name"], "orders");
+    assert_eq!(t["partitions"], 4);
+    assert_eq!(t["retention_ms"], 3_600_000);
+    assert_eq!(t["visibility_timeout_ms"], 30_000);
+    assert_eq!(t["max_in_flight_per_partition"], 1024);
+    assert!(t.get("role").is_none(), "role is absent in a standalone create reply");
+
+    // Duplicates, bad names, bad values, strict bodies, size.
+    assert_eq!(
+        error_of(s.post("/v1/topics", r#"{"name":"orders"}"#)),
+        (409, "topic already exists".into())
+    );
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":"bad name"}"#)).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":".."}"#)).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":"x","partitions":2}"#)).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":"x","retention_ms":1000}"#)).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":"x","visibility_timeout_ms":-1}"#)).0, 400);
+    assert_eq!(
+        error_of(s.post("/v1/topics", r#"{"name":"x","colour":"red"}"#)),
+        (400, "invalid json: json: unknown field \"colour\"".into())
+    );
+    assert_eq!(
+        error_of(s.post("/v1/topics", r#"{"name":"x"} {"name":"y"}"#)),
+        (400, "invalid json: multiple JSON values".into())
+    );
+    assert_eq!(error_of(s.post("/v1/topics", r#"{"name":"x","schema":{"type":"nope"}}"#)).0, 400);
+    let big = format!(r#"{{"name":"x","owner":"{}"}}"#, "a".repeat(1 << 20));
+    assert_eq!(error_of(s.post("/v1/topics", big)), (413, "request body too large".into()));
+
+    // List with keyset pagination.
+    for n in ["a1", "a2", "a3"] {
+        s.create_topic(&format!(r#"{{"name":"{n}"}}"#));
+    }
+    let page: Value = serde_json::from_str(&s.get("/v1/topics?limit=2").text().unwrap()).unwrap();
+    let names: Vec<&str> =
+        page["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["a1", "a2"]);
+    assert_eq!(page["next_page_token"], "a2");
+    assert_eq!(page["topics"][0]["role"], "standalone", "role is present on reads");
+    let page: Value =
+        serde_json::from_str(&s.get("/v1/topics?limit=2&page_token=a2").text().unwrap()).unwrap();
+    let names: Vec<&str> =
+        page["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["a3", "orders"]);
+    let last: Value =
+        serde_json::from_str(&s.get("/v1/topics?limit=10&page_token=orders").text().unwrap())
+            .unwrap();
+    assert_eq!(last["next_page_token"], "");
+    assert_eq!(
+        error_of(s.get("/v1/topics?limit=0")),
+        (400, "limit must be a positive integer".into())
+    );
+
+    // Details.
+    let d: Value = serde_json::from_str(&s.get("/v1/topics/orders").text().unwrap()).unwrap();
+    let stats = d["partition_stats"].as_array().unwrap();
+    assert_eq!(stats.len(), 4);
+    assert_eq!(stats[3]["index"], 3);
+    let one: Value =
+        serde_json::from_str(&s.get("/v1/topics/orders?partition=2").text().unwrap()).unwrap();
+    assert_eq!(one["partition_stats"].as_array().unwrap().len(), 1);
+    assert_eq!(error_of(s.get("/v1/topics/orders?partition=9")), (400, "invalid partition".into()));
+    assert_eq!(error_of(s.get("/v1/topics/orders?partition=x")), (400, "invalid partition".into()));
+    assert_eq!(error_of(s.get("/v1/topics/missing")).0, 404);
+
+    // Alter.
+    let patch = |body: &str| {
+        s.client.patch(s.url("/v1/topics/orders")).body(body.to_owned()).send().unwrap()
+    };
+    let r = patch(r#"{"partitions":6,"max_in_flight_per_partition":10}"#);
+    assert_eq!(r.status(), 200);
+    let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert_eq!(
+        (v["partitions"].as_u64(), v["max_in_flight_per_partition"].as_u64()),
+        (Some(6), Some(10))
+    );
+    assert_eq!(
+        error_of(patch(r#"{"visibility_timeout_ms":5000}"#)),
+        (400, "invalid json: json: unknown field \"visibility_timeout_ms\"".into())
+    );
+    assert_eq!(error_of(patch(r#"{"partitions":5}"#)).0, 400, "partitions only grow");
+    assert_eq!(error_of(patch("{}")).0, 400);
+    let r = s.client.patch(s.url("/v1/topics/missing")).body(r#"{"partitions":9}"#).send().unwrap();
+    assert_eq!(error_of(r).0, 404);
+
+    // Delete.
+    let r = s.client.delete(s.url("/v1/topics/a1")).send().unwrap();
+    assert_eq!(r.status(), 204);
+    let r = s.client.delete(s.url("/v1/topics/a1")).send().unwrap();
+    assert_eq!(error_of(r).0, 404);
+}
+
+#[test]
+fn produce_routes_validate_in_narads_order() {
+    let s = Server::start("produce");
+    s.create_topic(r#"{"name":"t"}"#);
+    s.create_topic(
+        r#"{"name":"typed","schema":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}}"#,
+    );
+    assert_eq!(s.produce("t", "", b"x"), 202);
+    assert_eq!(s.produce("t", "key=a%20b&partition=2", b"x"), 202);
+    let r = s.post("/v1/topics/t/produce", Vec::<u8>::new());
+    assert_eq!(error_of(r), (400, "message required".into()));
+    let exactly = vec![b'a'; 1 << 20];
+    assert_eq!(s.produce("t", "", &exactly), 202, "exactly 1 MiB is allowed");
+    let over = vec![b'a'; (1 << 20) + 1];
+    assert_eq!(
+        error_of(s.post("/v1/topics/t/produce", over)),
+        (413, "request body too large".into())
+    );
+    assert_eq!(error_of(s.post("/v1/topics/missing/produce", "x")).0, 404);
+    assert_eq!(
+        error_of(s.post("/v1/topics/t/produce?partition=3", "x")),
+        (400, "invalid argument: partition out of range".into())
+    );
+    assert_eq!(error_of(s.post("/v1/topics/t/produce?partition=x", "x")).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics/t/produce?key=a&key=b", "x")).0, 400);
+    // Query errors come before the topic lookup.
+    assert_eq!(error_of(s.post("/v1/topics/missing/produce?partition=x", "x")).0, 400);
+    assert_eq!(s.produce("typed", "", br#"{"n":1}"#), 202);
+    let (status, msg) = error_of(s.post("/v1/topics/typed/produce", r#"{"n":"one"}"#));
+    assert_eq!(status, 400);
+    assert!(msg.starts_with("invalid argument: schema: "), "{msg}");
+    assert_eq!(error_of(s.post("/v1/topics/typed/produce", "not json")).0, 400);
+
+    // Batch produce.
+    let batch = json!({"messages": [
+        {"key": "k", "payload": {"a": 1}},
+        {"payload": "text"},
+        {"payload": "AAEC", "payload_encoding": "base64", "partition": 1},
+        {"key": "/w==", "key_encoding": "base64", "payload": [1, 2]}
+    ]});
+    let r = s.post("/v1/topics/t/produce/batch", batch.to_string());
+    assert_eq!(r.status(), 202);
+    assert_eq!(r.text().unwrap(), "{\"accepted\":4}\n");
+    let bad = json!({"messages": [{"payload": 1}, {"payload": 2, "partition": 9}]});
+    let (status, msg) = error_of(s.post("/v1/topics/t/produce/batch", bad.to_string()));
+    assert_eq!(status, 400);
+    assert!(msg.starts_with("message 1: "), "{msg}");
+    assert_eq!(error_of(s.post("/v1/topics/t/produce/batch?key=a", batch.to_string())).0, 400);
+    assert_eq!(error_of(s.post("/v1/topics/t/produce/batch", r#"{"messages":[]}"#)).0, 400);
+    let too_many =
+        json!({"messages": (0..1001).map(|i| json!({"payload": i})).collect::<Vec<_>>()});
+    assert_eq!(error_of(s.post("/v1/topics/t/produce/batch", too_many.to_string())).0, 400);
+    let typed_bad = json!({"messages": [{"payload": {"n": 1}}, {"payload": {"n": "x"}}]});
+    let (status, msg) = error_of(s.post("/v1/topics/typed/produce/batch", typed_bad.to_string()));
+    assert_eq!(status, 400);
+    assert!(msg.starts_with("message 1: invalid argument: schema: "), "{msg}");
+    // zstd-compressed batch.
+    let packed = zstd_compress(batch.to_string().as_bytes());
+    let r = s
+        .client
+        .post(s.url("/v1/topics/t/produce/batch"))
+        .header("Content-Encoding", "zstd")
+        .body(packed)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 202);
+
+    // Everything accepted is eventually consumable, exactly as sent.
+    let got = s.drain("t");
+    assert_eq!(got.len(), 3 + 4 + 4);
+    assert!(got.contains(&br#"{"a":1}"#.to_vec()));
+    assert!(got.contains(&vec![0, 1, 2]));
+    assert!(got.contains(&exactly));
+    let typed = s.drain("typed");
+    assert_eq!(typed, vec![br#"{"n":1}"#.to_vec()], "a refused batch appends nothing");
+}
+
+fn zstd_compress(b: &[u8]) -> Vec<u8> {
+    zstd::encode_all(b, 3).unwrap()
+}
+
+#[test]
+fn consume_and_ack_routes_answer_every_documented_status() {
+    let s = Server::start("consume");
+    s.create_topic(r#"{"name":"q","max_acked_ahead_per_partition":1}"#);
+    assert!(s.consume("q", "").is_none(), "204 when nothing");
+    for i in 0..4 {
+        assert_eq!(s.produce("q", "partition=0", format!("m{i}").as_bytes()), 202);
+    }
+    // Wait for visibility, then lease three in partition 0.
+    let m0 = s.consume("q", "partition=0&wait=5s").unwrap();
+    assert_eq!(m0["offset"], 0);
+    assert_eq!(m0["payload"], "m0");
+    assert!(m0["timestamp"].as_u64().unwrap() > 1_600_000_000);
+    let batch = s.consume("q", "partition=0&max=2").unwrap();
+    let msgs = batch["messages"].as_array().unwrap();
+    assert_eq!(msgs.len(), 2);
+    let h = |m: &Value| m["receipt_handle"].as_str().unwrap().to_owned();
+    // Ack ahead of the frontier fills the acked-ahead set (cap 1)...
+    assert_eq!(s.ack("q", &h(&msgs[0]), None), 204);
+    // ...so the next ack ahead is refused with 503 and its lease kept.
+    let r = s.post(&format!("/v1/topics/q/ack?receipt_handle={}", h(&msgs[1])), Vec::new());
+    assert_eq!(error_of(r), (503, "acked-ahead set is full; head of queue may be stuck".into()));
+    assert_eq!(s.ack("q", &h(&m0), None), 204);
+    assert_eq!(s.ack("q", &h(&msgs[1]), None), 204, "the refused ack can be retried");
+    // Stale, malformed, missing.
+    let (st, msg) =
+        error_of(s.post(&format!("/v1/topics/q/ack?receipt_handle={}", h(&m0)), Vec::new()));
+    assert_eq!((st, msg.as_str()), (410, "receipt handle no longer matches an active reservation"));
+    assert_eq!(
+        error_of(s.post("/v1/topics/q/ack?receipt_handle=1:2", Vec::new())),
+        (400, "receipt handle is malformed".into())
+    );
+    assert_eq!(error_of(s.post("/v1/topics/q/ack?receipt_handle=0:0:0", Vec::new())).0, 400);
+    assert_eq!(
+        error_of(s.post("/v1/topics/q/ack", Vec::new())),
+        (400, "receipt_handle required".into())
+    );
+    assert_eq!(
+        error_of(s.post("/v1/topics/q/ack?receipt_handle=", Vec::new())),
+        (400, "receipt_handle required".into())
+    );
+    assert_eq!(
+        error_of(s.post("/v1/topics/q/ack?receipt_handle=0:9:1&extend=maybe", Vec::new())).0,
+        400
+    );
+    assert_eq!(error_of(s.post("/v1/topics/gone/ack?receipt_handle=0:0:1", Vec::new())).0, 404);
+    // Batch ack: per-handle results.
+    let m3 = s.consume("q", "partition=0").unwrap();
+    let body = json!({"receipt_handles": [h(&m3), h(&m3), "nope"]}).to_string();
+    let r = s.post("/v1/topics/q/ack", body);
+    assert_eq!(r.status(), 200);
+    let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    let statuses: Vec<u64> =
+        v["results"].as_array().unwrap().iter().map(|x| x["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, vec![204, 410, 400]);
+
+    // Replay: read-only, no handle.
+    let r = s.consume("q", "partition=0&offset=1").unwrap();
+    assert_eq!((r["offset"].as_u64(), r.get("receipt_handle")), (Some(1), None));
+    assert_eq!(payload_bytes(&r), b"m1");
+    assert!(s.consume("q", "partition=0&offset=99").is_none(), "204 at or past the high watermark");
+    assert_eq!(
+        error_of(s.get("/v1/topics/q/consume?offset=1")),
+        (400, "partition required for replay-mode consume".into())
+    );
+    // Bad parameters and missing topics.
+    assert_eq!(error_of(s.get("/v1/topics/q/consume?wait=10")).0, 400);
+    assert_eq!(error_of(s.get("/v1/topics/q/consume?partition=x")).0, 400);
+    assert_eq!(error_of(s.get("/v1/topics/q/consume?partition=3")).0, 400);
+    assert_eq!(error_of(s.get("/v1/topics/q/consume?max=101")).0, 400);
+    assert_eq!(error_of(s.get("/v1/topics/missing/consume")).0, 404);
+}
+
+#[test]
+fn health_metrics_and_unknown_routes() {
+    let s = Server::start("health");
+    let r = s.get("/healthz");
+    assert_eq!((r.status().as_u16(), r.text().unwrap()), (200, "{\"status\":\"ok\"}\n".into()));
+    let r = s.get("/readyz");
+    assert_eq!((r.status().as_u16(), r.text().unwrap()), (200, "{\"status\":\"ready\"}\n".into()));
+    s.create_topic(r#"{"name":"m"}"#);
+    assert_eq!(s.produce("m", "", b"x"), 202);
+    let m = s.get("/metrics").text().unwrap();
+    for name in [
+        "narad_ingress_wal_failed 0",
+        "narad_ingress_dispatch_backlog_records",
+        "narad_http_requests_total{",
+        "narad_topics 1",
+    ] {
+        assert!(m.contains(name), "missing {name} in\n{m}");
+    }
+    let r = s.get("/nope");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().unwrap(), "404 page not found\n");
+    let r = s.client.put(s.url("/v1/topics")).send().unwrap();
+    assert_eq!(r.status(), 405);
+}
