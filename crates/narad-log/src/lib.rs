@@ -13,7 +13,9 @@
 //! 1. Batches that arrive while a cycle runs queue on the log's *combiner*.
 //!    The first caller with no cycle running leads: it drains every queued
 //!    batch (up to [`limits::CYCLE_DRAIN_RECORDS`] / [`limits::CYCLE_DRAIN_BYTES`])
-//!    into one cycle.
+//!    into one cycle. When a cycle ends, the caller of the oldest batch still
+//!    queued leads the next one (after a short, bounded linger for the
+//!    callers just served, see [`LogConfig::commit_linger_us`]).
 //! 2. Under the log's writer lock it assigns one commit time (never below
 //!    the previous one, even if the wall clock went back) and contiguous
 //!    offsets, wraps the records in envelopes and frames, appends them,

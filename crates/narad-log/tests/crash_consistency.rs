@@ -4,8 +4,9 @@
 //! cache; optionally a first life that commits and closes; then a workload of
 //! seeded random commits (single records and batches, from one to four
 //! committer threads, with the wall clock moving forwards and sometimes
-//! backwards) while a reader thread checks every record it sees; the power
-//! is cut at a random operation; the machine crashes (dropping unsynced
+//! backwards) while a reader thread checks every record it sees; sometimes
+//! an fsync, write or ENOSPC fault is injected first (the log rolls back and
+//! goes on); the power is cut at a random operation; the machine crashes (dropping unsynced
 //! bytes, or tearing them, or tearing them with holes); the log is reopened.
 //! Then:
 //!
@@ -28,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use narad_clock::ManualClock;
-use narad_fs::{CrashMode, SimFs, SimRng};
+use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
 use narad_log::{Codec, CommitOutcome, CommitRecord, LogConfig, PartitionLog, SealedCheck};
 
 mod common;
@@ -87,6 +88,7 @@ struct Coverage {
     unacked_visible: bool,
     segments: usize,
     threads: u64,
+    faults: u64,
 }
 
 fn run_seed(seed: u64) -> Coverage {
@@ -120,6 +122,14 @@ fn run_seed(seed: u64) -> Coverage {
     cov.threads = threads;
     let commits = rng.range(2, 10);
     let horizon = threads * commits * 5 + 10;
+    // Sometimes a fault first (a failed fsync, write or a full disk), which
+    // the log rolls back and survives, then the power cut.
+    for _ in 0..rng.below(3) {
+        let fault = [FaultKind::SyncError, FaultKind::WriteError, FaultKind::NoSpace]
+            [rng.below(3) as usize];
+        fs.inject(fs.op_count() + rng.below(horizon), fault);
+        cov.faults += 1;
+    }
     fs.power_cut_at(fs.op_count() + rng.below(horizon));
 
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
