@@ -245,39 +245,43 @@ impl PartitionLog {
         st.next_id += 1;
         st.queue.push_back(Queued { id, records, bytes, thread: std::thread::current() });
         loop {
-            if let Some(outcome) = st.done.remove(&id) {
-                if st.done.is_empty()
-                    && let Some(t) = st.lingerer.take()
-                {
-                    t.unpark();
-                }
+            if let Some(outcome) = take_outcome(&mut st, id) {
                 return outcome;
             }
             let my_turn = if st.leading { st.handoff == Some(id) } else { true };
-            if my_turn {
-                st.leading = true;
-                st.handoff = None;
-                st = self.linger(st);
-                let drained = drain(&mut st.queue);
-                drop(st);
-                let mut guard = LeaderGuard {
-                    combiner: c,
-                    callers: drained.iter().map(|q| (q.id, q.thread.clone())).collect(),
-                    outcomes: None,
-                };
-                let (outcomes, advanced) = self.run_cycle(&drained);
-                guard.outcomes = Some(outcomes);
-                drop(guard);
-                if advanced {
-                    self.notify_committed();
-                }
-            } else {
+            if !my_turn {
                 drop(st);
                 // Woken when our outcome is filed or the lead is handed to
                 // us; a spurious wake-up just loops.
                 std::thread::park();
+                st = lock(&c.state);
+                continue;
             }
+            st.leading = true;
+            st.handoff = None;
+            st = self.linger(st);
+            let drained = drain(&mut st.queue);
+            drop(st);
+            let mut guard = LeaderGuard {
+                combiner: c,
+                callers: drained.iter().map(|q| (q.id, q.thread.clone())).collect(),
+                outcomes: None,
+            };
+            let (outcomes, advanced) = self.run_cycle(&drained);
+            guard.outcomes = Some(outcomes);
+            drop(guard);
             st = lock(&c.state);
+            if advanced {
+                // Collect our own outcome first (the next leader may be
+                // lingering for it), then notify outside the lock.
+                let own = take_outcome(&mut st, id);
+                drop(st);
+                self.notify_committed();
+                if let Some(outcome) = own {
+                    return outcome;
+                }
+                st = lock(&c.state);
+            }
         }
     }
 
@@ -627,6 +631,18 @@ impl PartitionLog {
             frames.iter().map(|f| f.bytes.len() as u64).sum(),
         );
     }
+}
+
+/// Removes a caller's filed outcome, waking a lingering leader when it was
+/// the last one to collect.
+fn take_outcome(st: &mut CombinerState, id: u64) -> Option<Outcome> {
+    let outcome = st.done.remove(&id)?;
+    if st.done.is_empty()
+        && let Some(t) = st.lingerer.take()
+    {
+        t.unpark();
+    }
+    Some(outcome)
 }
 
 /// Takes whole batches from the queue, oldest first, until the drain bounds
