@@ -13,8 +13,9 @@
 //! * [`SimFs::crash`] replaces the live state by the durable one. With
 //!   [`CrashMode::Torn`] or [`CrashMode::TornWithHoles`] each file also keeps a
 //!   random prefix of its pending operations, the last of which may be cut
-//!   short (and, with holes, have random 512-byte sectors zeroed): what a
-//!   power cut in the middle of writeback leaves.
+//!   short (and, with holes, lose random 512-byte sectors: zeros past the
+//!   old end of the file, the old bytes where it overwrote): what a power
+//!   cut in the middle of writeback leaves.
 //! * A failed `sync_data` behaves like Linux: the pending operations stay in
 //!   the live bytes but are forgotten by writeback, so they never become
 //!   durable, even if a later sync succeeds. Retrying an fsync proves nothing.
@@ -45,7 +46,9 @@ pub enum CrashMode {
     /// Keep, per file, a random prefix of the unsynced writes; the last kept
     /// write may be cut at a random length.
     Torn,
-    /// As `Torn`, and random 512-byte sectors of the cut write read as zeros.
+    /// As `Torn`, and random 512-byte sectors of the cut write never reach
+    /// the disk: past the file's old end they read as zeros, over old bytes
+    /// they keep the old bytes (a sector is written whole or not at all).
     TornWithHoles,
 }
 
@@ -274,16 +277,34 @@ impl SimFs {
                     apply(&mut data, op);
                 }
                 if let Some(Pending::Write { offset, bytes }) = inode.pending.get(keep) {
-                    let cut = st.rng.below(bytes.len() as u64 + 1) as usize;
-                    let mut part = bytes[..cut].to_vec();
-                    if mode == CrashMode::TornWithHoles {
-                        for sector in part.chunks_mut(512) {
-                            if st.rng.chance(1, 3) {
-                                sector.fill(0);
-                            }
-                        }
+                    let mut cut = st.rng.below(bytes.len() as u64 + 1) as usize;
+                    if mode == CrashMode::TornWithHoles && cut < bytes.len() {
+                        cut -= cut % 512; // sectors land whole or not at all
                     }
-                    apply(&mut data, &Pending::Write { offset: *offset, bytes: part });
+                    let part = &bytes[..cut];
+                    if mode == CrashMode::TornWithHoles {
+                        // A sector that never reached the disk reads as
+                        // zeros past the old end of the file, and as the
+                        // old bytes where the write overwrote them.
+                        let old_len = data.len() as u64;
+                        for (i, sector) in part.chunks(512).enumerate() {
+                            let at = offset + (i * 512) as u64;
+                            let lost = st.rng.chance(1, 3);
+                            let bytes = if !lost {
+                                sector.to_vec()
+                            } else if at >= old_len {
+                                vec![0; sector.len()]
+                            } else {
+                                let keep_old = (old_len - at).min(sector.len() as u64) as usize;
+                                let mut v = data[at as usize..at as usize + keep_old].to_vec();
+                                v.resize(sector.len(), 0);
+                                v
+                            };
+                            apply(&mut data, &Pending::Write { offset: at, bytes });
+                        }
+                    } else {
+                        apply(&mut data, &Pending::Write { offset: *offset, bytes: part.to_vec() });
+                    }
                 }
             }
             inode.live = data.clone();
@@ -723,6 +744,29 @@ mod tests {
         assert!(fs.list_dir(&p("/a")).unwrap().is_empty());
         fs.crash(CrashMode::DropUnsynced);
         assert!(fs.list_dir(&p("/a")).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_lost_sector_of_an_overwrite_keeps_the_old_bytes() {
+        let mut saw_old = false;
+        for seed in 0..100 {
+            let fs = SimFs::new(seed);
+            let f = fs.open(&p("f"), OpenMode::CreateNew).unwrap();
+            f.write_all_at(&[1u8; 2048], 0).unwrap();
+            f.sync_data().unwrap();
+            f.write_all_at(&[2u8; 2048], 0).unwrap();
+            fs.crash(CrashMode::TornWithHoles);
+            let got = read_all(&fs, "f");
+            assert_eq!(got.len(), 2048);
+            for sector in got.chunks(512) {
+                assert!(
+                    sector.iter().all(|&b| b == 1) || sector.iter().all(|&b| b == 2),
+                    "seed {seed}"
+                );
+            }
+            saw_old |= got[..512].iter().all(|&b| b == 1) && got.contains(&2);
+        }
+        assert!(saw_old);
     }
 
     #[test]
