@@ -56,6 +56,10 @@ pub struct DiskBenchReport {
     pub wal_max_us: f64,
     /// `wal_appends_per_sec / fdatasync_per_sec`.
     pub wal_vs_fdatasync: f64,
+    /// Average write + fdatasync time of one group commit, µs.
+    pub wal_sync_us: f64,
+    /// Fraction of the run the sync thread spent in write + fdatasync.
+    pub wal_sync_busy: f64,
     /// Appenders used.
     pub appenders: usize,
     /// Payload bytes per record.
@@ -75,6 +79,8 @@ impl DiskBenchReport {
             ("wal_p99_us", self.wal_p99_us),
             ("wal_max_us", self.wal_max_us),
             ("wal_vs_fdatasync", self.wal_vs_fdatasync),
+            ("wal_sync_us", self.wal_sync_us),
+            ("wal_sync_busy", self.wal_sync_busy),
             ("appenders", self.appenders as f64),
             ("record_bytes", self.record_bytes as f64),
         ]
@@ -192,6 +198,8 @@ fn run_in(
         wal_p99_us: hist.value_at_quantile(0.99) as f64,
         wal_max_us: hist.max() as f64,
         wal_vs_fdatasync: appends_per_sec / fdatasync.max(1.0),
+        wal_sync_us: (after.io_nanos - before.io_nanos) as f64 / 1e3 / syncs as f64,
+        wal_sync_busy: (after.io_nanos - before.io_nanos) as f64 / 1e9 / elapsed,
         appenders: opts.appenders,
         record_bytes: opts.record_bytes,
     })

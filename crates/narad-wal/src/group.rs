@@ -1,6 +1,10 @@
 //! Group completion: one shared outcome for every record staged into the
-//! same group commit, awaited by blocking threads (condvar) and async tasks
-//! (waker) alike.
+//! same group commit, awaited by blocking threads and async tasks alike.
+//!
+//! Waiters register themselves (a parked thread or a task's waker) and are
+//! woken one by one when the outcome is set; the outcome itself is read
+//! without a lock, so waking a large group does not make every waiter
+//! queue on one mutex.
 //!
 //! Once a record is staged, its outcome is decided by the sync thread alone:
 //! dropping a [`Pending`] (a cancelled HTTP request) does not withdraw the
@@ -8,60 +12,76 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
 
 use crate::error::WalError;
 
-#[derive(Debug, Default)]
-struct State {
-    outcome: Option<Result<(), WalError>>,
-    wakers: Vec<Waker>,
+#[derive(Debug)]
+enum Waiter {
+    Thread(Thread),
+    Task(Waker),
 }
 
 /// The completion of one group commit.
 #[derive(Debug, Default)]
 pub(crate) struct Group {
-    state: Mutex<State>,
-    done: Condvar,
+    outcome: OnceLock<Result<(), WalError>>,
+    waiters: Mutex<Vec<Waiter>>,
 }
 
 impl Group {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn waiters(&self) -> MutexGuard<'_, Vec<Waiter>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records the outcome and wakes every waiter. Called once.
     pub(crate) fn complete(&self, outcome: Result<(), WalError>) {
-        let wakers = {
-            let mut st = self.lock();
-            debug_assert!(st.outcome.is_none(), "a group completes once");
-            st.outcome = Some(outcome);
-            std::mem::take(&mut st.wakers)
-        };
-        self.done.notify_all();
-        for w in wakers {
-            w.wake();
+        let first = self.outcome.set(outcome).is_ok();
+        debug_assert!(first, "a group completes once");
+        // Taken after the outcome is set: a waiter that registers later sees
+        // the outcome when it re-checks under the same lock.
+        let waiters = std::mem::take(&mut *self.waiters());
+        for w in waiters {
+            match w {
+                Waiter::Thread(t) => t.unpark(),
+                Waiter::Task(w) => w.wake(),
+            }
         }
     }
 
     fn wait(&self) -> Result<(), WalError> {
-        let mut st = self.lock();
-        loop {
-            if let Some(o) = &st.outcome {
+        if let Some(o) = self.outcome.get() {
+            return o.clone();
+        }
+        {
+            let mut w = self.waiters();
+            if let Some(o) = self.outcome.get() {
                 return o.clone();
             }
-            st = self.done.wait(st).unwrap_or_else(|p| p.into_inner());
+            w.push(Waiter::Thread(std::thread::current()));
+        }
+        loop {
+            if let Some(o) = self.outcome.get() {
+                return o.clone();
+            }
+            // Spurious wake-ups are fine: the loop re-checks.
+            std::thread::park();
         }
     }
 
     fn poll(&self, cx: &mut Context<'_>) -> Poll<Result<(), WalError>> {
-        let mut st = self.lock();
-        if let Some(o) = &st.outcome {
+        if let Some(o) = self.outcome.get() {
             return Poll::Ready(o.clone());
         }
-        if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-            st.wakers.push(cx.waker().clone());
+        let mut w = self.waiters();
+        if let Some(o) = self.outcome.get() {
+            return Poll::Ready(o.clone());
+        }
+        let already = w.iter().any(|x| matches!(x, Waiter::Task(k) if k.will_wake(cx.waker())));
+        if !already {
+            w.push(Waiter::Task(cx.waker().clone()));
         }
         Poll::Pending
     }

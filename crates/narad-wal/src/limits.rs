@@ -25,6 +25,14 @@ pub const STAGING_KEEP_BYTES: usize = 4 << 20;
 /// The sync thread wakes on every append; this bounds a missed wakeup.
 pub const SYNC_BACKSTOP: Duration = Duration::from_millis(10);
 
+/// After a group commit of at least this many records, the sync thread
+/// waits briefly for its callers to come back before the next sync.
+pub const GATHER_MIN_GROUP: u64 = 8;
+
+/// The longest that gather wait (it is also at most a quarter of the last
+/// sync's duration).
+pub const GATHER_MAX_WAIT: Duration = Duration::from_micros(200);
+
 /// A stored checkpoint is made durable within this delay (one fdatasync for
 /// every store in the burst).
 pub const CHECKPOINT_SYNC_DELAY: Duration = Duration::from_millis(250);

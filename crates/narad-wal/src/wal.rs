@@ -41,8 +41,9 @@ use crate::error::WalError;
 use crate::frame::{parse_segment_file_name, segment_file_name, segment_header};
 use crate::group::Pending;
 use crate::limits::{
-    CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, MAX_RECORD_BYTES,
-    ROTATE_DISPATCHED_ACTIVE_BYTES, SEGMENT_BYTES, SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
+    CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, GATHER_MAX_WAIT,
+    GATHER_MIN_GROUP, MAX_RECORD_BYTES, ROTATE_DISPATCHED_ACTIVE_BYTES, SEGMENT_BYTES,
+    SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
 };
 use crate::reader::WalReader;
 use crate::record::RecordError;
@@ -108,10 +109,13 @@ pub struct WalStats {
     pub bytes: u64,
     /// Segments deleted by compaction.
     pub segments_compacted: u64,
+    /// Nanoseconds the sync thread spent writing and fdatasyncing.
+    pub io_nanos: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
+    io_nanos: AtomicU64,
     syncs: AtomicU64,
     records: AtomicU64,
     bytes: AtomicU64,
@@ -464,6 +468,7 @@ impl Wal {
             records: c.records.load(Ordering::Relaxed),
             bytes: c.bytes.load(Ordering::Relaxed),
             segments_compacted: c.segments_compacted.load(Ordering::Relaxed),
+            io_nanos: c.io_nanos.load(Ordering::Relaxed),
         }
     }
 
@@ -665,6 +670,9 @@ fn recover_checkpoint(
 // ------------------------------------------------------------- sync thread
 
 fn sync_loop(shared: &Shared) {
+    // Records and I/O time of the previous group commit.
+    let mut last_group = 0u64;
+    let mut last_io = Duration::ZERO;
     loop {
         let (chunks, group) = {
             let mut st = lock(&shared.stage);
@@ -683,12 +691,37 @@ fn sync_loop(shared: &Shared) {
                     .0;
                 st.sync_waiting = false;
             }
+            // Gather: the callers of a large previous group are on their
+            // way back. Waiting a fraction of a sync for them lets them
+            // share this sync instead of queueing behind it (the sync is
+            // the cost; the wait is a quarter of one at most).
+            if last_group >= GATHER_MIN_GROUP {
+                let deadline = Instant::now() + (last_io / 4).min(GATHER_MAX_WAIT);
+                loop {
+                    let staged = st.next_seq - st.chunks[0].first_seq;
+                    let now = Instant::now();
+                    if staged * 4 >= last_group * 3 || st.closing || now >= deadline {
+                        break;
+                    }
+                    st.sync_waiting = true;
+                    st = shared
+                        .sync_wake
+                        .wait_timeout(st, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    st.sync_waiting = false;
+                }
+            }
             st.take()
         };
+        last_group = chunks.iter().map(|c| c.end_seq - c.first_seq).sum();
+        let started = Instant::now();
         let outcome = match shared.latch.get() {
             Some(e) => Err(e.clone()),
             None => flush(shared, &chunks),
         };
+        last_io = started.elapsed();
+        shared.counters.io_nanos.fetch_add(last_io.as_nanos() as u64, Ordering::Relaxed);
         if let Err(e) = &outcome
             && shared.latch.set(e.clone()).is_ok()
         {

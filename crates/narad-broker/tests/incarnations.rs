@@ -1,0 +1,99 @@
+//! Records accepted for a topic incarnation never commit into another one:
+//! the owner refuses them (so the dispatcher puts them back in the WAL) and
+//! the resolver discards them once the incarnation is gone.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use narad_broker::metrics::BrokerMetrics;
+use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
+use narad_broker::topics::Topics;
+use narad_clock::ManualClock;
+use narad_fs::SimFs;
+use narad_log::LogConfig;
+use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, TopicDefaults};
+use prometheus_client::registry::Registry;
+
+fn setup() -> (Arc<MetaStore>, Arc<Topics>, Arc<LocalOwner>) {
+    let fs = SimFs::new(1);
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let data = Path::new("/data");
+    let meta = Arc::new(
+        MetaStore::open(
+            &fs,
+            data,
+            MetaStoreOptions {
+                defaults: TopicDefaults::default(),
+                clock: clock.clone(),
+                rng_seed: Some(1),
+            },
+        )
+        .unwrap(),
+    );
+    let topics = Arc::new(Topics::new(fs.shared(), data, LogConfig::default(), clock));
+    let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
+    let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics));
+    (meta, topics, owner)
+}
+
+fn create(meta: &MetaStore, name: &str) -> u64 {
+    let req = CreateTopicRequest { name: name.into(), ..Default::default() };
+    meta.create_topic(req).unwrap().incarnation()
+}
+
+fn batch(topic: &str, incarnation: Option<u64>, payload: &'static [u8]) -> CommitBatch {
+    CommitBatch {
+        topic: topic.into(),
+        partition: 0,
+        records: vec![BatchRecord { incarnation, key: None, payload: Bytes::from_static(payload) }],
+    }
+}
+
+#[test]
+fn an_old_incarnation_is_refused_by_the_owner_and_nothing_lands_in_the_new_topic() {
+    let (meta, topics, owner) = setup();
+    let old = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(old), b"before")).unwrap();
+    meta.delete_topic("t").unwrap();
+    topics.remove("t").unwrap();
+    let new = create(&meta, "t");
+    assert_ne!(old, new);
+    let err = owner.commit_blocking(batch("t", Some(old), b"stale")).unwrap_err();
+    assert!(matches!(err, CommitError::Refused(_)), "{err:?}");
+    owner.commit_blocking(batch("t", Some(new), b"fresh")).unwrap();
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let got = part.log.read(0, 10, u64::MAX).unwrap();
+    let payloads: Vec<&[u8]> = got.records.iter().map(|r| &r.payload[..]).collect();
+    assert_eq!(
+        payloads,
+        vec![&b"fresh"[..]],
+        "the old topic's files were purged and the stale record refused"
+    );
+}
+
+#[test]
+fn a_deleted_topic_is_refused_not_failed() {
+    let (meta, _topics, owner) = setup();
+    let id = create(&meta, "gone");
+    meta.delete_topic("gone").unwrap();
+    let err = owner.commit_blocking(batch("gone", Some(id), b"x")).unwrap_err();
+    assert!(matches!(err, CommitError::Refused(_)), "{err:?}");
+}
+
+#[test]
+fn leftover_files_of_an_earlier_incarnation_are_cleared_before_the_name_is_reused() {
+    let (meta, topics, owner) = setup();
+    let old = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(old), b"old data")).unwrap();
+    // The metastore forgets the topic, but the purge never ran (a crash).
+    meta.delete_topic("t").unwrap();
+    let new = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(new), b"new data")).unwrap();
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let got = part.log.read(0, 10, u64::MAX).unwrap();
+    let payloads: Vec<&[u8]> = got.records.iter().map(|r| &r.payload[..]).collect();
+    assert_eq!(payloads, vec![&b"new data"[..]]);
+}
