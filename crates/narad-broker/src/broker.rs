@@ -20,14 +20,15 @@ use narad_meta::{
     AlterTopicRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions,
     PartitionAssignment, Topic, TopicDefaults, TopicPage,
 };
-use narad_wal::{RecordRef, Wal, WalOptions, WalRecord};
+use narad_wal::{RecordRef, Wal, WalOptions};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::consume::shard::{ResolveError, parse_receipt_handle, receipt_handle};
-use crate::dispatch::core::{Dest, OwnerId, Target, Topology};
-use crate::dispatch::driver::{Dispatcher, Resolver};
+use crate::consume::take::take;
+use crate::dispatch::driver::Dispatcher;
+use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
 use crate::limits::{
     CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, METRICS_POLL_INTERVAL,
@@ -134,44 +135,6 @@ pub struct Broker {
     draining: AtomicBool,
 }
 
-/// Resolves WAL records against this node's metastore replica. On one node
-/// the local metastore is the authority, so a missing topic or another
-/// incarnation is a confirmed deletion.
-#[derive(Debug)]
-struct LocalResolver {
-    meta: Arc<MetaStore>,
-}
-
-impl Topology for LocalResolver {
-    fn owner_of(&self, topic: &str, partition: u32) -> Option<(OwnerId, bool)> {
-        let t = self.meta.topic(topic)?;
-        (partition < t.partitions()).then_some((0, true))
-    }
-}
-
-impl Resolver for LocalResolver {
-    fn resolve(&self, record: &WalRecord, topic: &Arc<str>) -> Target {
-        let Some(t) = self.meta.topic(topic) else { return Target::Discard };
-        if record.incarnation.is_some_and(|id| id != t.incarnation()) {
-            warn!(
-                topic = %topic,
-                topic_id = record.incarnation,
-                partition = record.partition,
-                seq = record.seq,
-                "discarding undispatched record of a deleted topic incarnation"
-            );
-            return Target::Discard;
-        }
-        let partitions = t.partitions();
-        Target::Commit {
-            dest: Dest { topic: topic.clone(), partition: record.partition % partitions },
-            owner: 0,
-            alive: true,
-            partitions,
-        }
-    }
-}
-
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
     BrokerError::internal("background task", e)
 }
@@ -246,7 +209,7 @@ impl Broker {
         let dispatcher = Dispatcher::start(
             wal,
             Arc::new(owner),
-            Arc::new(LocalResolver { meta }),
+            Arc::new(LocalResolver::new(meta)),
             clock,
             wake,
             metrics,
@@ -599,54 +562,36 @@ impl Broker {
         bytes: &mut usize,
         out: &mut Vec<Delivered>,
     ) -> Result<(), BrokerError> {
-        let mut guard = part.shard()?;
-        let shard = guard.as_mut().expect("shard() fills the slot");
         let labels = PartitionLabels::new(topic, part.index);
-        let mut taken = 0;
-        while taken < max && *bytes < CONSUME_BATCH_BYTES {
-            let hwm = part.log.high_watermark();
-            let Some(res) = shard.reserve(hwm, self.clock.wall_ms(), limits) else { break };
-            match part.log.read(res.offset, 1, u64::MAX) {
-                Ok(batch) => {
-                    match batch.records.into_iter().next().filter(|r| r.offset == res.offset) {
-                        Some(r) => {
-                            *bytes += r.payload.len();
-                            self.metrics.messages_consumed.get_or_create(&labels).inc();
-                            self.metrics
-                                .bytes_consumed
-                                .get_or_create(&labels)
-                                .inc_by(r.payload.len() as u64);
-                            out.push(Delivered {
-                                topic: topic.clone(),
-                                partition: part.index,
-                                offset: r.offset,
-                                key: r.key,
-                                payload: r.payload,
-                                commit_time_ms: r.commit_time_ms,
-                                receipt_handle: Some(receipt_handle(
-                                    part.index, res.offset, res.nonce,
-                                )),
-                            });
-                            taken += 1;
-                        }
-                        None => {
-                            shard.mark_corrupt(res.offset);
-                            self.metrics.consumer_corrupt_skipped.get_or_create(&labels).inc();
-                            warn!(topic = %topic, partition = part.index, offset = res.offset, "skipped permanently-unreadable record");
-                        }
-                    }
-                }
-                Err(ReadError::Gone { oldest, .. }) => {
-                    let skipped = shard.skip_below(oldest);
-                    self.metrics.consumer_corrupt_skipped.get_or_create(&labels).inc_by(skipped);
-                }
-                Err(e) => {
-                    // Not corruption: give the lease back and report.
-                    let _ = shard.nack(res.offset, res.nonce, self.clock.wall_ms());
-                    self.metrics.error("messaging", "consume");
-                    return Err(BrokerError::internal("consume", e));
-                }
+        let budget = CONSUME_BATCH_BYTES.saturating_sub(*bytes);
+        let result = take(topic, part, limits, self.clock.wall_ms(), max, budget);
+        let (leased, skipped) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.error("messaging", "consume");
+                return Err(e);
             }
+        };
+        if skipped.corrupt + skipped.dropped > 0 {
+            self.metrics
+                .consumer_corrupt_skipped
+                .get_or_create(&labels)
+                .inc_by(skipped.corrupt + skipped.dropped);
+        }
+        for l in leased {
+            let r = l.record;
+            *bytes += r.payload.len();
+            self.metrics.messages_consumed.get_or_create(&labels).inc();
+            self.metrics.bytes_consumed.get_or_create(&labels).inc_by(r.payload.len() as u64);
+            out.push(Delivered {
+                topic: topic.clone(),
+                partition: part.index,
+                offset: r.offset,
+                key: r.key,
+                payload: r.payload,
+                commit_time_ms: r.commit_time_ms,
+                receipt_handle: Some(receipt_handle(part.index, r.offset, l.nonce)),
+            });
         }
         Ok(())
     }

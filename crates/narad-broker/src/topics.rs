@@ -18,7 +18,7 @@
 //! * a marker that fails its CRC stops the open: the files may be acked
 //!   data of the live topic, so an operator must look.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -167,7 +167,7 @@ pub struct Topics {
     root: PathBuf,
     log_config: LogConfig,
     clock: ClockRef,
-    map: RwLock<HashMap<String, Arc<TopicRt>>>,
+    map: RwLock<BTreeMap<String, Arc<TopicRt>>>,
     /// Serializes opening and removing (both do I/O).
     open_lock: Mutex<()>,
     open_logs: AtomicUsize,
@@ -185,7 +185,7 @@ impl Topics {
             root: data_dir.join("topics"),
             log_config,
             clock,
-            map: RwLock::new(HashMap::new()),
+            map: RwLock::new(BTreeMap::new()),
             open_lock: Mutex::new(()),
             open_logs: AtomicUsize::new(0),
         }
@@ -196,7 +196,7 @@ impl Topics {
         self.open_logs.load(Ordering::Relaxed)
     }
 
-    /// Every opened topic.
+    /// Every opened topic, in name order.
     pub fn all(&self) -> Vec<Arc<TopicRt>> {
         self.map.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }

@@ -67,6 +67,12 @@ pub struct WalOptions {
     pub max_record_bytes: u32,
     /// A fully dispatched active segment larger than this is rotated.
     pub rotate_dispatched_active_bytes: u64,
+    /// A stored checkpoint is made durable this long after it is stored
+    /// (one fdatasync per burst). Simulations set it very long and flush
+    /// explicitly, so every disk operation happens in a seeded order.
+    pub checkpoint_sync_delay: Duration,
+    /// How often the background looks for compaction work when idle.
+    pub compaction_interval: Duration,
 }
 
 impl Default for WalOptions {
@@ -75,6 +81,8 @@ impl Default for WalOptions {
             segment_bytes: SEGMENT_BYTES,
             max_record_bytes: MAX_RECORD_BYTES,
             rotate_dispatched_active_bytes: ROTATE_DISPATCHED_ACTIVE_BYTES,
+            checkpoint_sync_delay: CHECKPOINT_SYNC_DELAY,
+            compaction_interval: COMPACTION_INTERVAL,
         }
     }
 }
@@ -149,6 +157,8 @@ pub(crate) struct Shared {
     pub(crate) segments: SegmentMap,
     checkpoint: Mutex<Checkpoint>,
     checkpoint_cv: Condvar,
+    /// Serializes checkpoint flushes (background and explicit).
+    checkpoint_sync: Mutex<()>,
     counters: Counters,
     options: WalOptions,
 }
@@ -229,6 +239,7 @@ impl Wal {
                 closing: false,
             }),
             checkpoint_cv: Condvar::new(),
+            checkpoint_sync: Mutex::new(()),
             counters: Counters::default(),
             options,
         });
@@ -475,6 +486,19 @@ impl Wal {
     /// Runs one compaction pass now (it also runs in the background).
     pub fn compact_now(&self) {
         compact(&self.shared);
+    }
+
+    /// Makes the stored checkpoint durable now (it is also done in the
+    /// background within the sync delay), then compacts behind it. Fails if
+    /// a checkpoint sync ever failed (compaction is then stopped until the
+    /// WAL is reopened).
+    pub fn sync_checkpoint_now(&self) -> Result<(), WalError> {
+        flush_checkpoint(&self.shared);
+        if let Some(e) = lock(&self.shared.checkpoint).failed.clone() {
+            return Err(e);
+        }
+        compact(&self.shared);
+        Ok(())
     }
 
     /// Flushes everything staged, makes the checkpoint durable, and stops
@@ -794,46 +818,57 @@ fn latched(op: &'static str, path: &Path, e: std::io::Error) -> WalError {
 fn checkpoint_loop(shared: &Shared) {
     let mut last_compaction = Instant::now();
     loop {
-        let mut ck = lock(&shared.checkpoint);
-        // Wait for a store to age CHECKPOINT_SYNC_DELAY, close, or the
-        // compaction interval.
-        loop {
-            let now = Instant::now();
-            let due = match ck.dirty_since {
-                Some(t) if ck.failed.is_none() => {
-                    (t + CHECKPOINT_SYNC_DELAY).saturating_duration_since(now)
+        let closing = {
+            let mut ck = lock(&shared.checkpoint);
+            // Wait for a store to age by the sync delay, close, or the
+            // compaction interval.
+            loop {
+                let now = Instant::now();
+                let due = match ck.dirty_since {
+                    Some(t) if ck.failed.is_none() => {
+                        (t + shared.options.checkpoint_sync_delay).saturating_duration_since(now)
+                    }
+                    _ => shared.options.compaction_interval.saturating_sub(now - last_compaction),
+                };
+                if ck.closing || due.is_zero() {
+                    break;
                 }
-                _ => COMPACTION_INTERVAL.saturating_sub(now - last_compaction),
-            };
-            if ck.closing || due.is_zero() {
-                break;
+                ck =
+                    shared.checkpoint_cv.wait_timeout(ck, due).unwrap_or_else(|p| p.into_inner()).0;
             }
-            ck = shared.checkpoint_cv.wait_timeout(ck, due).unwrap_or_else(|p| p.into_inner()).0;
-        }
-        let closing = ck.closing;
-        if ck.dirty_since.is_some() && ck.failed.is_none() {
-            let value = ck.stored;
-            ck.dirty_since = None;
-            // Sync outside the lock so stores are not held up by the disk.
-            let file = ck.file.clone_handle();
-            drop(ck);
-            let result = file.sync_data();
-            ck = lock(&shared.checkpoint);
-            match result {
-                Ok(()) => ck.synced = ck.synced.max(value),
-                Err(e) => {
-                    let err =
-                        WalError::io("fdatasync checkpoint", CheckpointFile::path(&shared.dir), e);
-                    error!(error = %err, "ingress WAL checkpoint sync failed; compaction stops until restart");
-                    ck.failed = Some(err);
-                }
-            }
-        }
-        drop(ck);
+            ck.closing
+        };
+        flush_checkpoint(shared);
         compact(shared);
         last_compaction = Instant::now();
         if closing {
             return;
+        }
+    }
+}
+
+/// Makes the stored checkpoint durable if a store is pending: one
+/// fdatasync for every store since the last flush. A failure stops
+/// compaction until restart (never retried).
+fn flush_checkpoint(shared: &Shared) {
+    let _one_at_a_time = lock(&shared.checkpoint_sync);
+    let (value, file) = {
+        let mut ck = lock(&shared.checkpoint);
+        if ck.dirty_since.is_none() || ck.failed.is_some() {
+            return;
+        }
+        ck.dirty_since = None;
+        (ck.stored, ck.file.clone_handle())
+    };
+    // Synced outside the state lock, so stores are not held up by the disk.
+    let result = file.sync_data();
+    let mut ck = lock(&shared.checkpoint);
+    match result {
+        Ok(()) => ck.synced = ck.synced.max(value),
+        Err(e) => {
+            let err = WalError::io("fdatasync checkpoint", CheckpointFile::path(&shared.dir), e);
+            error!(error = %err, "ingress WAL checkpoint sync failed; compaction stops until restart");
+            ck.failed = Some(err);
         }
     }
 }
@@ -864,14 +899,26 @@ fn compact(shared: &Shared) {
     if shared.latch.get().is_some() {
         return;
     }
-    let mut st = lock(&shared.stage);
-    if !st.closing
-        && st.chunks.is_empty()
-        && synced >= st.next_seq
-        && st.active_end > shared.options.rotate_dispatched_active_bytes
+    let rotation = {
+        let mut st = lock(&shared.stage);
+        if !st.closing
+            && st.chunks.is_empty()
+            && synced >= st.next_seq
+            && st.active_end > shared.options.rotate_dispatched_active_bytes
+        {
+            st.roll();
+            st.sync_waiting = false;
+            shared.sync_wake.notify_one();
+            Some(Pending::new(st.group.clone(), ()))
+        } else {
+            None
+        }
+    };
+    // Wait for the new segment to exist, so a compaction pass is complete
+    // when it returns (and its disk operations happen in a fixed order).
+    if let Some(p) = rotation
+        && let Err(e) = p.wait()
     {
-        st.roll();
-        st.sync_waiting = false;
-        shared.sync_wake.notify_one();
+        warn!(error = %e, "rotating the dispatched active ingress WAL segment failed");
     }
 }

@@ -25,6 +25,7 @@ fn options() -> WalOptions {
         segment_bytes: 16 << 10,
         max_record_bytes: 4 << 10,
         rotate_dispatched_active_bytes: 4 << 10,
+        ..WalOptions::default()
     }
 }
 

@@ -16,6 +16,7 @@ fn small() -> WalOptions {
         segment_bytes: 16 << 10,
         max_record_bytes: 4 << 10,
         rotate_dispatched_active_bytes: 4 << 10,
+        ..WalOptions::default()
     }
 }
 

@@ -1,3 +1,4 @@
 //! The consume path: per-partition consumer state.
 
 pub mod shard;
+pub mod take;

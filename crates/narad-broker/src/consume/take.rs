@@ -1,0 +1,78 @@
+//! Leasing from one partition: reserve an offset, then read it (SPEC §2.2).
+//! A reservation whose record cannot be read is resolved as corrupt (the
+//! queue never wedges on it); offsets retention removed are skipped in one
+//! step.
+
+use narad_log::{LogRecord, ReadError};
+use tracing::warn;
+
+use crate::consume::shard::ShardLimits;
+use crate::error::BrokerError;
+use crate::topics::PartitionRt;
+
+/// A leased record.
+#[derive(Debug, Clone)]
+pub struct Leased {
+    /// The record.
+    pub record: LogRecord,
+    /// Its lease nonce (for the receipt handle).
+    pub nonce: u64,
+}
+
+/// What a take skipped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    /// Reserved offsets that could not be read (counted corrupt).
+    pub corrupt: u64,
+    /// Offsets retention removed before they were consumed.
+    pub dropped: u64,
+}
+
+/// Leases up to `max` records (and about `max_bytes` of payload) from `part`.
+pub fn take(
+    topic: &str,
+    part: &PartitionRt,
+    limits: &ShardLimits,
+    now_ms: u64,
+    max: usize,
+    max_bytes: usize,
+) -> Result<(Vec<Leased>, Skipped), BrokerError> {
+    let mut guard = part.shard()?;
+    let shard = guard.as_mut().expect("shard() fills the slot");
+    let mut out = Vec::new();
+    let mut skipped = Skipped::default();
+    let mut bytes = 0usize;
+    while out.len() < max && bytes < max_bytes {
+        let hwm = part.log.high_watermark();
+        let Some(res) = shard.reserve(hwm, now_ms, limits) else { break };
+        match part.log.read(res.offset, 1, u64::MAX) {
+            Ok(batch) => {
+                match batch.records.into_iter().next().filter(|r| r.offset == res.offset) {
+                    Some(record) => {
+                        bytes += record.payload.len();
+                        out.push(Leased { record, nonce: res.nonce });
+                    }
+                    None => {
+                        shard.mark_corrupt(res.offset);
+                        skipped.corrupt += 1;
+                        warn!(
+                            topic,
+                            partition = part.index,
+                            offset = res.offset,
+                            "skipped permanently-unreadable record"
+                        );
+                    }
+                }
+            }
+            Err(ReadError::Gone { oldest, .. }) => {
+                skipped.dropped += shard.skip_below(oldest);
+            }
+            Err(e) => {
+                // Not corruption: give the lease back and report.
+                let _ = shard.nack(res.offset, res.nonce, now_ms);
+                return Err(BrokerError::internal("consume", e));
+            }
+        }
+    }
+    Ok((out, skipped))
+}
