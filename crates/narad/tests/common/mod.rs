@@ -1,5 +1,8 @@
 //! Black-box harness: starts the real `narad` binary on a free loopback
-//! port with a temporary data directory and speaks HTTP to it.
+//! port with a temporary data directory and speaks HTTP to it. The default
+//! mode is `serve --dev` (security off); [`Opts`] starts a secured server
+//! (the root password comes from `NARAD_ADMIN_PASSWORD`), with extra flags,
+//! environment variables, or TLS.
 
 #![allow(dead_code)]
 
@@ -14,6 +17,52 @@ use serde_json::Value;
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
+/// The root password of secured test servers.
+pub const ADMIN_PASSWORD: &str = "admin-secret";
+
+/// How to start a server.
+#[derive(Debug, Clone)]
+pub struct Opts {
+    /// `--dev` (security off).
+    pub dev: bool,
+    /// Extra arguments after `serve`.
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// The server speaks TLS: readiness is read from the log, and `base`
+    /// starts with `https://`.
+    pub tls: bool,
+}
+
+impl Opts {
+    /// `serve --dev`.
+    pub fn dev() -> Opts {
+        Opts { dev: true, args: Vec::new(), env: Vec::new(), tls: false }
+    }
+
+    /// A secured server whose root password is [`ADMIN_PASSWORD`].
+    pub fn secure() -> Opts {
+        Opts {
+            dev: false,
+            args: Vec::new(),
+            env: vec![("NARAD_ADMIN_PASSWORD".into(), ADMIN_PASSWORD.into())],
+            tls: false,
+        }
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, k: &str, v: &str) -> Opts {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Adds arguments.
+    pub fn args(mut self, args: &[&str]) -> Opts {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+}
+
 /// A running (or stopped) narad server.
 pub struct Server {
     pub data_dir: PathBuf,
@@ -22,6 +71,7 @@ pub struct Server {
     child: Option<Child>,
     log_path: PathBuf,
     pub client: Client,
+    opts: Opts,
 }
 
 fn free_port() -> u16 {
@@ -45,6 +95,27 @@ impl Server {
 
     /// Starts a server on `data_dir`.
     pub fn start_in(data_dir: PathBuf, log_path: PathBuf) -> Server {
+        Server::start_opts_in(data_dir, log_path, Opts::dev())
+    }
+
+    /// Starts a server on a fresh data directory, as `opts` say.
+    pub fn start_opts(name: &str, opts: Opts) -> Server {
+        let root = temp_dir(name);
+        Server::start_opts_in(root.join("data"), root.join("server.log"), opts)
+    }
+
+    /// Starts a secured server on a fresh data directory.
+    pub fn start_secure(name: &str) -> Server {
+        Server::start_opts(name, Opts::secure())
+    }
+
+    /// The directory holding the data directory and the log (for extra
+    /// files a test writes).
+    pub fn root(&self) -> PathBuf {
+        self.data_dir.parent().unwrap().to_path_buf()
+    }
+
+    fn start_opts_in(data_dir: PathBuf, log_path: PathBuf, opts: Opts) -> Server {
         let port = free_port();
         let client = Client::builder()
             .timeout(Duration::from_secs(30))
@@ -54,30 +125,65 @@ impl Server {
         let mut s = Server {
             data_dir,
             port,
-            base: format!("http://127.0.0.1:{port}"),
+            base: String::new(),
             child: None,
             log_path,
             client,
+            opts,
         };
+        s.base = s.base_for(port);
         s.spawn();
         s
     }
 
     fn spawn(&mut self) {
+        self.spawn_unready();
+        self.wait_ready();
+    }
+
+    /// Starts the process without waiting for it to be ready.
+    pub fn spawn_unready(&mut self) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_narad"))
-            .args(["serve", "--dev", "--addr"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        cmd.arg("serve");
+        if self.opts.dev {
+            cmd.arg("--dev");
+        }
+        let child = cmd
+            .arg("--addr")
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .args(&self.opts.args)
             .env("NARAD_LOG_LEVEL", "info")
+            .envs(self.opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("start narad");
         self.child = Some(child);
-        self.wait_ready();
+    }
+
+    /// Restarts on the same data directory and SIGKILLs the process after
+    /// `delay`, whether or not start-up finished (a crash during recovery).
+    pub fn restart_and_kill_after(&mut self, delay: Duration) {
+        assert!(self.child.is_none(), "stop the server first");
+        self.port = free_port();
+        self.base = format!("http://127.0.0.1:{}", self.port);
+        self.spawn_unready();
+        std::thread::sleep(delay);
+        self.kill9();
+    }
+
+    /// SIGTERM, then SIGKILL after `delay` (a crash during graceful
+    /// shutdown), unless the process exited first.
+    pub fn terminate_then_kill_after(&mut self, delay: Duration) {
+        let mut c = self.child.take().expect("server running");
+        let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        std::thread::sleep(delay);
+        let _ = c.kill();
+        let _ = c.wait();
     }
 
     /// Waits for `/readyz` to answer 200.
@@ -87,7 +193,11 @@ impl Server {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("narad exited during start-up ({status}); log:\n{}", self.log());
             }
-            if let Ok(r) = self.client.get(format!("{}/readyz", self.base)).send()
+            if self.opts.tls {
+                if self.log().contains("narad listening") {
+                    return;
+                }
+            } else if let Ok(r) = self.client.get(format!("{}/readyz", self.base)).send()
                 && r.status() == 200
             {
                 return;
@@ -128,8 +238,35 @@ impl Server {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
         self.port = free_port();
-        self.base = format!("http://127.0.0.1:{}", self.port);
+        self.base = self.base_for(self.port);
         self.spawn();
+    }
+
+    fn base_for(&self, port: u16) -> String {
+        let scheme = if self.opts.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{port}")
+    }
+
+    /// A request builder with `user:password` Basic credentials.
+    pub fn as_user(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        user: &str,
+        password: &str,
+    ) -> reqwest::blocking::RequestBuilder {
+        self.client.request(method, self.url(path)).basic_auth(user, Some(password))
+    }
+
+    /// As [`Server::as_user`] for the root user.
+    pub fn as_admin(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+        self.as_user(method, path, "admin", ADMIN_PASSWORD)
+    }
+
+    /// Runs the `narad` CLI with `args` and environment `env` (on top of a
+    /// cleaned `NARAD_*` environment); returns (exit code, stdout, stderr).
+    pub fn cli(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> (i32, String, String) {
+        run_cli(args, env, stdin)
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -241,6 +378,33 @@ impl Drop for Server {
             let _ = std::fs::remove_dir_all(root);
         }
     }
+}
+
+/// Runs the `narad` CLI with `args`, no inherited `NARAD_*` variables, and
+/// `env`; returns (exit code, stdout, stderr).
+pub fn run_cli(args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> (i32, String, String) {
+    use std::io::Write as _;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")) {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start narad");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Whether a path exists.
