@@ -470,9 +470,14 @@ impl Broker {
         {
             return Err(BrokerError::Invalid("invalid partition".into()));
         }
-        let topics = self.topics.clone();
-        let t2 = t.clone();
-        let rt = blocking(move || topics.topic(&t2)).await?;
+        let rt = match self.topics.get_open(t.name(), t.incarnation()) {
+            Some(rt) => rt,
+            None => {
+                // First touch of the topic on this node: opening does I/O.
+                let (topics, t2) = (self.topics.clone(), t.clone());
+                blocking(move || topics.topic(&t2)).await?
+            }
+        };
         let mut t = t;
         loop {
             let notified = rt.notify.notified();
