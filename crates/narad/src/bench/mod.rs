@@ -1,6 +1,15 @@
-//! `narad bench ...`: figures about this machine and narad's engines.
+//! `narad bench ...`: figures about this machine and narad's engines, and
+//! the load generator users point at a running server (`produce`,
+//! `consume`, `flow`).
+
+mod consume;
+mod flow;
+mod http;
+mod load;
+mod produce;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
@@ -16,6 +25,57 @@ pub enum BenchCommand {
     /// from concurrent committers, against the serial fdatasync rate of the
     /// same disk; then a sequential read of what was written.
     Log(LogArgs),
+    /// Produce load against a running server (--url): msgs/s, MB/s and
+    /// latency of durable produces, single (--batch 1) or batch.
+    Produce(ProduceArgs),
+    /// Consume + ack throughput on a pre-filled topic (--prefill N fills it
+    /// first with batch produces).
+    Consume(ConsumeArgs),
+    /// Producers and consumers together: both rates and produce → consume
+    /// latency (each payload carries its produce time).
+    Flow(FlowArgs),
+}
+
+/// Options of `narad bench produce`.
+#[derive(Debug, Args)]
+pub struct ProduceArgs {
+    #[command(flatten)]
+    load: load::LoadArgs,
+}
+
+/// Options of `narad bench consume`.
+#[derive(Debug, Args)]
+pub struct ConsumeArgs {
+    #[command(flatten)]
+    load: load::LoadArgs,
+    /// First produce this many messages (batch produce, --concurrency
+    /// clients); without --count or --duration the run then consumes them.
+    #[arg(long)]
+    prefill: Option<u64>,
+    /// Records per request of the prefill.
+    #[arg(long, default_value_t = 100)]
+    prefill_batch: usize,
+    /// Long-poll wait of each consume; an empty answer ends the run (the
+    /// topic is drained).
+    #[arg(long, value_parser = load::parse_duration, default_value = "1s")]
+    wait: Duration,
+}
+
+/// Options of `narad bench flow`.
+#[derive(Debug, Args)]
+pub struct FlowArgs {
+    #[command(flatten)]
+    load: load::LoadArgs,
+    /// Consumers (default: as many as producers, --concurrency).
+    #[arg(long)]
+    consumers: Option<usize>,
+    /// Messages per consume request and batch ack (1 = single consume and
+    /// ack).
+    #[arg(long, default_value_t = 100)]
+    consume_batch: usize,
+    /// Long-poll wait of each consume.
+    #[arg(long, value_parser = load::parse_duration, default_value = "1s")]
+    wait: Duration,
 }
 
 /// Options of `narad bench log`.
@@ -73,6 +133,10 @@ pub struct DiskArgs {
     pub json: bool,
 }
 
+fn unsend(e: load::BoxError) -> Box<dyn std::error::Error> {
+    e
+}
+
 /// Runs a bench subcommand.
 pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
     match cmd {
@@ -104,6 +168,23 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 ..narad_log::bench::BenchOptions::default()
             })?;
             print_figures("narad bench log", &report.fields(), a.json);
+            Ok(())
+        }
+        BenchCommand::Produce(a) => {
+            let fields = produce::run(&a.load).map_err(unsend)?;
+            print_figures("narad bench produce", &fields, a.load.json);
+            Ok(())
+        }
+        BenchCommand::Consume(a) => {
+            let fields =
+                consume::run(&a.load, a.prefill, a.prefill_batch, a.wait).map_err(unsend)?;
+            print_figures("narad bench consume", &fields, a.load.json);
+            Ok(())
+        }
+        BenchCommand::Flow(a) => {
+            let consumers = a.consumers.unwrap_or(a.load.concurrency);
+            let fields = flow::run(&a.load, consumers, a.consume_batch, a.wait).map_err(unsend)?;
+            print_figures("narad bench flow", &fields, a.load.json);
             Ok(())
         }
     }
