@@ -30,6 +30,7 @@ use crate::consume::take::take;
 use crate::dispatch::driver::Dispatcher;
 use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
+use crate::fanout::{FanoutCtx, FanoutRunner};
 use crate::limits::{
     CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, METRICS_POLL_INTERVAL,
     RETENTION_INTERVAL,
@@ -128,8 +129,10 @@ pub struct Broker {
     metrics: Arc<BrokerMetrics>,
     round_robin: RoundRobin,
     dispatcher: Mutex<Option<Dispatcher>>,
+    fanout: Arc<FanoutRunner>,
+    fanout_task: Mutex<Option<JoinHandle<()>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
-    stop: Arc<Notify>,
+    stop: tokio::sync::watch::Sender<bool>,
     shutting_down: AtomicBool,
     /// Long polls return at once (the HTTP layer is draining).
     draining: AtomicBool,
@@ -188,7 +191,18 @@ impl Broker {
             Ok((Arc::new(meta), Arc::new(topics), Arc::new(wal)))
         })
         .await?;
+        let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
+        let fanout = FanoutRunner::new(Arc::new(FanoutCtx {
+            meta: meta.clone(),
+            topics: topics.clone(),
+            owner: Arc::new(owner.clone()),
+            fs: fs.clone(),
+            clock: clock.clone(),
+            metrics: metrics.clone(),
+        }));
         let broker = Arc::new(Broker {
+            fanout: fanout.clone(),
+            fanout_task: Mutex::new(None),
             round_robin: RoundRobin::new(clock.wall_ms() ^ 0x5EED, Duration::from_secs(300)),
             config,
             clock: clock.clone(),
@@ -198,14 +212,13 @@ impl Broker {
             metrics: metrics.clone(),
             dispatcher: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
-            stop: Arc::new(Notify::new()),
+            stop: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         wal.on_durable(Arc::new(move |_| w.notify_one()));
-        let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
         let dispatcher = Dispatcher::start(
             wal,
             Arc::new(owner),
@@ -215,6 +228,8 @@ impl Broker {
             metrics,
         );
         *broker.dispatcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(dispatcher);
+        let fanout_task = tokio::spawn(fanout.run(broker.stop.subscribe()));
+        *broker.fanout_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout_task);
         broker.spawn_background();
         info!(data_dir = %broker.config.data_dir.display(), "broker started");
         Ok(broker)
@@ -252,12 +267,17 @@ impl Broker {
         self.check_running()?;
         let meta = self.meta.clone();
         let node = self.config.node_id.clone();
-        blocking(move || {
+        let t = blocking(move || {
             let t = meta.create_topic(request)?;
             assign_all(&meta, &t, 0, &node)?;
             Ok(t)
         })
-        .await
+        .await?;
+        if t.parent().is_some() {
+            // Start the new child's cursors now, not at the next tick.
+            self.fanout.reconcile();
+        }
+        Ok(t)
     }
 
     /// Alters a topic (new partitions are assigned to this node).
@@ -295,6 +315,7 @@ impl Broker {
         })
         .await?;
         self.metrics.forget_topic(deleted.name(), deleted.partitions());
+        self.fanout.reconcile();
         Ok(())
     }
 
@@ -708,7 +729,7 @@ impl Broker {
     fn spawn_background(self: &Arc<Self>) {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let me = Arc::downgrade(self);
-        let stop = self.stop.clone();
+        let stop = self.stop.subscribe();
         tasks.push(tokio::spawn(every(FRONTIER_PERSIST_INTERVAL, stop.clone(), {
             let me = me.clone();
             move || {
@@ -876,7 +897,12 @@ impl Broker {
         if let Some(d) = dispatcher {
             d.stop().await;
         }
-        self.stop.notify_waiters();
+        // Fan-out cursors finish their commits in flight before logs close.
+        self.stop.send_replace(true);
+        let fanout_task = self.fanout_task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = fanout_task {
+            let _ = t.await;
+        }
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for t in tasks {
             t.abort();
@@ -928,7 +954,7 @@ fn assign_all(meta: &MetaStore, t: &Topic, from: u32, node: &str) -> Result<(), 
     Ok(())
 }
 
-async fn every<F, Fut>(period: Duration, stop: Arc<Notify>, mut f: F)
+async fn every<F, Fut>(period: Duration, mut stop: tokio::sync::watch::Receiver<bool>, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = ()>,
@@ -939,7 +965,7 @@ where
     loop {
         tokio::select! {
             _ = tick.tick() => f().await,
-            _ = stop.notified() => return,
+            _ = stop.changed() => return,
         }
     }
 }

@@ -6,6 +6,7 @@ mod broker;
 pub mod consume;
 pub mod dispatch;
 mod error;
+pub mod fanout;
 pub mod limits;
 pub mod metrics;
 pub mod owner;

@@ -53,3 +53,20 @@ pub const METRICS_POLL_INTERVAL: Duration = Duration::from_secs(5);
 pub const CONSUME_BATCH_BYTES: usize = 8 << 20;
 /// A batch consume returns at most this many messages.
 pub const CONSUME_BATCH_MAX: usize = 100;
+
+/// A fan-out cursor reads at most this many parent records at a time.
+pub const FANOUT_SLAB_RECORDS: usize = 4_096;
+/// ... and about this many bytes.
+pub const FANOUT_SLAB_BYTES: u64 = 4 << 20;
+/// An idle cursor re-checks at least this often (a commit wakes it first).
+pub const FANOUT_IDLE_WAIT: Duration = Duration::from_secs(1);
+/// An idle delayed cursor sleeps at most this long at a time.
+pub const FANOUT_DELAY_SLEEP_MAX: Duration = Duration::from_secs(30);
+/// Attempts of a child commit before the slab is retried later.
+pub const FANOUT_COMMIT_TRIES: u32 = 3;
+/// Wait after a failed child commit or a failed cursor store.
+pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// How often links are reconciled with running cursors.
+pub const FANOUT_RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+/// How far back (records) a new cursor looks for its start.
+pub const FANOUT_ANCHOR_WALK_MAX: u64 = 1 << 20;

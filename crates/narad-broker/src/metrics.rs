@@ -126,6 +126,16 @@ pub struct BrokerMetrics {
     pub dispatch_commit_failures: Counter,
     /// Bytes free on the data directory's file system.
     pub data_dir_available_bytes: Gauge,
+    /// Parent records a fan-out cursor has not sent yet.
+    pub fanout_lag_messages: Family<crate::fanout::FanoutPartitionLabels, Gauge>,
+    /// How late (s) the oldest unsent record of a cursor is past its due time.
+    pub fanout_due_lag_seconds: Family<crate::fanout::FanoutPartitionLabels, Gauge>,
+    /// Records committed into children.
+    pub fanout_committed: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Parent records a child never got (retention or corruption).
+    pub fanout_child_dropped_messages: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Times a delayed cursor held back a record that was not due yet.
+    pub fanout_delay_gate_holds: Counter,
 }
 
 fn wait_histogram() -> Histogram {
