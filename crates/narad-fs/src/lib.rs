@@ -26,6 +26,7 @@
 //!   the error; the simulation punishes a retry by never making those bytes
 //!   durable.
 
+mod fault;
 mod real;
 mod rng;
 mod sim;
@@ -35,6 +36,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use fault::{FaultFs, FaultRule};
 pub use real::RealFs;
 pub use rng::SimRng;
 pub use sim::{CrashMode, FaultKind, SimFs};
