@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use crate::assignment::Assignment;
 use crate::command::{
-    AlterTopic, AssignPartitions, Command, CreateTopic, MemberDead, MemberJoin, Response,
+    AlterTopic, AssignPartitions, Command, CreateTopic, CreateUser, DeleteUser, MemberDead,
+    MemberJoin, Response, SeedRootUser, UpdateUser,
 };
 use crate::error::MetaError;
 use crate::limits::{
@@ -29,14 +30,17 @@ use crate::request::{
 use crate::schema::{CompiledSchema, SchemaHistory, check_backward_compatible};
 use crate::state::{MetaState, TopicAssignments};
 use crate::topic::{ParentLink, Topic};
+use crate::user::{User, validate_grants, validate_username};
 
-/// The keys a command changed, per domain (topic names, member ids).
+/// The keys a command changed, per domain (topic names, member ids,
+/// usernames).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Dirty {
     pub(crate) topics: BTreeSet<String>,
     pub(crate) schemas: BTreeSet<String>,
     pub(crate) assignments: BTreeSet<String>,
     pub(crate) members: BTreeSet<String>,
+    pub(crate) users: BTreeSet<String>,
 }
 
 /// The outcome of applying one command.
@@ -66,6 +70,10 @@ pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied
         Command::AssignPartitions(c) => assign_partitions(&mut txn, c)?,
         Command::MemberJoin(c) => member_join(&mut txn, c)?,
         Command::MemberDead(c) => member_dead(&mut txn, c)?,
+        Command::CreateUser(c) => create_user(&mut txn, c)?,
+        Command::UpdateUser(c) => update_user(&mut txn, c)?,
+        Command::DeleteUser(c) => delete_user(&mut txn, c)?,
+        Command::SeedRootUser(c) => seed_root_user(&mut txn, c)?,
     };
     Ok(txn.finish(index, response))
 }
@@ -129,12 +137,29 @@ impl Txn {
         member
     }
 
+    fn user(&self, name: &str) -> Result<Arc<User>, MetaError> {
+        self.state.users.get(name).cloned().ok_or_else(MetaError::user_not_found)
+    }
+
+    fn put_user(&mut self, user: User) -> Arc<User> {
+        let user = Arc::new(user);
+        self.dirty.users.insert(user.username.clone());
+        Arc::make_mut(&mut self.state.users).insert(user.username.clone(), user.clone());
+        user
+    }
+
+    fn remove_user(&mut self, name: &str) {
+        self.dirty.users.insert(name.to_owned());
+        Arc::make_mut(&mut self.state.users).remove(name);
+    }
+
     fn finish(mut self, index: u64, response: Response) -> Applied {
         let v = &mut self.state.versions;
         v.topics += u64::from(!self.dirty.topics.is_empty());
         v.schemas += u64::from(!self.dirty.schemas.is_empty());
         v.assignments += u64::from(!self.dirty.assignments.is_empty());
         v.members += u64::from(!self.dirty.members.is_empty());
+        v.users += u64::from(!self.dirty.users.is_empty());
         self.state.applied_index = index;
         Applied { state: self.state, response, dirty: self.dirty }
     }
@@ -389,6 +414,70 @@ fn member_dead(txn: &mut Txn, c: &MemberDead) -> Result<Response, MetaError> {
     let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
     let member = Member { status: MemberStatus::Dead, ..(*current).clone() };
     Ok(Response::Member(txn.put_member(member)))
+}
+
+/// The stateless rules of a user record to store.
+fn check_user(u: &User) -> Result<(), MetaError> {
+    validate_username(&u.username)?;
+    validate_grants(&u.grants)?;
+    if u.password_hash.is_empty() {
+        return Err(invalid("password hash required"));
+    }
+    Ok(())
+}
+
+fn create_user(txn: &mut Txn, c: &CreateUser) -> Result<Response, MetaError> {
+    check_user(&c.user)?;
+    if c.user.root {
+        return Err(invalid("only the root seed creates a root user"));
+    }
+    if txn.state.users.contains_key(&c.user.username) {
+        return Err(MetaError::AlreadyExists("user already exists".to_owned()));
+    }
+    Ok(Response::User(txn.put_user(c.user.clone())))
+}
+
+fn update_user(txn: &mut Txn, c: &UpdateUser) -> Result<Response, MetaError> {
+    let current = txn.user(&c.username)?;
+    let mut next = (*current).clone();
+    if let Some(grants) = &c.grants {
+        if current.root {
+            return Err(MetaError::Forbidden("the root user's grants cannot be changed".into()));
+        }
+        validate_grants(grants)?;
+        next.grants = grants.clone();
+    }
+    if let Some(hash) = &c.password_hash {
+        if hash.is_empty() {
+            return Err(invalid("password hash required"));
+        }
+        next.password_hash = hash.clone();
+    }
+    next.updated_at_ms = c.updated_at_ms;
+    Ok(Response::User(txn.put_user(next)))
+}
+
+fn delete_user(txn: &mut Txn, c: &DeleteUser) -> Result<Response, MetaError> {
+    let current = txn.user(&c.username)?;
+    if current.root {
+        return Err(MetaError::Forbidden("the root user cannot be deleted".into()));
+    }
+    txn.remove_user(&c.username);
+    Ok(Response::UserDeleted(current))
+}
+
+fn seed_root_user(txn: &mut Txn, c: &SeedRootUser) -> Result<Response, MetaError> {
+    check_user(&c.user)?;
+    if !c.user.root {
+        return Err(invalid("the seeded user must be root"));
+    }
+    if txn.state.users.values().any(|u| u.root) {
+        return Err(conflict("a root user already exists"));
+    }
+    if txn.state.users.contains_key(&c.user.username) {
+        return Err(MetaError::AlreadyExists("user already exists".to_owned()));
+    }
+    Ok(Response::User(txn.put_user(c.user.clone())))
 }
 
 #[cfg(test)]

@@ -494,3 +494,88 @@ fn listing_limits_are_clamped_to_a_thousand() {
     let last = sm.state.list_topics(&page.next_page_token, 5000);
     assert_eq!((page_names(&last), last.next_page_token.as_str()), (vec!["t1000"], ""));
 }
+
+fn a_user(name: &str, grants: Vec<crate::user::Grant>) -> crate::user::User {
+    crate::user::User {
+        username: name.into(),
+        password_hash: "$2b$10$x".into(),
+        grants,
+        root: false,
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    }
+}
+
+fn produce_grant(p: &str) -> crate::user::Grant {
+    crate::user::Grant { action: crate::user::Action::Produce, patterns: vec![p.into()] }
+}
+
+#[test]
+fn users_are_created_updated_and_deleted_and_bump_the_users_counter() {
+    use crate::command::{CreateUser, DeleteUser, UpdateUser};
+    let mut sm = Sm::default();
+    let created = sm.run(Command::CreateUser(CreateUser { user: a_user("bob", vec![]) })).unwrap();
+    assert!(matches!(created, Response::User(ref u) if u.username == "bob"));
+    assert_eq!(sm.state.versions().users, 1);
+    let e = sm.refuse(Command::CreateUser(CreateUser { user: a_user("bob", vec![]) }));
+    assert_eq!((e.status(), e.to_string()), (409, "user already exists".to_owned()));
+    sm.run(Command::UpdateUser(UpdateUser {
+        username: "bob".into(),
+        grants: Some(vec![produce_grant("o*")]),
+        password_hash: Some("$2b$10$y".into()),
+        updated_at_ms: 7,
+    }))
+    .unwrap();
+    let bob = sm.state.user("bob").unwrap();
+    assert_eq!(
+        (bob.grants.len(), bob.password_hash.as_str(), bob.updated_at_ms),
+        (1, "$2b$10$y", 7)
+    );
+    assert_eq!(bob.created_at_ms, 1);
+    assert_eq!(sm.state.versions().users, 2);
+    let e = sm.refuse(Command::UpdateUser(UpdateUser {
+        username: "bob".into(),
+        grants: Some(vec![produce_grant("a b")]),
+        password_hash: None,
+        updated_at_ms: 8,
+    }));
+    assert_eq!(e.status(), 400);
+    sm.run(Command::DeleteUser(DeleteUser { username: "bob".into() })).unwrap();
+    assert!(sm.state.user("bob").is_none());
+    let e = sm.refuse(Command::DeleteUser(DeleteUser { username: "bob".into() }));
+    assert_eq!((e.status(), e.to_string()), (404, "not found".to_owned()));
+    assert_eq!(sm.state.versions().users, 3);
+    assert_eq!(sm.state.versions().topics, 0, "user commands touch no other domain");
+}
+
+#[test]
+fn the_root_user_is_seeded_once_and_protected() {
+    use crate::command::{CreateUser, DeleteUser, SeedRootUser, UpdateUser};
+    let mut sm = Sm::default();
+    let e = sm.refuse(Command::CreateUser(CreateUser {
+        user: crate::user::User { root: true, ..a_user("sneaky", vec![]) },
+    }));
+    assert_eq!(e.status(), 400, "only the seed makes a root");
+    let root = crate::user::User { root: true, ..a_user("admin", vec![]) };
+    sm.run(Command::SeedRootUser(SeedRootUser { user: root.clone() })).unwrap();
+    assert!(sm.state.has_root());
+    let e = sm.refuse(Command::SeedRootUser(SeedRootUser { user: root }));
+    assert_eq!(e.status(), 409);
+    let e = sm.refuse(Command::DeleteUser(DeleteUser { username: "admin".into() }));
+    assert_eq!((e.status(), e.to_string()), (403, "the root user cannot be deleted".to_owned()));
+    let e = sm.refuse(Command::UpdateUser(UpdateUser {
+        username: "admin".into(),
+        grants: Some(vec![]),
+        password_hash: None,
+        updated_at_ms: 2,
+    }));
+    assert_eq!(e.status(), 403);
+    sm.run(Command::UpdateUser(UpdateUser {
+        username: "admin".into(),
+        grants: None,
+        password_hash: Some("$2b$10$new".into()),
+        updated_at_ms: 2,
+    }))
+    .unwrap();
+    assert_eq!(sm.state.user("admin").unwrap().password_hash, "$2b$10$new");
+}

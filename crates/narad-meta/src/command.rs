@@ -17,10 +17,15 @@
 //! | 4 | [`AssignPartitions`] |
 //! | 5 | [`MemberJoin`] |
 //! | 6 | [`MemberDead`] |
+//! | 7 | [`CreateUser`] |
+//! | 8 | [`UpdateUser`] |
+//! | 9 | [`DeleteUser`] |
+//! | 10 | [`SeedRootUser`] |
 //!
-//! Everything time-based or random (creation time, attach epochs, heartbeat
-//! times) is decided by the proposer and carried in the command; applying it
-//! reads no clock and draws no random number.
+//! Everything time-based, random or slow (creation time, attach epochs,
+//! heartbeat times, password hashes) is decided by the proposer and carried
+//! in the command; applying it reads no clock, draws no random number and
+//! hashes nothing.
 
 use std::sync::Arc;
 
@@ -30,9 +35,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::member::Member;
 use crate::topic::{ParentLink, Topic};
+use crate::user::{Grant, User};
 
 /// One mutation of the metastore. Variants are append-only (see the module
-/// docs); users and attach/detach come in later issues as ops 7 and up.
+/// docs); attach/detach come in a later issue as ops 11 and up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Op 1: create a topic, optionally with its first schema and as a child.
@@ -47,6 +53,14 @@ pub enum Command {
     MemberJoin(MemberJoin),
     /// Op 6: mark a member dead.
     MemberDead(MemberDead),
+    /// Op 7: create a (non-root) user.
+    CreateUser(CreateUser),
+    /// Op 8: change a user's grants and/or password hash.
+    UpdateUser(UpdateUser),
+    /// Op 9: delete a user (never the root user).
+    DeleteUser(DeleteUser),
+    /// Op 10: create the root user, when there is none.
+    SeedRootUser(SeedRootUser),
 }
 
 /// Creates a topic. Built by [`crate::CreateTopicRequest::resolve`], which
@@ -146,6 +160,45 @@ pub struct MemberDead {
     pub id: String,
 }
 
+/// Creates a user. The password hash and the timestamps come from the
+/// proposer; `root` must be false (only [`SeedRootUser`] makes a root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    /// The user record to store.
+    pub user: User,
+}
+
+/// Changes a user: each present field replaces the stored one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateUser {
+    /// The user.
+    pub username: String,
+    /// The new grants (refused for the root user).
+    pub grants: Option<Vec<Grant>>,
+    /// The new password hash.
+    pub password_hash: Option<String>,
+    /// The change time, Unix ms, from the proposer's clock.
+    pub updated_at_ms: i64,
+}
+
+/// Deletes a user (refused for the root user).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteUser {
+    /// The user.
+    pub username: String,
+}
+
+/// Creates the root user at first start; refused once a root exists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedRootUser {
+    /// The root user record (`root` must be true).
+    pub user: User,
+}
+
 /// What applying a command produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
@@ -158,6 +211,10 @@ pub enum Response {
     Assigned,
     /// The member as stored.
     Member(Arc<Member>),
+    /// The user as stored.
+    User(Arc<User>),
+    /// The record of the user just deleted.
+    UserDeleted(Arc<User>),
 }
 
 impl Command {
@@ -170,6 +227,10 @@ impl Command {
             Command::AssignPartitions(_) => 4,
             Command::MemberJoin(_) => 5,
             Command::MemberDead(_) => 6,
+            Command::CreateUser(_) => 7,
+            Command::UpdateUser(_) => 8,
+            Command::DeleteUser(_) => 9,
+            Command::SeedRootUser(_) => 10,
         }
     }
 
@@ -195,6 +256,10 @@ impl Serialize for Command {
             Command::AssignPartitions(c) => envelope.serialize_field("d", c)?,
             Command::MemberJoin(c) => envelope.serialize_field("d", c)?,
             Command::MemberDead(c) => envelope.serialize_field("d", c)?,
+            Command::CreateUser(c) => envelope.serialize_field("d", c)?,
+            Command::UpdateUser(c) => envelope.serialize_field("d", c)?,
+            Command::DeleteUser(c) => envelope.serialize_field("d", c)?,
+            Command::SeedRootUser(c) => envelope.serialize_field("d", c)?,
         }
         envelope.end()
     }
@@ -221,6 +286,10 @@ impl<'de> Deserialize<'de> for Command {
             4 => Command::AssignPartitions(payload(d)?),
             5 => Command::MemberJoin(payload(d)?),
             6 => Command::MemberDead(payload(d)?),
+            7 => Command::CreateUser(payload(d)?),
+            8 => Command::UpdateUser(payload(d)?),
+            9 => Command::DeleteUser(payload(d)?),
+            10 => Command::SeedRootUser(payload(d)?),
             op => return Err(D::Error::custom(format!("unknown metastore command opcode {op}"))),
         })
     }
@@ -230,6 +299,7 @@ impl<'de> Deserialize<'de> for Command {
 mod tests {
     use super::*;
     use crate::member::MemberStatus;
+    use crate::user::Action;
 
     fn golden() -> Vec<(Command, &'static str)> {
         vec![
@@ -292,6 +362,48 @@ mod tests {
                 r#"{"op":5,"d":{"member":{"id":"n1","addr":"127.0.0.1:7942","status":"alive","last_heartbeat":1700000005}}}"#,
             ),
             (Command::MemberDead(MemberDead { id: "n1".into() }), r#"{"op":6,"d":{"id":"n1"}}"#),
+            (
+                Command::CreateUser(CreateUser {
+                    user: User {
+                        username: "bob".into(),
+                        password_hash: "$2b$10$h".into(),
+                        grants: vec![Grant {
+                            action: Action::Produce,
+                            patterns: vec!["o*".into()],
+                        }],
+                        root: false,
+                        created_at_ms: 1_700_000_000_000,
+                        updated_at_ms: 1_700_000_000_000,
+                    },
+                }),
+                r#"{"op":7,"d":{"user":{"username":"bob","password_hash":"$2b$10$h","grants":[{"action":"produce","patterns":["o*"]}],"created_at_ms":1700000000000,"updated_at_ms":1700000000000}}}"#,
+            ),
+            (
+                Command::UpdateUser(UpdateUser {
+                    username: "bob".into(),
+                    grants: Some(Vec::new()),
+                    password_hash: None,
+                    updated_at_ms: 5,
+                }),
+                r#"{"op":8,"d":{"username":"bob","grants":[],"password_hash":null,"updated_at_ms":5}}"#,
+            ),
+            (
+                Command::DeleteUser(DeleteUser { username: "bob".into() }),
+                r#"{"op":9,"d":{"username":"bob"}}"#,
+            ),
+            (
+                Command::SeedRootUser(SeedRootUser {
+                    user: User {
+                        username: "admin".into(),
+                        password_hash: "$2b$10$r".into(),
+                        grants: vec![Grant { action: Action::Admin, patterns: Vec::new() }],
+                        root: true,
+                        created_at_ms: 1,
+                        updated_at_ms: 1,
+                    },
+                }),
+                r#"{"op":10,"d":{"user":{"username":"admin","password_hash":"$2b$10$r","grants":[{"action":"admin"}],"root":true,"created_at_ms":1,"updated_at_ms":1}}}"#,
+            ),
         ]
     }
 
@@ -306,7 +418,7 @@ mod tests {
     #[test]
     fn opcodes_are_distinct_and_never_renumbered() {
         let ops: Vec<u8> = golden().iter().map(|(c, _)| c.opcode()).collect();
-        assert_eq!(ops, vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(ops, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     }
 
     #[test]

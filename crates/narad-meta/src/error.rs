@@ -24,6 +24,10 @@ pub enum MetaError {
     /// child limit, schema managed by a parent, a changed incarnation).
     #[error("{0}")]
     Conflict(String),
+    /// 403: the change is never allowed, whoever asks (the root user's
+    /// protections), e.g. `cannot delete the root user`.
+    #[error("{0}")]
+    Forbidden(String),
     /// 500: the metastore could not read or persist its state.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -36,12 +40,17 @@ impl MetaError {
             MetaError::NotFound(_) => 404,
             MetaError::AlreadyExists(_) | MetaError::Conflict(_) => 409,
             MetaError::Invalid(_) => 400,
+            MetaError::Forbidden(_) => 403,
             MetaError::Storage(_) => 500,
         }
     }
 
     pub(crate) fn topic_not_found() -> Self {
         MetaError::NotFound("topic not found".to_owned())
+    }
+
+    pub(crate) fn user_not_found() -> Self {
+        MetaError::NotFound("not found".to_owned())
     }
 }
 
@@ -106,6 +115,8 @@ mod tests {
             (MetaError::AlreadyExists("topic already exists".into()), 409, "topic already exists"),
             (MetaError::Invalid("name required".into()), 400, "invalid argument: name required"),
             (MetaError::Conflict("c".into()), 409, "c"),
+            (MetaError::user_not_found(), 404, "not found"),
+            (MetaError::Forbidden("no".into()), 403, "no"),
             (MetaError::Storage(StorageError::Corrupt("x".into())), 500, "metastore is corrupt: x"),
         ];
         for (err, status, text) in cases {

@@ -1,7 +1,7 @@
 //! narad-meta: the metastore.
 //!
 //! Topics (every option of SPEC §1.4, their incarnation ids and fan-out
-//! links), schema histories, partition assignments and members, kept as a
+//! links), schema histories, partition assignments, members and users, kept as a
 //! deterministic state machine of [`Command`]s:
 //!
 //! * [`request`] turns what a user asked for into a command (defaults and
@@ -28,12 +28,13 @@ mod state;
 mod storage;
 mod store;
 mod topic;
+pub mod user;
 
 pub use apply::{Applied, apply};
 pub use assignment::Assignment;
 pub use command::{
-    AlterTopic, AssignPartitions, Command, CreateTopic, DeleteTopic, MemberDead, MemberJoin,
-    PartitionAssignment, Response,
+    AlterTopic, AssignPartitions, Command, CreateTopic, CreateUser, DeleteTopic, DeleteUser,
+    MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser, UpdateUser,
 };
 pub use config::TopicDefaults;
 pub use error::{MetaError, StorageError};
@@ -44,3 +45,4 @@ pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
 pub use storage::FORMAT_VERSION;
 pub use store::{MetaStore, MetaStoreOptions, MetaWriter, metastore_path};
 pub use topic::{ParentLink, Role, Topic, TopicJson};
+pub use user::{Action, Grant, ROOT_USERNAME, User, UserJson};

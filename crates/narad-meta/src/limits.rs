@@ -4,6 +4,12 @@
 /// The longest topic name, in bytes (`^[A-Za-z0-9._-]{1,255}$`).
 pub const TOPIC_NAME_LEN_MAX: usize = 255;
 
+/// The longest username, in bytes (`^[A-Za-z0-9._-]{1,64}$`).
+pub const USERNAME_LEN_MAX: usize = 64;
+
+/// The longest grant pattern before its optional trailing `*`.
+pub const PATTERN_LEN_MAX: usize = 255;
+
 /// The fewest partitions a topic may have.
 pub const PARTITIONS_MIN: u32 = 3;
 

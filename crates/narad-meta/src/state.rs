@@ -16,6 +16,7 @@
 //! * An attached child's schema history equals its parent's.
 //! * Schemas and assignments exist only for existing topics; assignments
 //!   only for partitions below the topic's count.
+//! * Every user's key is its username; at most one user is root.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -29,6 +30,7 @@ use crate::member::Member;
 use crate::request::validate_topic_name;
 use crate::schema::{CompiledSchema, SchemaHistory};
 use crate::topic::Topic;
+use crate::user::User;
 
 /// Per-domain change counters. Each bumps by one with every applied command
 /// that changes its domain, so a cache keyed by a counter is fresh exactly
@@ -43,7 +45,7 @@ pub struct Versions {
     pub assignments: u64,
     /// Members.
     pub members: u64,
-    /// Users (no command changes them yet).
+    /// Users (create, grants, password, delete, root seed).
     pub users: u64,
 }
 
@@ -68,6 +70,7 @@ pub struct MetaState {
     pub(crate) schemas: Arc<BTreeMap<String, Arc<SchemaHistory>>>,
     pub(crate) assignments: Arc<BTreeMap<String, Arc<TopicAssignments>>>,
     pub(crate) members: Arc<BTreeMap<String, Arc<Member>>>,
+    pub(crate) users: Arc<BTreeMap<String, Arc<User>>>,
 }
 
 impl MetaState {
@@ -145,6 +148,21 @@ impl MetaState {
         self.members.values()
     }
 
+    /// A user by name.
+    pub fn user(&self, name: &str) -> Option<&Arc<User>> {
+        self.users.get(name)
+    }
+
+    /// Every user, in username (byte) order.
+    pub fn users(&self) -> impl Iterator<Item = &Arc<User>> {
+        self.users.values()
+    }
+
+    /// Whether a root user exists.
+    pub fn has_root(&self) -> bool {
+        self.users.values().any(|u| u.root)
+    }
+
     /// Checks every invariant of the module docs; the error names the first
     /// violation.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -181,6 +199,14 @@ impl MetaState {
             if id != &m.id {
                 return Err(format!("member stored under {id:?} has id {:?}", m.id));
             }
+        }
+        for (name, u) in self.users.iter() {
+            if name != &u.username {
+                return Err(format!("user stored under {name:?} is named {:?}", u.username));
+            }
+        }
+        if self.users.values().filter(|u| u.root).count() > 1 {
+            return Err("more than one root user".to_owned());
         }
         Ok(())
     }

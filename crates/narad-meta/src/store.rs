@@ -35,7 +35,8 @@ use narad_fs::{Fs, SimRng};
 
 use crate::apply::apply;
 use crate::command::{
-    AssignPartitions, Command, DeleteTopic, MemberDead, MemberJoin, PartitionAssignment, Response,
+    AssignPartitions, Command, CreateUser, DeleteTopic, DeleteUser, MemberDead, MemberJoin,
+    PartitionAssignment, Response, SeedRootUser, UpdateUser,
 };
 use crate::config::TopicDefaults;
 use crate::error::{MetaError, StorageError};
@@ -45,6 +46,7 @@ use crate::schema::CompiledSchema;
 use crate::state::{MetaState, TopicPage, Versions};
 use crate::storage::MetaDb;
 use crate::topic::Topic;
+use crate::user::{Action, Grant, ROOT_USERNAME, User};
 
 /// Where the metastore lives under the data directory.
 pub fn metastore_path(data_dir: &Path) -> PathBuf {
@@ -213,6 +215,77 @@ impl MetaStore {
             Response::Member(m) => Ok(m),
             other => unreachable!("MemberDead answered {other:?}"),
         }
+    }
+}
+
+/// The user record an apply answered with.
+fn user_response(r: Response) -> Arc<User> {
+    match r {
+        Response::User(u) | Response::UserDeleted(u) => u,
+        other => unreachable!("a user command answered {other:?}"),
+    }
+}
+
+impl MetaStore {
+    /// A user by name.
+    pub fn user(&self, name: &str) -> Option<Arc<User>> {
+        self.snapshot.read().unwrap_or_else(|p| p.into_inner()).user(name).cloned()
+    }
+
+    /// Creates a (non-root) user with an already computed password hash.
+    pub fn create_user(
+        &self,
+        username: &str,
+        password_hash: String,
+        grants: Vec<Grant>,
+    ) -> Result<Arc<User>, MetaError> {
+        let now = self.clock.wall_ms() as i64;
+        let user = User {
+            username: username.to_owned(),
+            password_hash,
+            grants,
+            root: false,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        self.propose(Command::CreateUser(CreateUser { user })).map(user_response)
+    }
+
+    /// Replaces a user's grants and/or password hash.
+    pub fn update_user(
+        &self,
+        username: &str,
+        grants: Option<Vec<Grant>>,
+        password_hash: Option<String>,
+    ) -> Result<Arc<User>, MetaError> {
+        let command = UpdateUser {
+            username: username.to_owned(),
+            grants,
+            password_hash,
+            updated_at_ms: self.clock.wall_ms() as i64,
+        };
+        self.propose(Command::UpdateUser(command)).map(user_response)
+    }
+
+    /// Deletes a user; returns the deleted record.
+    pub fn delete_user(&self, username: &str) -> Result<Arc<User>, MetaError> {
+        let command = DeleteUser { username: username.to_owned() };
+        self.propose(Command::DeleteUser(command)).map(user_response)
+    }
+
+    /// Creates the root user [`ROOT_USERNAME`] (always admin) with an
+    /// already computed password hash; refused once a root exists.
+    pub fn seed_root_user(&self, password_hash: String) -> Result<Arc<User>, MetaError> {
+        let now = self.clock.wall_ms() as i64;
+        let user = User {
+            username: ROOT_USERNAME.to_owned(),
+            password_hash,
+            grants: vec![Grant { action: Action::Admin, patterns: Vec::new() }],
+            root: true,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        self.propose(Command::SeedRootUser(SeedRootUser { user })).map(user_response)
     }
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use narad_fs::{Fs, OpenMode, RealFs, SimFs};
 use narad_meta::{
-    AlterTopicRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaWriter as _,
-    PartitionAssignment, Role, TopicDefaults, metastore_path,
+    Action, AlterTopicRequest, CreateTopicRequest, Grant, Member, MemberStatus, MetaStore,
+    MetaWriter as _, PartitionAssignment, Role, TopicDefaults, metastore_path,
 };
 
 use support::{DATA, SCHEMAS, open, options};
@@ -59,6 +59,13 @@ fn populate(store: &MetaStore) {
             last_heartbeat: 1_700_000_000,
         })
         .unwrap();
+    store.seed_root_user("$2b$10$root".into()).unwrap();
+    let grants = vec![Grant { action: Action::Consume, patterns: vec!["orders*".into()] }];
+    store.create_user("carol", "$2b$10$c".into(), grants).unwrap();
+    store.create_user("dave", "$2b$10$d".into(), Vec::new()).unwrap();
+    store.update_user("dave", None, Some("$2b$10$d2".into())).unwrap();
+    store.create_user("erin", "$2b$10$e".into(), Vec::new()).unwrap();
+    store.delete_user("erin").unwrap();
 }
 
 #[test]
@@ -108,6 +115,10 @@ fn the_state_survives_a_reopen() {
     assert_eq!(*store.snapshot(), *before);
     assert_eq!(store.versions(), before.versions());
     assert_eq!(store.compiled_schema("orders.audit").unwrap().version(), 2);
+    assert!(store.user("admin").unwrap().root);
+    assert_eq!(store.user("dave").unwrap().password_hash, "$2b$10$d2");
+    assert!(store.user("erin").is_none());
+    assert_eq!(store.versions().users, 6);
     let highest = before.topics().map(|t| t.incarnation()).max().unwrap();
     let fresh = store.create_topic(req("doomed")).unwrap();
     assert!(fresh.incarnation() > highest, "ids are never reused across a reopen");

@@ -10,6 +10,10 @@
 //! | `schemas` | (topic, version ≥ 1) | the schema text as the user sent it |
 //! | `assignments` | (topic, partition) | the [`Assignment`] as JSON (`{"owner_id","target_id"?}`) |
 //! | `members` | id | the [`Member`] as JSON |
+//! | `users` | username | the [`User`] as JSON (with its bcrypt hash) |
+//!
+//! Format history: 1 had no `users` table; opening a format-1 file adds the
+//! empty table and stamps format 2 in one transaction.
 //!
 //! # Invariants
 //!
@@ -49,11 +53,15 @@ use crate::member::Member;
 use crate::schema::SchemaHistory;
 use crate::state::{MetaState, TopicAssignments, Versions};
 use crate::topic::Topic;
+use crate::user::User;
 use backend::FsBackend;
 
 /// The on-disk format this build reads and writes. A change to any table or
 /// record shape takes the next number.
-pub const FORMAT_VERSION: u64 = 1;
+pub const FORMAT_VERSION: u64 = 2;
+
+/// The previous format (no `users` table), upgraded in place at open.
+const FORMAT_V1: u64 = 1;
 
 /// redb's page cache for the metastore; reads are served from memory, so
 /// this only bounds what commits and the open scan hold.
@@ -64,6 +72,7 @@ const TOPICS: TableDefinition<&str, &[u8]> = TableDefinition::new("topics");
 const SCHEMAS: TableDefinition<(&str, u32), &str> = TableDefinition::new("schemas");
 const ASSIGNMENTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("assignments");
 const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
+const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
 
 const KEY_FORMAT: &str = "format";
 const KEY_APPLIED: &str = "applied_index";
@@ -104,10 +113,35 @@ impl MetaDb {
             .open(path, OpenMode::Existing)
             .map_err(io_err(format!("open {}", path.display())))?;
         let meta_db = MetaDb { db: open_database(file)? };
+        meta_db.upgrade()?;
         let state = meta_db.load()?.ok_or_else(|| {
             StorageError::Corrupt(format!("{} holds no metastore tables", path.display()))
         })?;
         Ok((meta_db, state))
+    }
+
+    /// Brings a format-1 database to the current format: adds the empty
+    /// `users` table and stamps the format, in one transaction.
+    fn upgrade(&self) -> Result<(), StorageError> {
+        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin upgrade", e))?;
+        let upgraded = (|| -> Result<bool, redb::Error> {
+            let mut meta = txn.open_table(META)?;
+            if meta.get(KEY_FORMAT)?.map(|g| g.value()) != Some(FORMAT_V1) {
+                return Ok(false);
+            }
+            meta.insert(KEY_FORMAT, FORMAT_VERSION)?;
+            drop(meta);
+            txn.open_table(USERS)?;
+            Ok(true)
+        })()
+        .map_err(redb_err("upgrade"))?;
+        if upgraded {
+            txn.commit().map_err(|e| StorageError::redb("commit upgrade", e))?;
+            tracing::info!(from = FORMAT_V1, to = FORMAT_VERSION, "metastore format upgraded");
+        } else {
+            txn.abort().map_err(|e| StorageError::redb("abort upgrade", e))?;
+        }
+        Ok(())
     }
 
     /// Reads the whole state; `None` for a database never initialised.
@@ -144,6 +178,7 @@ impl MetaDb {
         state.schemas = Arc::new(load_schemas(&txn)?);
         state.assignments = Arc::new(load_assignments(&txn)?);
         state.members = Arc::new(load_members(&txn)?);
+        state.users = Arc::new(load_users(&txn)?);
         state.check_invariants().map_err(StorageError::Corrupt)?;
         Ok(Some(state))
     }
@@ -193,6 +228,7 @@ fn init_tables(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     txn.open_table(SCHEMAS)?;
     txn.open_table(ASSIGNMENTS)?;
     txn.open_table(MEMBERS)?;
+    txn.open_table(USERS)?;
     Ok(())
 }
 
@@ -227,6 +263,13 @@ fn write_changes(txn: &redb::WriteTransaction, applied: &Applied) -> Result<(), 
         match state.members.get(id) {
             Some(m) => members.insert(id.as_str(), encode(m.as_ref()).as_slice())?,
             None => members.remove(id.as_str())?,
+        };
+    }
+    let mut users = txn.open_table(USERS)?;
+    for name in &dirty.users {
+        match state.users.get(name) {
+            Some(u) => users.insert(name.as_str(), encode(u.as_ref()).as_slice())?,
+            None => users.remove(name.as_str())?,
         };
     }
     let mut meta = txn.open_table(META)?;
@@ -317,6 +360,18 @@ fn load_members(
     Ok(out)
 }
 
+fn load_users(txn: &redb::ReadTransaction) -> Result<BTreeMap<String, Arc<User>>, StorageError> {
+    let table = txn.open_table(USERS).map_err(read_err)?;
+    let mut out = BTreeMap::new();
+    for row in table.iter().map_err(read_err)? {
+        let (k, v) = row.map_err(read_err)?;
+        let name = k.value().to_owned();
+        let user: User = decode(&format!("user {name:?}"), v.value())?;
+        out.insert(name, Arc::new(user));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -345,10 +400,27 @@ mod tests {
     #[test]
     fn a_newer_format_is_refused() {
         let e = reopen_after(|txn| {
-            txn.open_table(META).unwrap().insert(KEY_FORMAT, 2).unwrap();
+            txn.open_table(META).unwrap().insert(KEY_FORMAT, 3).unwrap();
         })
         .unwrap_err();
-        assert!(matches!(e, StorageError::UnsupportedFormat { found: 2, supported: 1 }), "{e}");
+        assert!(matches!(e, StorageError::UnsupportedFormat { found: 3, supported: 2 }), "{e}");
+    }
+
+    #[test]
+    fn a_format_1_file_gains_the_users_table_and_format_2_at_open() {
+        let fs = SimFs::new(1);
+        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let txn = db.db.begin_write().unwrap();
+        txn.delete_table(USERS).unwrap();
+        txn.open_table(META).unwrap().insert(KEY_FORMAT, FORMAT_V1).unwrap();
+        txn.commit().unwrap();
+        drop(db);
+        let (db, state) = MetaDb::open(&fs, &path()).unwrap();
+        assert_eq!(state.users().count(), 0);
+        let txn = db.db.begin_read().unwrap();
+        let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
+        assert_eq!(format, FORMAT_VERSION);
+        txn.open_table(USERS).unwrap();
     }
 
     #[test]

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use narad_clock::ManualClock;
 use narad_fs::{Fs, SimRng};
 use narad_meta::{
-    AlterTopicRequest, Command, CreateTopicRequest, DeleteTopic, Member, MemberDead, MemberJoin,
-    MemberStatus, MetaError, MetaState, MetaStore, MetaStoreOptions, PartitionAssignment,
-    TopicDefaults,
+    Action, AlterTopicRequest, Command, CreateTopicRequest, CreateUser, DeleteTopic, DeleteUser,
+    Grant, Member, MemberDead, MemberJoin, MemberStatus, MetaError, MetaState, MetaStore,
+    MetaStoreOptions, PartitionAssignment, SeedRootUser, TopicDefaults, UpdateUser, User,
 };
 
 pub const DATA: &str = "/data";
@@ -47,7 +47,7 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
         |rng: &mut SimRng, from: &[&'static str]| from[rng.below(from.len() as u64) as usize];
     let name = pick(rng, &NAMES).to_owned();
     let defaults = TopicDefaults::default();
-    let command = match rng.below(10) {
+    let command = match rng.below(12) {
         0..=2 => {
             let mut req = CreateTopicRequest { name, ..Default::default() };
             req.partitions = [0, 3, 4, 8][rng.below(4) as usize];
@@ -102,7 +102,38 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
                 last_heartbeat: state.applied_index() as i64,
             },
         }),
-        _ => Command::MemberDead(MemberDead { id: pick(rng, &MEMBERS).to_owned() }),
+        9 => Command::MemberDead(MemberDead { id: pick(rng, &MEMBERS).to_owned() }),
+        10 => {
+            let user = User {
+                username: name.clone(),
+                password_hash: format!("$2b$10$h{}", state.applied_index()),
+                grants: vec![Grant { action: Action::Produce, patterns: vec![format!("{name}*")] }],
+                root: false,
+                created_at_ms: 1,
+                updated_at_ms: 1,
+            };
+            if state.user(&name).is_some() {
+                Command::UpdateUser(UpdateUser {
+                    username: name,
+                    grants: rng.chance(1, 2).then(Vec::new),
+                    password_hash: Some(user.password_hash),
+                    updated_at_ms: 2,
+                })
+            } else {
+                Command::CreateUser(CreateUser { user })
+            }
+        }
+        _ if rng.chance(1, 4) => Command::SeedRootUser(SeedRootUser {
+            user: User {
+                username: "admin".to_owned(),
+                password_hash: "$2b$10$root".to_owned(),
+                grants: Vec::new(),
+                root: true,
+                created_at_ms: 1,
+                updated_at_ms: 1,
+            },
+        }),
+        _ => Command::DeleteUser(DeleteUser { username: name }),
     };
     Some(command)
 }
