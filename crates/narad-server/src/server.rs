@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use narad_broker::{Broker, BrokerConfig, metrics::BrokerMetrics};
 use narad_clock::SystemClock;
 use narad_fs::RealFs;
@@ -20,10 +20,15 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
+use crate::access::{Security, guard};
+use crate::auth::{Authenticator, seed_root};
+use crate::config::{Config, LimitsConfig};
 use crate::error::ApiError;
 use crate::http_metrics::{HttpMetrics, track};
-use crate::routes::{consume, health, produce, topics};
+use crate::ratelimit::RateLimiter;
+use crate::routes::{consume, health, produce, topics, users};
 use crate::state::{AppState, Shared};
+use crate::tls::TlsListener;
 
 /// How to run the server.
 #[derive(Debug, Clone)]
@@ -42,6 +47,55 @@ pub struct ServerConfig {
     pub max_consume_wait: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Authentication and authorization (off only with `--dev`).
+    pub security_enabled: bool,
+    /// The root user's password at first start (else a random one).
+    pub admin_password: Option<String>,
+    /// Serve HTTPS with these files.
+    pub tls: Option<TlsFiles>,
+    /// Per-user rate limits.
+    pub limits: LimitsConfig,
+}
+
+/// The PEM files of the HTTPS listener.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+    /// CA bundle for client certificates (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerConfig {
+    /// The runtime settings of a validated [`Config`]; `node_id` fills an
+    /// empty `cluster.node_id`.
+    pub fn from_config(c: &Config, node_id: impl FnOnce() -> String) -> Result<Self, String> {
+        let tls = (!c.http.tls_cert_file.is_empty()).then(|| TlsFiles {
+            cert: PathBuf::from(&c.http.tls_cert_file),
+            key: PathBuf::from(&c.http.tls_key_file),
+            client_ca: (!c.http.tls_client_ca_file.is_empty())
+                .then(|| PathBuf::from(&c.http.tls_client_ca_file)),
+        });
+        Ok(ServerConfig {
+            addr: c.listen_addr()?,
+            data_dir: c.storage.data_dir.clone(),
+            node_id: if c.cluster.node_id.is_empty() {
+                node_id()
+            } else {
+                c.cluster.node_id.clone()
+            },
+            topic_defaults: c.topic.clone(),
+            log: c.log_config(),
+            max_consume_wait: c.http.max_consume_wait,
+            shutdown_grace: c.http.shutdown_grace,
+            security_enabled: c.security.enabled,
+            admin_password: c.security.admin_password.clone(),
+            tls,
+            limits: c.limits.clone(),
+        })
+    }
 }
 
 /// Why the server could not run.
@@ -59,6 +113,9 @@ pub enum ServerError {
     /// The broker could not start (unusable data dir, damaged files).
     #[error("cannot start: {0}")]
     Start(#[source] narad_broker::BrokerError),
+    /// The security set-up failed (TLS files, root user).
+    #[error("cannot start: {0}")]
+    Security(String),
     /// The HTTP server failed.
     #[error("http server failed: {0}")]
     Serve(#[source] std::io::Error),
@@ -76,6 +133,10 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/topics/{topic}/produce/batch", post(produce::produce_batch))
         .route("/v1/topics/{topic}/consume", get(consume::consume))
         .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route("/v1/users", post(users::create).get(users::list))
+        .route("/v1/users/{user}", get(users::get).delete(users::delete))
+        .route("/v1/users/{user}/grants", put(users::put_grants))
+        .route("/v1/users/{user}/password", put(users::put_password))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
@@ -85,6 +146,7 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::Text { status: StatusCode::METHOD_NOT_ALLOWED, body: "Method Not Allowed\n" }
         })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
 }
@@ -94,6 +156,13 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let tls = match &config.tls {
+        Some(f) => Some(
+            crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
+                .map_err(ServerError::Security)?,
+        ),
+        None => None,
+    };
     let listener = TcpListener::bind(config.addr)
         .await
         .map_err(|source| ServerError::Bind { addr: config.addr, source })?;
@@ -116,6 +185,19 @@ pub async fn run(
     )
     .await
     .map_err(ServerError::Start)?;
+    let auth = if config.security_enabled {
+        match start_security(broker.meta().clone(), config.admin_password.clone()).await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                let _ = broker.shutdown().await;
+                return Err(ServerError::Security(e));
+            }
+        }
+    } else {
+        tracing::warn!("security is off (--dev): every request is allowed");
+        None
+    };
+    let security = Security::new(auth, RateLimiter::new(config.limits.clone()), &mut registry);
     let state = Arc::new(AppState {
         broker: broker.clone(),
         registry,
@@ -123,8 +205,16 @@ pub async fn run(
         ready: AtomicBool::new(true),
         shutting_down: AtomicBool::new(false),
         max_consume_wait: config.max_consume_wait,
+        security,
     });
-    info!(addr = %local, data_dir = %config.data_dir.display(), "narad listening");
+    info!(
+        addr = %local,
+        data_dir = %config.data_dir.display(),
+        tls = tls.is_some(),
+        mtls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        security = config.security_enabled,
+        "narad listening"
+    );
     let st = state.clone();
     let b = broker.clone();
     let drain = async move {
@@ -133,7 +223,14 @@ pub async fn run(
         st.shutting_down.store(true, Ordering::Release);
         b.begin_drain();
     };
-    let served = axum::serve(listener, router(state.clone())).with_graceful_shutdown(drain).await;
+    let app = router(state.clone());
+    let served = match tls {
+        Some(tls) => {
+            let listener = TlsListener::new(listener, tls).map_err(ServerError::Serve)?;
+            axum::serve(listener, app).with_graceful_shutdown(drain).await
+        }
+        None => axum::serve(listener, app).with_graceful_shutdown(drain).await,
+    };
     if let Err(e) = served {
         error!(error = %e, "http server failed");
         let _ = broker.shutdown().await;
@@ -142,6 +239,20 @@ pub async fn run(
     broker.shutdown().await.map_err(ServerError::Shutdown)?;
     info!("narad stopped");
     Ok(())
+}
+
+/// Seeds the root user if needed and builds the authenticator (both on
+/// the blocking pool: seeding hashes a password).
+async fn start_security(
+    meta: Arc<narad_meta::MetaStore>,
+    admin_password: Option<String>,
+) -> Result<Authenticator, String> {
+    tokio::task::spawn_blocking(move || {
+        seed_root(&meta, admin_password.as_deref())?;
+        Authenticator::new(meta)
+    })
+    .await
+    .map_err(|e| format!("security set-up: {e}"))?
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use narad_broker::Broker;
 use prometheus_client::registry::Registry;
 
+use crate::access::Security;
 use crate::http_metrics::HttpMetrics;
 
 /// Shared state of the HTTP server.
@@ -24,6 +25,8 @@ pub struct AppState {
     pub shutting_down: AtomicBool,
     /// The long-poll ceiling (`http.max_consume_wait`).
     pub max_consume_wait: Duration,
+    /// Authentication, authorization and rate limits.
+    pub security: Security,
 }
 
 /// The handle handlers receive.

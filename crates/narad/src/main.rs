@@ -5,6 +5,7 @@
 //! error (clap's own).
 
 mod bench;
+mod cli;
 mod report;
 mod serve;
 
@@ -30,6 +31,24 @@ enum Command {
     /// Measure this machine: disk limits and narad's storage engines.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Topics: add, ls, info, edit, rm, attach, detach, children.
+    Topic(cli::topic::TopicArgs),
+    /// Publish a message (argument, --file or stdin).
+    Pub(cli::msg::PubArgs),
+    /// Consume and ack, printing messages (--peek: read-only live tail).
+    Sub(cli::msg::SubArgs),
+    /// Read a partition from an offset, without leasing.
+    Replay(cli::msg::ReplayArgs),
+    /// Users: add, grant, ls, rm, passwd.
+    User(cli::user::UserArgs),
+    /// Named server + credential contexts: add, select, ls, rm.
+    Ctx(cli::ctx::CtxArgs),
+    /// Print the version.
+    Version {
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = cli::Output::Table)]
+        output: cli::Output,
+    },
 }
 
 /// `narad server ...`.
@@ -44,6 +63,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(a) | Command::Server(ServerCommand::Start(a)) => serve::run_serve(a),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Topic(a) => return cli::finish(cli::topic::run(a)),
+        Command::Pub(a) => return cli::finish(cli::msg::run_pub(a)),
+        Command::Sub(a) => return cli::finish(cli::msg::run_sub(a)),
+        Command::Replay(a) => return cli::finish(cli::msg::run_replay(a)),
+        Command::User(a) => return cli::finish(cli::user::run(a)),
+        Command::Ctx(a) => return cli::finish(cli::ctx::run(a)),
+        Command::Version { output } => return cli::finish(cli::version(output)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,48 +1,61 @@
 //! `narad serve` (alias `narad server start`): run the broker.
+//!
+//! The configuration is layered (defaults < `--config` file < `NARAD_*`
+//! environment < these flags, see `docs/CONFIGURATION.md`) and validated
+//! before anything starts; `--print-config` prints the result (secrets
+//! masked) and exits.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
+use narad_server::config::{Config, LogFormat, Sources};
 use narad_server::server::{ServerConfig, run, shutdown_signal};
+use serde_json::Value;
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Options of `narad serve`.
+/// Options of `narad serve`. Every flag overrides the config file and the
+/// environment.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on (HTTP). Default 0.0.0.0:7942; 127.0.0.1:7942
-    /// with --dev.
-    #[arg(long, env = "NARAD_HTTP_ADDR")]
-    pub addr: Option<SocketAddr>,
-    /// Data directory (created if missing).
-    #[arg(long, env = "NARAD_DATA_DIR", default_value = "data")]
-    pub data_dir: PathBuf,
+    /// Config file (TOML, or JSON for a .json name or a leading `{`).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (secrets masked) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Address to listen on (http.addr). Default 0.0.0.0:7942;
+    /// 127.0.0.1:7942 with --dev.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// Data directory, created if missing (storage.data_dir).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Development mode: a single node on loopback with security off.
     #[arg(long)]
     pub dev: bool,
-    /// This node's id (default: the host name).
-    #[arg(long, env = "NARAD_NODE_ID")]
+    /// This node's id (cluster.node_id; default: the host name).
+    #[arg(long)]
     pub node_id: Option<String>,
-    /// Log level: debug, info, warn or error.
-    #[arg(long, env = "NARAD_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-    /// Log format.
-    #[arg(long, env = "NARAD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// Log level: debug, info, warn, error, or a tracing filter (log.level).
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Log format: text or json (log.format).
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// PEM certificate chain: serve HTTPS (http.tls_cert_file).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (http.tls_key_file).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: require client certificates it signed (mutual TLS;
+    /// http.tls_client_ca_file).
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .map_err(|e| format!("invalid --log-level {level:?}: {e}"))?;
+        .map_err(|e| format!("invalid log level {level:?}: {e}"))?;
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -63,29 +76,44 @@ fn host_name() -> String {
         .unwrap_or_else(|| "narad-0".to_owned())
 }
 
+fn path_value(p: PathBuf) -> Value {
+    Value::String(p.to_string_lossy().into_owned())
+}
+
+/// The layered, validated configuration of these flags.
+pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
+    let mut flags: Vec<(&'static str, Value)> = Vec::new();
+    let mut flag = |key: &'static str, v: Option<Value>| {
+        if let Some(v) = v {
+            flags.push((key, v));
+        }
+    };
+    flag("http.addr", a.addr.clone().map(Value::String));
+    flag("storage.data_dir", a.data_dir.clone().map(path_value));
+    flag("cluster.node_id", a.node_id.clone().map(Value::String));
+    flag("log.level", a.log_level.clone().map(Value::String));
+    flag("log.format", a.log_format.clone().map(Value::String));
+    flag("http.tls_cert_file", a.tls_cert.clone().map(path_value));
+    flag("http.tls_key_file", a.tls_key.clone().map(path_value));
+    flag("http.tls_client_ca_file", a.tls_client_ca.clone().map(path_value));
+    let env = std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")).collect();
+    let mut config = Config::load(Sources { file: a.config.as_deref(), env, flags, dev: a.dev })?;
+    if config.cluster.node_id.is_empty() {
+        config.cluster.node_id = host_name();
+    }
+    Ok(config)
+}
+
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    init_logging(&a.log_level, a.log_format)?;
-    let addr = match (a.addr, a.dev) {
-        (Some(addr), true) if !addr.ip().is_loopback() => {
-            return Err(
-                format!("--dev binds loopback only; {addr} is not a loopback address").into()
-            );
-        }
-        (Some(addr), _) => addr,
-        (None, true) => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7942),
-        (None, false) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 7942),
-    };
-    let config = ServerConfig {
-        addr,
-        data_dir: a.data_dir,
-        node_id: a.node_id.unwrap_or_else(host_name),
-        topic_defaults: narad_meta::TopicDefaults::default(),
-        log: narad_log::LogConfig::default(),
-        max_consume_wait: Duration::from_secs(10),
-        shutdown_grace: Duration::from_secs(10),
-    };
+    let config = load_config(&a)?;
+    if a.print_config {
+        println!("{}", config.to_printable_json());
+        return Ok(());
+    }
+    init_logging(&config.log.level, config.log.format)?;
+    let server = ServerConfig::from_config(&config, host_name)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(run(config, shutdown_signal()))?;
+    runtime.block_on(run(server, shutdown_signal()))?;
     Ok(())
 }

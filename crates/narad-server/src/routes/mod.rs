@@ -4,3 +4,4 @@ pub mod consume;
 pub mod health;
 pub mod produce;
 pub mod topics;
+pub mod users;

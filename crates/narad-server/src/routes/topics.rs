@@ -1,13 +1,15 @@
 //! `/v1/topics`: create, list, get (with partition stats), alter, delete.
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_meta::{AlterTopicRequest, CreateTopicRequest, TopicJson, parse_list_limit};
+use narad_meta::{Action, AlterTopicRequest, CreateTopicRequest, TopicJson, parse_list_limit};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::access::{CREATE_DENIED, Caller, OWNER_DENIED, forbidden};
 use crate::body::{read_limited, strict_json};
 use crate::error::{ApiError, json_response};
 use crate::limits::TOPIC_BODY_BYTES;
@@ -63,14 +65,24 @@ fn schema_text(raw: Option<Box<RawValue>>) -> Option<String> {
     raw.map(|r| r.get().to_owned()).filter(|s| s.trim() != "null")
 }
 
-/// `POST /v1/topics`.
+/// `POST /v1/topics`: needs `create` on the name (and, with a parent, to
+/// own the parent or be an admin); the caller becomes the owner.
 pub async fn create(
     State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
     let bytes = read_limited(&headers, body, TOPIC_BODY_BYTES).await?;
     let b: CreateBody = strict_json(&bytes)?;
+    if !caller.may(Action::Create, &b.name) {
+        return Err(forbidden(CREATE_DENIED));
+    }
+    if let Some(parent) = b.parent.as_deref().filter(|p| !p.is_empty())
+        && !caller.may_modify(s.broker.meta().topic(parent).as_deref())
+    {
+        return Err(forbidden(OWNER_DENIED));
+    }
     let req = CreateTopicRequest {
         name: b.name,
         partitions: b.partitions.unwrap_or(0),
@@ -81,7 +93,7 @@ pub async fn create(
         schema: schema_text(b.schema),
         parent: b.parent.unwrap_or_default(),
         fanout_delay_ms: b.fanout_delay_ms.unwrap_or(0),
-        owner: String::new(),
+        owner: caller.name().to_owned(),
     };
     let t = s.broker.create_topic(req).await?;
     Ok(json_response(StatusCode::CREATED, to_json(&t.json_reply())))

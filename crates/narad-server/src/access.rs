@@ -1,0 +1,253 @@
+//! The access layer: one middleware in front of every route that
+//! authenticates the caller ([`crate::auth`]), applies the route's
+//! authorization rule (SPEC §1.2) and the caller's rate limits, and hands
+//! the caller to the handler as a [`Caller`] extension.
+//!
+//! | route | rule |
+//! |---|---|
+//! | `/healthz`, `/readyz`, `/metrics` | open (exact paths) |
+//! | `POST .../produce`, `.../produce/batch` | `produce` on the topic, then the produce rate limit |
+//! | `GET .../consume` | `consume` on the topic, then the consume rate limit |
+//! | `POST .../ack` | `consume` on the topic |
+//! | `PATCH`/`DELETE /v1/topics/{topic}`, `POST .../children`, `DELETE .../children/{child}` | owner of the topic or admin (a missing topic passes: the handler answers 404) |
+//! | `POST /v1/topics` | checked by the handler (`create` on the name; owner or admin of a parent) |
+//! | `/v1/users...` | checked by the handlers (admin; self-service password change) |
+//! | anything else | any authenticated user |
+//!
+//! With security off (`--dev`) nobody is authenticated, every rule passes
+//! and the rate limits apply to one anonymous user.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::RequestExt;
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use narad_meta::{Action, Topic, User};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::auth::{AuthError, Authenticator, basic_credentials};
+use crate::error::ApiError;
+use crate::ratelimit::{Op, RateLimiter, retry_after_secs};
+use crate::state::Shared;
+
+/// Paths that never ask for credentials.
+pub const EXEMPT_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// 403 text for a produce without the grant.
+pub const PRODUCE_DENIED: &str = "produce not allowed on this topic";
+/// 403 text for a consume or ack without the grant.
+pub const CONSUME_DENIED: &str = "consume not allowed on this topic";
+/// 403 text for a create without the grant.
+pub const CREATE_DENIED: &str = "create not allowed on this topic";
+/// 403 text for a change by someone neither owner nor admin.
+pub const OWNER_DENIED: &str = "only the topic owner or an admin may modify this topic";
+/// 403 text for an admin-only action.
+pub const ADMIN_DENIED: &str = "admin privileges required";
+
+/// Who is calling: `None` when security is off (everything allowed).
+#[derive(Debug, Clone)]
+pub struct Caller(pub Option<Arc<User>>);
+
+impl Caller {
+    /// The username (`""` when security is off).
+    pub fn name(&self) -> &str {
+        self.0.as_deref().map_or("", |u| u.username.as_str())
+    }
+
+    /// Whether the caller may do `action` on `topic`.
+    pub fn may(&self, action: Action, topic: &str) -> bool {
+        self.0.as_deref().is_none_or(|u| u.may(action, topic))
+    }
+
+    /// Whether the caller is an admin (always, with security off).
+    pub fn is_admin(&self) -> bool {
+        self.0.as_deref().is_none_or(User::is_admin)
+    }
+
+    /// Whether the caller may alter, delete, attach to or detach from
+    /// `topic` (its owner or an admin; a missing topic passes).
+    pub fn may_modify(&self, topic: Option<&Topic>) -> bool {
+        match (&self.0, topic) {
+            (None, _) | (_, None) => true,
+            (Some(u), Some(t)) => {
+                u.is_admin() || (!t.owner().is_empty() && t.owner() == u.username)
+            }
+        }
+    }
+}
+
+/// `{reason}` of the throttled-requests counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThrottleLabels {
+    /// `produce_rate`, `consume_rate` or `auth_failures`.
+    pub reason: String,
+}
+
+/// Everything the access layer needs.
+#[derive(Debug)]
+pub struct Security {
+    /// Off only with `--dev`.
+    pub enabled: bool,
+    /// Credentials (present when enabled).
+    pub auth: Option<Authenticator>,
+    /// Per-user rate limits.
+    pub limits: RateLimiter,
+    /// `narad_throttled_requests_total{reason}`.
+    pub throttled: Family<ThrottleLabels, Counter>,
+}
+
+impl Security {
+    /// The access layer; registers its metric.
+    pub fn new(
+        auth: Option<Authenticator>,
+        limits: RateLimiter,
+        registry: &mut Registry,
+    ) -> Security {
+        let throttled = Family::default();
+        registry.register(
+            "throttled_requests",
+            "Requests refused with 429 (rate limits, failed-password throttle)",
+            throttled.clone(),
+        );
+        Security { enabled: auth.is_some(), auth, limits, throttled }
+    }
+
+    fn count_throttled(&self, reason: &str) {
+        self.throttled.get_or_create(&ThrottleLabels { reason: reason.to_owned() }).inc();
+    }
+}
+
+fn unauthorized() -> Response {
+    let mut r = ApiError::Json {
+        status: StatusCode::UNAUTHORIZED,
+        message: "authentication required".into(),
+    }
+    .into_response();
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"narad\""));
+    r
+}
+
+/// A 403 with `message`.
+pub fn forbidden(message: &str) -> ApiError {
+    ApiError::Json { status: StatusCode::FORBIDDEN, message: message.to_owned() }
+}
+
+fn too_many(message: &str, wait: std::time::Duration) -> Response {
+    let mut r = ApiError::Json { status: StatusCode::TOO_MANY_REQUESTS, message: message.into() }
+        .into_response();
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+    r
+}
+
+/// What a route asks of the caller before its handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    Grant(Action, Option<Op>),
+    OwnerOrAdmin,
+    Authenticated,
+}
+
+fn rule(method: &Method, route: &str) -> Rule {
+    match (method.as_str(), route) {
+        ("POST", "/v1/topics/{topic}/produce" | "/v1/topics/{topic}/produce/batch") => {
+            Rule::Grant(Action::Produce, Some(Op::Produce))
+        }
+        ("GET", "/v1/topics/{topic}/consume") => Rule::Grant(Action::Consume, Some(Op::Consume)),
+        ("POST", "/v1/topics/{topic}/ack") => Rule::Grant(Action::Consume, None),
+        ("PATCH" | "DELETE", "/v1/topics/{topic}")
+        | ("POST", "/v1/topics/{topic}/children")
+        | ("DELETE", "/v1/topics/{topic}/children/{child}") => Rule::OwnerOrAdmin,
+        _ => Rule::Authenticated,
+    }
+}
+
+/// The middleware.
+pub async fn guard(State(s): State<Shared>, mut req: Request, next: Next) -> Response {
+    let sec = &s.security;
+    if EXEMPT_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let caller = match &sec.auth {
+        None => Caller(None),
+        Some(auth) => {
+            let Some((user, password)) =
+                basic_credentials(req.headers().get(header::AUTHORIZATION))
+            else {
+                return unauthorized();
+            };
+            match auth.authenticate(&user, &password).await {
+                Ok(u) => Caller(Some(u)),
+                Err(AuthError::Unauthorized) => return unauthorized(),
+                Err(AuthError::Throttled(wait)) => {
+                    sec.count_throttled("auth_failures");
+                    return too_many("too many failed authentication attempts", wait);
+                }
+                Err(AuthError::Unavailable) => {
+                    return ApiError::Json {
+                        status: StatusCode::INTERNAL_SERVER_ERROR,
+                        message: "authentication unavailable".into(),
+                    }
+                    .into_response();
+                }
+            }
+        }
+    };
+    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
+    let rule = route.as_deref().map_or(Rule::Authenticated, |r| rule(req.method(), r));
+    if rule != Rule::Authenticated {
+        let topic = match req.extract_parts::<RawPathParams>().await {
+            Ok(params) => params.iter().find(|(k, _)| *k == "topic").map(|(_, v)| v.to_owned()),
+            Err(_) => None,
+        };
+        let topic = topic.unwrap_or_default();
+        match rule {
+            Rule::Grant(action, op) => {
+                if !caller.may(action, &topic) {
+                    let text =
+                        if action == Action::Produce { PRODUCE_DENIED } else { CONSUME_DENIED };
+                    return forbidden(text).into_response();
+                }
+                if let Some(op) = op
+                    && let Err(wait) = sec.limits.check(caller.name(), op, Instant::now())
+                {
+                    sec.count_throttled(&format!("{}_rate", op.as_str()));
+                    return too_many(&format!("rate limit exceeded: {}", op.as_str()), wait);
+                }
+            }
+            Rule::OwnerOrAdmin => {
+                if !caller.may_modify(s.broker.meta().topic(&topic).as_deref()) {
+                    return forbidden(OWNER_DENIED).into_response();
+                }
+            }
+            Rule::Authenticated => {}
+        }
+    }
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_map_to_their_rules() {
+        let r = |m: Method, p: &str| rule(&m, p);
+        assert_eq!(
+            r(Method::POST, "/v1/topics/{topic}/produce/batch"),
+            Rule::Grant(Action::Produce, Some(Op::Produce))
+        );
+        assert_eq!(r(Method::POST, "/v1/topics/{topic}/ack"), Rule::Grant(Action::Consume, None));
+        assert_eq!(r(Method::DELETE, "/v1/topics/{topic}"), Rule::OwnerOrAdmin);
+        assert_eq!(r(Method::GET, "/v1/topics/{topic}"), Rule::Authenticated);
+        assert_eq!(r(Method::POST, "/v1/topics"), Rule::Authenticated);
+        assert_eq!(r(Method::DELETE, "/v1/topics/{topic}/children/{child}"), Rule::OwnerOrAdmin);
+    }
+}

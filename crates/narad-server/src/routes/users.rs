@@ -1,0 +1,248 @@
+//! `/v1/users` (SPEC §1.9): create, list, get, delete, grants, password.
+//!
+//! Every route is for admins, except that a user may read itself and
+//! change its own password (with the current one). Only root grants
+//! `admin`; admins grant any scoped grant. The root user cannot be deleted
+//! and keeps its grants; only root changes root's password. Password
+//! hashing and verifying run on the blocking pool. Every change is logged
+//! as an `audit` event.
+
+use std::sync::Arc;
+
+use axum::Extension;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_meta::user::{validate_grants, validate_username};
+use narad_meta::{Grant, MetaError, User};
+use serde::Deserialize;
+use tracing::info;
+
+use crate::access::{ADMIN_DENIED, Caller, forbidden};
+use crate::auth::{blocking, hash_password};
+use crate::body::{read_limited, strict_json};
+use crate::error::{ApiError, json_response};
+use crate::state::Shared;
+
+/// Users bodies are small; Narad caps them at 1 MiB like every JSON body.
+const USERS_BODY_BYTES: usize = 1 << 20;
+
+/// 403 when a grant exceeds what the caller may hand out.
+pub const ESCALATION_DENIED: &str = "cannot grant permissions you do not hold";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    grants: Vec<Grant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantsBody {
+    grants: Vec<Grant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PasswordBody {
+    #[serde(default)]
+    current_password: String,
+    #[serde(default)]
+    new_password: String,
+}
+
+/// Reads a users body: over the cap is a 400, as Narad streams these.
+async fn read_json<T: for<'de> Deserialize<'de>>(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, ApiError> {
+    let bytes = read_limited(headers, body, USERS_BODY_BYTES).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::bad_request("invalid json: http: request body too large")
+        } else {
+            e
+        }
+    })?;
+    strict_json(&bytes)
+}
+
+fn user_reply(status: StatusCode, u: &User) -> Response {
+    json_response(status, serde_json::to_string(&u.json()).expect("a user serializes"))
+}
+
+fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+    if caller.is_admin() { Ok(()) } else { Err(forbidden(ADMIN_DENIED)) }
+}
+
+fn check_delegation(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
+    match &caller.0 {
+        Some(u) if !grants.iter().all(|g| u.may_delegate(g)) => Err(forbidden(ESCALATION_DENIED)),
+        _ => Ok(()),
+    }
+}
+
+/// Runs a blocking metastore (or hashing) step.
+async fn run<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    blocking(f).await.ok_or_else(|| ApiError::Json {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: "users failed".into(),
+    })?
+}
+
+fn hashed(password: &str) -> Result<String, ApiError> {
+    hash_password(password).map_err(|e| {
+        tracing::error!(error = %e, "password hashing failed");
+        ApiError::Json { status: StatusCode::INTERNAL_SERVER_ERROR, message: "users failed".into() }
+    })
+}
+
+fn audit(caller: &Caller, event: &str, target: &str) {
+    info!(component = "audit", event, actor = caller.name(), target, "audit");
+}
+
+/// `POST /v1/users`.
+pub async fn create(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    require_admin(&caller)?;
+    let b: CreateBody = read_json(&headers, body).await?;
+    validate_username(&b.username)?;
+    if b.password.is_empty() {
+        return Err(ApiError::bad_request("password required"));
+    }
+    validate_grants(&b.grants)?;
+    check_delegation(&caller, &b.grants)?;
+    let meta = s.broker.meta().clone();
+    if meta.user(&b.username).is_some() {
+        return Err(MetaError::AlreadyExists("user already exists".into()).into());
+    }
+    let name = b.username.clone();
+    let user = run(move || {
+        let hash = hashed(&b.password)?;
+        Ok(meta.create_user(&b.username, hash, b.grants)?)
+    })
+    .await?;
+    audit(&caller, "user.create", &name);
+    Ok(user_reply(StatusCode::CREATED, &user))
+}
+
+/// `GET /v1/users`: a bare array in username order.
+pub async fn list(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Response, ApiError> {
+    require_admin(&caller)?;
+    let snapshot = s.broker.meta().snapshot();
+    let users: Vec<_> = snapshot.users().map(|u| u.json()).collect();
+    Ok(json_response(StatusCode::OK, serde_json::to_string(&users).expect("users serialize")))
+}
+
+fn find(s: &Shared, name: &str) -> Result<Arc<User>, ApiError> {
+    s.broker.meta().user(name).ok_or_else(|| MetaError::NotFound("not found".into()).into())
+}
+
+/// `GET /v1/users/{user}`: admins, or the user itself.
+pub async fn get(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    if caller.name() != name {
+        require_admin(&caller)?;
+    }
+    let user = find(&s, &name)?;
+    Ok(user_reply(StatusCode::OK, &user))
+}
+
+/// `DELETE /v1/users/{user}`: never root, never yourself.
+pub async fn delete(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    require_admin(&caller)?;
+    if caller.name() == name {
+        return Err(forbidden("cannot delete yourself"));
+    }
+    let meta = s.broker.meta().clone();
+    let target = name.clone();
+    run(move || Ok(meta.delete_user(&target)?)).await?;
+    audit(&caller, "user.delete", &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `PUT /v1/users/{user}/grants`: replaces the grants; not your own, not
+/// root's.
+pub async fn put_grants(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    require_admin(&caller)?;
+    let b: GrantsBody = read_json(&headers, body).await?;
+    if caller.name() == name {
+        return Err(forbidden("cannot change your own grants"));
+    }
+    let target = find(&s, &name)?;
+    if target.root {
+        return Err(forbidden("the root user's grants cannot be changed"));
+    }
+    validate_grants(&b.grants)?;
+    check_delegation(&caller, &b.grants)?;
+    let meta = s.broker.meta().clone();
+    let n = name.clone();
+    let user = run(move || Ok(meta.update_user(&n, Some(b.grants), None)?)).await?;
+    audit(&caller, "user.grants", &name);
+    Ok(user_reply(StatusCode::OK, &user))
+}
+
+/// `PUT /v1/users/{user}/password`: admins reset anyone's (root's only by
+/// root); a user changes its own with the current password. 204.
+pub async fn put_password(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let b: PasswordBody = read_json(&headers, body).await?;
+    let self_service = caller.0.is_some() && caller.name() == name;
+    if !self_service {
+        require_admin(&caller)?;
+    }
+    if b.new_password.is_empty() {
+        return Err(ApiError::bad_request("new_password required"));
+    }
+    let target = find(&s, &name)?;
+    if target.root && !self_service && caller.0.as_deref().is_some_and(|u| !u.root) {
+        return Err(forbidden("only the root user may change the root user's password"));
+    }
+    let meta = s.broker.meta().clone();
+    let n = name.clone();
+    run(move || {
+        if self_service {
+            let ok = bcrypt::verify(&b.current_password, &target.password_hash).unwrap_or(false);
+            if !ok {
+                return Err(forbidden("current password is incorrect"));
+            }
+        }
+        let hash = hashed(&b.new_password)?;
+        Ok(meta.update_user(&n, None, Some(hash))?)
+    })
+    .await?;
+    audit(&caller, "user.password", &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,100 @@
+//! Configuration layering through the real binary: `narad serve
+//! --print-config` shows the effective config (file < env < flags, secrets
+//! masked), and an impossible config stops the start naming the key.
+
+mod common;
+
+use common::{Server, run_cli, temp_dir};
+use serde_json::Value;
+
+fn print_config(args: &[&str], env: &[(&str, &str)]) -> Value {
+    let mut all = vec!["serve", "--print-config"];
+    all.extend_from_slice(args);
+    let (code, out, err) = run_cli(&all, env, None);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[test]
+fn file_then_environment_then_flags() {
+    let dir = temp_dir("config-layers");
+    let file = dir.join("narad.toml");
+    std::fs::write(
+        &file,
+        "[http]\naddr = \"127.0.0.1:1001\"\nshutdown_grace = \"20s\"\n\
+         [log]\nlevel = \"warn\"\nformat = \"json\"\n\
+         [topic]\ndefault_partitions = 5\n\
+         [storage]\nsegment_bytes = \"16MiB\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let c = print_config(&["--config", f], &[]);
+    assert_eq!(c["http"]["addr"], "127.0.0.1:1001");
+    assert_eq!(c["http"]["shutdown_grace"], "20s");
+    assert_eq!(c["http"]["max_consume_wait"], "10s", "untouched keys keep defaults");
+    assert_eq!(c["topic"]["default_partitions"], 5);
+    assert_eq!(c["storage"]["segment_bytes"], 16 << 20);
+    assert_eq!(c["security"]["enabled"], true);
+
+    let env = [("NARAD_HTTP_ADDR", "127.0.0.1:1002"), ("NARAD_LOG_LEVEL", "error")];
+    let c = print_config(&["--config", f], &env);
+    assert_eq!(c["http"]["addr"], "127.0.0.1:1002", "env beats the file");
+    assert_eq!(c["log"]["level"], "error");
+    assert_eq!(c["log"]["format"], "json", "the file still sets what env does not");
+
+    let c =
+        print_config(&["--config", f, "--addr", "127.0.0.1:1003", "--log-format", "text"], &env);
+    assert_eq!(c["http"]["addr"], "127.0.0.1:1003", "a flag beats env and file");
+    assert_eq!(c["log"]["format"], "text");
+    assert_eq!(c["log"]["level"], "error");
+}
+
+#[test]
+fn secrets_are_masked_and_dev_mode_shows_security_off() {
+    let c = print_config(&["--dev"], &[("NARAD_ADMIN_PASSWORD", "hunter2")]);
+    assert_eq!(c["security"]["admin_password"], "********");
+    assert_eq!(c["security"]["enabled"], false);
+    assert_eq!(c["http"]["addr"], "127.0.0.1:7942");
+    let json = temp_dir("config-json").join("c.json");
+    std::fs::write(&json, r#"{"limits":{"produce_rate":2.5}}"#).unwrap();
+    let c = print_config(&["--config", json.to_str().unwrap()], &[]);
+    assert_eq!(c["limits"]["produce_rate"], 2.5);
+    assert_eq!(c["http"]["addr"], "0.0.0.0:7942");
+}
+
+#[test]
+fn an_impossible_config_stops_the_start_naming_the_key() {
+    let dir = temp_dir("config-bad");
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 5] = [
+        ("unknown field `nope`", &[], &["--config", "BAD"]),
+        ("http.max_consume_wait", &[("NARAD_HTTP_MAX_CONSUME_WAIT", "1m")], &[]),
+        ("tls_key_file", &[], &["--tls-cert", "cert.pem"]),
+        ("loopback", &[], &["--dev", "--addr", "0.0.0.0:7942"]),
+        ("NARAD_TOPIC_DEFAULT_PARTITIONS", &[("NARAD_TOPIC_DEFAULT_PARTITIONS", "many")], &[]),
+    ];
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "[storage]\nnope = 1\n").unwrap();
+    for (needle, env, args) in cases {
+        let mut all = vec!["serve", "--data-dir", dir.to_str().unwrap()];
+        all.extend(args.iter().map(|a| if *a == "BAD" { bad.to_str().unwrap() } else { a }));
+        let (code, _, err) = run_cli(&all, env, None);
+        assert_eq!(code, 1, "{needle}: {err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
+
+#[test]
+fn a_secured_server_starts_from_a_config_file() {
+    let dir = temp_dir("config-start");
+    let file = dir.join("narad.json");
+    std::fs::write(&file, r#"{"topic":{"default_partitions":7}}"#).unwrap();
+    let s = Server::start_opts(
+        "config-start",
+        common::Opts::secure().args(&["--config", file.to_str().unwrap()]),
+    );
+    let r = s.as_admin(reqwest::Method::POST, "/v1/topics").body(r#"{"name":"t"}"#).send().unwrap();
+    let t: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert_eq!(t["partitions"], 7, "the file's topic defaults apply");
+    assert_eq!(t["owner"], "admin");
+}
