@@ -107,6 +107,12 @@ impl RateLimiter {
         RateLimiter { limits, buckets: Mutex::new(HashMap::new()) }
     }
 
+    /// Whether no user has any limit (the access layer then skips them).
+    pub fn is_unlimited(&self) -> bool {
+        let none = |r: &Rate| r.produce_rate <= 0.0 && r.consume_rate <= 0.0;
+        none(&self.limits.global()) && self.limits.users.values().all(none)
+    }
+
     /// Takes a token for `user` doing `op`, or says how long to wait.
     /// Users without a limit for `op` never wait and cost no lock.
     pub fn check(&self, user: &str, op: Op, now: Instant) -> Result<(), Duration> {
@@ -172,5 +178,7 @@ mod tests {
             l.check("a", Op::Consume, t0).unwrap();
         }
         l.check("a", Op::Produce, t0 + Duration::from_secs(1)).unwrap();
+        assert!(!l.is_unlimited());
+        assert!(RateLimiter::new(LimitsConfig::default()).is_unlimited());
     }
 }

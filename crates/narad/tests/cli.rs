@@ -133,6 +133,8 @@ fn pub_sub_peek_and_replay() {
     let offsets: Vec<u64> =
         replayed.as_array().unwrap().iter().map(|m| m["offset"].as_u64().unwrap()).collect();
     assert_eq!(offsets, vec![1, 2], "to the end of the partition");
+    let raw = c.ok(&["replay", "m", "--partition", "0", "--to", "2", "--raw"]);
+    assert_eq!(raw, "hello\nhello\n", "--to is exclusive");
     let one = c.json(&["replay", "m", "--partition", "1", "--count", "1", "-o", "json"]);
     assert_eq!(one[0]["payload"], serde_json::json!({"n": 1}));
 

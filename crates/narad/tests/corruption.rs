@@ -104,7 +104,8 @@ fn torn_tails_are_truncated_and_everything_before_them_is_served() {
     // Let the dispatcher commit them, then crash.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let d: serde_json::Value = serde_json::from_str(&s.get("/v1/topics/t?partition=1").text().unwrap()).unwrap();
+        let d: serde_json::Value =
+            serde_json::from_str(&s.get("/v1/topics/t?partition=1").text().unwrap()).unwrap();
         if d["partition_stats"][0]["high_watermark"] == 20 {
             break;
         }

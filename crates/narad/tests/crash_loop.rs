@@ -37,19 +37,30 @@ struct Shared {
 }
 
 fn producer(shared: Arc<Shared>, n: u64) {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client =
+        reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
     let mut rng = SimRng::new(n);
     while !shared.stop.load(Ordering::Relaxed) {
         let base = shared.base.read().unwrap().clone();
         let topic = TOPICS[rng.below(2) as usize];
         if rng.chance(1, 4) {
-            let ids: Vec<String> =
-                (0..5).map(|_| format!("m{}", shared.next_id.fetch_add(1, Ordering::Relaxed))).collect();
+            let ids: Vec<String> = (0..5)
+                .map(|_| format!("m{}", shared.next_id.fetch_add(1, Ordering::Relaxed)))
+                .collect();
             let msgs: Vec<Value> = ids
                 .iter()
-                .map(|id| if rng.chance(1, 2) { json!({"key": id, "payload": {"id": id}}) } else { json!({"payload": {"id": id}}) })
+                .map(|id| {
+                    if rng.chance(1, 2) {
+                        json!({"key": id, "payload": {"id": id}})
+                    } else {
+                        json!({"payload": {"id": id}})
+                    }
+                })
                 .collect();
-            let r = client.post(format!("{base}/v1/topics/{topic}/produce/batch")).body(json!({"messages": msgs}).to_string()).send();
+            let r = client
+                .post(format!("{base}/v1/topics/{topic}/produce/batch"))
+                .body(json!({"messages": msgs}).to_string())
+                .send();
             match r {
                 Ok(r) if r.status() == 202 => shared.acked.lock().unwrap().extend(ids),
                 _ => std::thread::sleep(Duration::from_millis(20)),
@@ -57,7 +68,10 @@ fn producer(shared: Arc<Shared>, n: u64) {
         } else {
             let id = format!("m{}", shared.next_id.fetch_add(1, Ordering::Relaxed));
             let q = if rng.chance(1, 2) { format!("?key={id}") } else { String::new() };
-            let r = client.post(format!("{base}/v1/topics/{topic}/produce{q}")).body(json!({"id": id}).to_string()).send();
+            let r = client
+                .post(format!("{base}/v1/topics/{topic}/produce{q}"))
+                .body(json!({"id": id}).to_string())
+                .send();
             match r {
                 Ok(r) if r.status() == 202 => {
                     shared.acked.lock().unwrap().insert(id);
@@ -68,8 +82,15 @@ fn producer(shared: Arc<Shared>, n: u64) {
     }
 }
 
-fn consume_once(client: &reqwest::blocking::Client, base: &str, topic: &str, shared: &Shared, wait: &str) -> Option<usize> {
-    let r = client.get(format!("{base}/v1/topics/{topic}/consume?max=50&wait={wait}")).send().ok()?;
+fn consume_once(
+    client: &reqwest::blocking::Client,
+    base: &str,
+    topic: &str,
+    shared: &Shared,
+    wait: &str,
+) -> Option<usize> {
+    let r =
+        client.get(format!("{base}/v1/topics/{topic}/consume?max=50&wait={wait}")).send().ok()?;
     if r.status() == 204 {
         return Some(0);
     }
@@ -95,7 +116,8 @@ fn consume_once(client: &reqwest::blocking::Client, base: &str, topic: &str, sha
 }
 
 fn consumer(shared: Arc<Shared>, n: usize) {
-    let client = reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client =
+        reqwest::blocking::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
     while !shared.stop.load(Ordering::Relaxed) {
         let base = shared.base.read().unwrap().clone();
         if consume_once(&client, &base, TOPICS[n % 2], &shared, "200ms").is_none() {
@@ -175,5 +197,11 @@ fn no_202_is_lost_across_repeated_crashes() {
         deliveries as f64 / delivered.len().max(1) as f64 - 1.0
     );
     assert!(acked.len() > 100, "the load barely ran");
-    assert!(lost.is_empty(), "{} of {} acked messages lost, e.g. {:?}", lost.len(), acked.len(), &lost[..lost.len().min(5)]);
+    assert!(
+        lost.is_empty(),
+        "{} of {} acked messages lost, e.g. {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(5)]
+    );
 }

@@ -48,7 +48,12 @@ impl Drop for Mount {
 
 fn metric(s: &Server, name: &str) -> Option<f64> {
     let text = s.get("/metrics").text().ok()?;
-    text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?.rsplit(' ').next()?.parse().ok()
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
 }
 
 #[test]
@@ -56,7 +61,9 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
     let root = temp_dir("diskfull");
     let mnt = root.join("mnt");
     let Some(mount) = Mount::tmpfs(&mnt, "24m") else {
-        eprintln!("disk full: cannot mount tmpfs here (not root?); covered in process by ENOSPC faults on SimFs");
+        eprintln!(
+            "disk full: cannot mount tmpfs here (not root?); covered in process by ENOSPC faults on SimFs"
+        );
         return;
     };
     let mut s = Server::start_in(mnt.join("data"), root.join("server.log"));
@@ -84,7 +91,11 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
     for _ in 0..5 {
         assert_eq!(s.produce("full", "", b"tiny"), 500);
     }
-    assert!(t.elapsed() < Duration::from_secs(5), "latched produces should fail fast: {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "latched produces should fail fast: {:?}",
+        t.elapsed()
+    );
     // Consume and readiness are unaffected.
     assert_eq!(s.get("/readyz").status(), 200);
     let r = s.get("/v1/topics/full/consume?wait=1s");
@@ -104,7 +115,12 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
         }
     }
     let lost: Vec<&u32> = acked.iter().filter(|i| !seen.contains(i)).collect();
-    assert!(lost.is_empty(), "{} acked messages lost after the disk filled: {:?}", lost.len(), &lost[..lost.len().min(5)]);
+    assert!(
+        lost.is_empty(),
+        "{} acked messages lost after the disk filled: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
     let _ = payload_bytes;
     drop(s);
 }

@@ -339,6 +339,9 @@ pub struct ReplayArgs {
     /// Stop after this many messages (default: at the end of the partition).
     #[arg(long)]
     count: Option<u64>,
+    /// Stop before this offset (exclusive).
+    #[arg(long)]
+    to: Option<u64>,
     /// Print payloads only.
     #[arg(long)]
     raw: bool,
@@ -350,8 +353,8 @@ pub fn run_replay(a: ReplayArgs) -> CliResult {
     let mut offset = a.from_offset;
     let mut seen = 0u64;
     let mut all = Vec::new();
-    while a.count.is_none_or(|n| seen < n) {
-        let left = a.count.map_or(100, |n| n - seen);
+    while a.count.is_none_or(|n| seen < n) && a.to.is_none_or(|to| offset < to) {
+        let left = a.count.map_or(100, |n| n - seen).min(a.to.map_or(100, |to| to - offset));
         let Some(msgs) = read_at(&c, &a.topic, a.partition, offset, left)? else {
             let oldest = partition_bounds(&c, &a.topic)?
                 .into_iter()
@@ -372,6 +375,9 @@ pub fn run_replay(a: ReplayArgs) -> CliResult {
         }
         for m in msgs {
             offset = m["offset"].as_u64().unwrap_or(offset) + 1;
+            if a.to.is_some_and(|to| offset > to) {
+                break;
+            }
             seen += 1;
             if c.output == Output::Json && !a.raw {
                 all.push(m);

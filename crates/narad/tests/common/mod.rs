@@ -122,15 +122,8 @@ impl Server {
             .pool_max_idle_per_host(64)
             .build()
             .unwrap();
-        let mut s = Server {
-            data_dir,
-            port,
-            base: String::new(),
-            child: None,
-            log_path,
-            client,
-            opts,
-        };
+        let mut s =
+            Server { data_dir, port, base: String::new(), child: None, log_path, client, opts };
         s.base = s.base_for(port);
         s.spawn();
         s
@@ -259,13 +252,22 @@ impl Server {
     }
 
     /// As [`Server::as_user`] for the root user.
-    pub fn as_admin(&self, method: reqwest::Method, path: &str) -> reqwest::blocking::RequestBuilder {
+    pub fn as_admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> reqwest::blocking::RequestBuilder {
         self.as_user(method, path, "admin", ADMIN_PASSWORD)
     }
 
     /// Runs the `narad` CLI with `args` and environment `env` (on top of a
     /// cleaned `NARAD_*` environment); returns (exit code, stdout, stderr).
-    pub fn cli(&self, args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> (i32, String, String) {
+    pub fn cli(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+        stdin: Option<&[u8]>,
+    ) -> (i32, String, String) {
         run_cli(args, env, stdin)
     }
 
