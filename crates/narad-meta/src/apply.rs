@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use crate::assignment::Assignment;
 use crate::command::{
-    AlterTopic, AssignPartitions, Command, CreateTopic, CreateUser, DeleteUser, MemberDead,
-    MemberJoin, Response, SeedRootUser, UpdateUser,
+    AlterTopic, AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteUser,
+    DetachChild, MemberDead, MemberJoin, Response, SeedRootUser, UpdateUser,
 };
 use crate::error::MetaError;
 use crate::limits::{
@@ -74,6 +74,8 @@ pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied
         Command::UpdateUser(c) => update_user(&mut txn, c)?,
         Command::DeleteUser(c) => delete_user(&mut txn, c)?,
         Command::SeedRootUser(c) => seed_root_user(&mut txn, c)?,
+        Command::AttachChild(c) => attach_child(&mut txn, c)?,
+        Command::DetachChild(c) => detach_child(&mut txn, c)?,
     };
     Ok(txn.finish(index, response))
 }
@@ -231,17 +233,31 @@ fn check_create_as_child(
     if link.name == c.name {
         return Err(invalid("a topic cannot be its own parent"));
     }
-    check_fanout_delay(i64::try_from(link.fanout_delay_ms).unwrap_or(i64::MAX))?;
-    let epoch_ok = link.attach_epoch.len() == ATTACH_EPOCH_HEX_LEN
-        && link.attach_epoch.bytes().all(|b| b.is_ascii_hexdigit());
-    if !epoch_ok {
-        return Err(invalid(format!(
-            "attach_epoch must be {ATTACH_EPOCH_HEX_LEN} hex digits, got {:?}",
-            link.attach_epoch
-        )));
-    }
+    check_fanout_delay("fanout_delay_ms", delay_as_i64(link.fanout_delay_ms))?;
+    check_epoch(&link.attach_epoch)?;
     let parent = txn.state.topics.get(&link.name).cloned();
     let parent = parent.ok_or_else(|| parent_not_found(&link.name))?;
+    check_parent_accepts(&parent, link.fanout_delay_ms)?;
+    Ok(parent)
+}
+
+fn delay_as_i64(delay_ms: u64) -> i64 {
+    i64::try_from(delay_ms).unwrap_or(i64::MAX)
+}
+
+fn check_epoch(epoch: &str) -> Result<(), MetaError> {
+    let ok = epoch.len() == ATTACH_EPOCH_HEX_LEN && epoch.bytes().all(|b| b.is_ascii_hexdigit());
+    if !ok {
+        return Err(invalid(format!(
+            "attach_epoch must be {ATTACH_EPOCH_HEX_LEN} hex digits, got {epoch:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The rules a parent sets for one more child: it is not itself a child, it
+/// has room, and (for a delayed child) it keeps records long enough.
+fn check_parent_accepts(parent: &Topic, delay_ms: u64) -> Result<(), MetaError> {
     if let Some(grandparent) = &parent.parent {
         return Err(conflict(format!(
             "topic {:?} is a child of {:?} and cannot have children",
@@ -254,8 +270,7 @@ fn check_create_as_child(
             parent.name
         )));
     }
-    check_delay_fits_retention(parent.retention_ms, link.fanout_delay_ms)?;
-    Ok(parent)
+    check_delay_fits_retention(parent.retention_ms, delay_ms)
 }
 
 /// A parent with a non-zero retention must keep records for the delay of
@@ -271,6 +286,13 @@ fn check_delay_fits_retention(parent_retention_ms: u64, delay_ms: u64) -> Result
     Ok(())
 }
 
+fn schema_mismatch(child: &str, parent: &str) -> MetaError {
+    conflict(format!(
+        "schema mismatch: child {child:?} must have no schema or the same schema history as \
+         parent {parent:?}"
+    ))
+}
+
 /// A child adopts its parent's schema history when it brings none, and must
 /// bring an identical history otherwise.
 fn attach_schema(
@@ -283,12 +305,116 @@ fn attach_schema(
     let Some(schema) = schema else { return Ok(parents) };
     match parents {
         Some(h) if h.versions().len() == 1 && *h.versions()[0] == *schema.raw() => Ok(Some(h)),
-        _ => Err(conflict(format!(
-            "schema mismatch: child {child:?} must have no schema or the same schema history as \
-             parent {:?}",
-            parent.name
-        ))),
+        _ => Err(schema_mismatch(child, &parent.name)),
     }
+}
+
+/// What an attach that passed [`check_attach`] works with.
+pub(crate) struct CheckedAttach {
+    parent: Arc<Topic>,
+    child: Arc<Topic>,
+    /// The child's schema history once attached (the parent's, if any).
+    history: Option<Arc<SchemaHistory>>,
+}
+
+/// Every rule of attaching an existing topic (SPEC §1.5), in the order they
+/// are checked: the request's own values (400), both topics exist (404),
+/// the roles (409: already attached here, the parent is a child, the child
+/// is a parent, the child is attached elsewhere, the parent is full), the
+/// parent's retention against the delay (400), and the schemas (409: the
+/// child has none, or the same history as the parent).
+pub(crate) fn check_attach(state: &MetaState, c: &AttachChild) -> Result<CheckedAttach, MetaError> {
+    if c.child.is_empty() {
+        return Err(invalid("child required"));
+    }
+    if c.child == c.parent {
+        return Err(invalid("a topic cannot be attached to itself"));
+    }
+    check_fanout_delay("delay_ms", delay_as_i64(c.fanout_delay_ms))?;
+    check_epoch(&c.attach_epoch)?;
+    let parent = state.topics.get(&c.parent).cloned().ok_or_else(MetaError::topic_not_found)?;
+    let child = state.topics.get(&c.child).cloned();
+    let child = child.ok_or_else(|| {
+        MetaError::NotFound(format!("topic not found: child topic {:?}", c.child))
+    })?;
+    if let Some(link) = &child.parent
+        && link.name == parent.name
+    {
+        return Err(conflict(format!(
+            "topic {:?} is already attached to {:?}",
+            child.name, parent.name
+        )));
+    }
+    if let Some(grandparent) = &parent.parent {
+        return Err(conflict(format!(
+            "topic {:?} is a child of {:?} and cannot have children",
+            parent.name, grandparent.name
+        )));
+    }
+    if !child.children.is_empty() {
+        return Err(conflict(format!(
+            "topic {:?} is a parent of {} children and cannot be attached",
+            child.name,
+            child.children.len()
+        )));
+    }
+    if let Some(link) = &child.parent {
+        return Err(conflict(format!(
+            "topic {:?} is already attached to parent {:?}",
+            child.name, link.name
+        )));
+    }
+    check_parent_accepts(&parent, c.fanout_delay_ms)?;
+    let parents = state.schemas.get(&parent.name).cloned();
+    let history = match state.schemas.get(&child.name) {
+        None => parents,
+        Some(own) if parents.as_ref().is_some_and(|p| p.versions() == own.versions()) => parents,
+        Some(_) => return Err(schema_mismatch(&child.name, &parent.name)),
+    };
+    Ok(CheckedAttach { parent, child, history })
+}
+
+fn attach_child(txn: &mut Txn, c: &AttachChild) -> Result<Response, MetaError> {
+    let CheckedAttach { parent, child, history } = check_attach(&txn.state, c)?;
+    let mut child = (*child).clone();
+    child.parent = Some(ParentLink {
+        name: parent.name.clone(),
+        attach_epoch: c.attach_epoch.clone(),
+        fanout_delay_ms: c.fanout_delay_ms,
+        attached_at_ms: c.attached_at_ms,
+    });
+    txn.put_topic(child);
+    if let Some(h) = history {
+        txn.put_schemas(&c.child, h);
+    }
+    let mut parent = (*parent).clone();
+    parent.children.push(c.child.clone());
+    Ok(Response::Topic(txn.put_topic(parent)))
+}
+
+fn detach_child(txn: &mut Txn, c: &DetachChild) -> Result<Response, MetaError> {
+    let parent = txn.topic(&c.parent)?;
+    let child = txn.state.topics.get(&c.child).cloned();
+    let child = child.ok_or_else(|| {
+        MetaError::NotFound(format!("topic not found: child topic {:?}", c.child))
+    })?;
+    let link = match &child.parent {
+        Some(link) if link.name == parent.name => link.clone(),
+        _ => {
+            return Err(MetaError::NotFound(format!(
+                "topic {:?} is not attached to {:?}",
+                c.child, c.parent
+            )));
+        }
+    };
+    // The child keeps its data and its schema history, now its own.
+    let mut child = (*child).clone();
+    child.parent = None;
+    txn.put_topic(child);
+    let mut parent = (*parent).clone();
+    parent.children.retain(|name| name != &c.child);
+    let parent = txn.put_topic(parent);
+    Ok(Response::ChildDetached { parent, link })
 }
 
 fn alter_topic(txn: &mut Txn, c: &AlterTopic) -> Result<Response, MetaError> {

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::command::DeleteTopic;
+use crate::command::{AttachChild, DeleteTopic, DetachChild};
 use crate::config::TopicDefaults;
-use crate::request::{AlterTopicRequest, CreateTopicRequest};
+use crate::request::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest};
 use crate::topic::Role;
 
 /// A state machine under test; checks every invariant after every command.
@@ -32,7 +32,8 @@ impl Sm {
     }
 
     fn create_cmd(&self, req: CreateTopicRequest) -> Command {
-        let c = req.resolve(&TopicDefaults::default(), &self.state, 1_700_000_000, 0xfeed).unwrap();
+        let c =
+            req.resolve(&TopicDefaults::default(), &self.state, 1_700_000_000_000, 0xfeed).unwrap();
         Command::CreateTopic(c)
     }
 
@@ -348,6 +349,236 @@ fn deleting_the_last_child_makes_the_parent_standalone() {
     assert_eq!(sm.topic("p").children(), &["b".to_owned()][..]);
     sm.delete("b").unwrap();
     assert_eq!(sm.topic("p").role(), Role::Standalone);
+}
+
+fn attach_cmd(parent: &str, child: &str, delay: u64, epoch: u64) -> Command {
+    Command::AttachChild(AttachChild {
+        parent: parent.into(),
+        child: child.into(),
+        attach_epoch: crate::request::format_epoch(epoch),
+        fanout_delay_ms: delay,
+        attached_at_ms: 1_700_000_000_000 + epoch,
+    })
+}
+
+fn detach_cmd(parent: &str, child: &str) -> Command {
+    Command::DetachChild(DetachChild { parent: parent.into(), child: child.into() })
+}
+
+impl Sm {
+    fn attach(&mut self, parent: &str, child: &str, delay: u64, epoch: u64) -> Arc<Topic> {
+        match self.run(attach_cmd(parent, child, delay, epoch)).unwrap() {
+            Response::Topic(t) => t,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn attach_links_an_existing_topic_with_its_epoch_delay_and_time() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    sm.create(CreateTopicRequest { partitions: 5, ..req("c") });
+    let parent = sm.attach("p", "c", 2_000, 0xab);
+    assert_eq!(
+        (parent.name(), parent.role(), parent.children()),
+        ("p", Role::Parent, &["c".to_owned()][..])
+    );
+    let c = sm.topic("c");
+    assert_eq!((c.role(), c.partitions(), c.is_delayed_child()), (Role::Child, 5, true));
+    let link = c.parent().unwrap();
+    assert_eq!(link.name, "p");
+    assert_eq!(link.attach_epoch, "00000000000000ab");
+    assert_eq!((link.fanout_delay_ms, link.attached_at_ms), (2_000, 1_700_000_000_000 + 0xab));
+}
+
+#[test]
+fn detach_dissolves_the_link_and_a_reattach_gets_a_new_epoch() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("p", S1));
+    sm.create(req("a"));
+    sm.create(req("b"));
+    sm.attach("p", "a", 0, 1);
+    sm.attach("p", "b", 0, 2);
+    match sm.run(detach_cmd("p", "a")).unwrap() {
+        Response::ChildDetached { parent, link } => {
+            assert_eq!(parent.children(), &["b".to_owned()][..]);
+            assert_eq!((link.name.as_str(), link.attach_epoch.as_str()), ("p", "0000000000000001"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let a = sm.topic("a");
+    assert_eq!((a.role(), a.parent()), (Role::Standalone, None));
+    assert_eq!(sm.schema_texts("a"), vec![S1], "a detached child keeps the schema it had");
+    sm.run(detach_cmd("p", "b")).unwrap();
+    assert_eq!(sm.topic("p").role(), Role::Standalone, "no children left: standalone");
+
+    sm.attach("p", "a", 0, 3);
+    let link = sm.topic("a").parent().unwrap().clone();
+    assert_eq!(link.attach_epoch, "0000000000000003", "each attach has its own epoch");
+    sm.run(detach_cmd("p", "a")).unwrap();
+    let e = sm.refuse(detach_cmd("p", "a"));
+    assert_eq!((e.status(), e.to_string()), (404, r#"topic "a" is not attached to "p""#.into()));
+}
+
+#[test]
+fn detach_of_a_link_that_does_not_exist_is_404() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    sm.create(req("q"));
+    sm.create(req("c"));
+    sm.attach("q", "c", 0, 1);
+    let cases = [
+        (detach_cmd("nope", "c"), "topic not found"),
+        (detach_cmd("p", "nope"), r#"topic not found: child topic "nope""#),
+        (detach_cmd("p", "c"), r#"topic "c" is not attached to "p""#),
+        (detach_cmd("p", "q"), r#"topic "q" is not attached to "p""#),
+    ];
+    for (cmd, text) in cases {
+        let e = sm.refuse(cmd);
+        assert_eq!((e.status(), e.to_string()), (404, text.to_owned()));
+    }
+}
+
+#[test]
+fn attach_refuses_every_broken_rule_with_its_status_and_text() {
+    let mut sm = Sm::default();
+    sm.create(CreateTopicRequest { retention_ms: 7_200_000, ..req("p") });
+    sm.create(req("q"));
+    sm.create(req("c"));
+    sm.create(req("d"));
+    sm.create(req("g"));
+    sm.attach("p", "c", 0, 1);
+    sm.attach("q", "d", 0, 2);
+    let bad_epoch = Command::AttachChild(AttachChild {
+        parent: "p".into(),
+        child: "g".into(),
+        attach_epoch: "xyz".into(),
+        fanout_delay_ms: 0,
+        attached_at_ms: 1,
+    });
+    let cases: Vec<(Command, u16, &str)> = vec![
+        (attach_cmd("p", "", 0, 9), 400, "invalid argument: child required"),
+        (attach_cmd("p", "p", 0, 9), 400, "invalid argument: a topic cannot be attached to itself"),
+        (
+            attach_cmd("p", "g", 31_536_000_001, 9),
+            400,
+            "invalid argument: delay_ms (31536000001) exceeds the maximum of 31536000000 (1 year)",
+        ),
+        (bad_epoch, 400, r#"invalid argument: attach_epoch must be 16 hex digits, got "xyz""#),
+        (attach_cmd("nope", "g", 0, 9), 404, "topic not found"),
+        (attach_cmd("p", "nope", 0, 9), 404, r#"topic not found: child topic "nope""#),
+        (attach_cmd("p", "c", 0, 9), 409, r#"topic "c" is already attached to "p""#),
+        (
+            attach_cmd("c", "g", 0, 9),
+            409,
+            r#"topic "c" is a child of "p" and cannot have children"#,
+        ),
+        (
+            attach_cmd("g", "p", 0, 9),
+            409,
+            r#"topic "p" is a parent of 1 children and cannot be attached"#,
+        ),
+        (attach_cmd("p", "d", 0, 9), 409, r#"topic "d" is already attached to parent "q""#),
+        (
+            attach_cmd("p", "g", 3_600_001, 9),
+            400,
+            "invalid argument: parent retention_ms (7200000) must be at least fanout_delay_ms + 1 hour (7200001)",
+        ),
+    ];
+    for (cmd, status, text) in cases {
+        let e = sm.refuse(cmd);
+        assert_eq!((e.status(), e.to_string()), (status, text.to_owned()));
+    }
+    sm.attach("p", "g", 3_600_000, 10);
+    assert!(sm.topic("g").is_delayed_child());
+}
+
+#[test]
+fn attach_refuses_a_parent_that_has_108_children() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    for i in 0..108 {
+        sm.create(child_req(&format!("c{i}"), "p", 0));
+    }
+    sm.create(req("extra"));
+    let e = sm.refuse(attach_cmd("p", "extra", 0, 1));
+    assert_eq!(
+        (e.status(), e.to_string()),
+        (409, r#"parent topic "p" already has 108 children"#.into())
+    );
+    sm.run(detach_cmd("p", "c7")).unwrap();
+    sm.attach("p", "extra", 0, 2);
+    assert_eq!(sm.topic("p").children().len(), 108);
+    assert_eq!(sm.topic("p").children().last().map(String::as_str), Some("extra"), "attach order");
+}
+
+#[test]
+fn an_attached_child_adopts_the_parents_history_or_must_already_have_it() {
+    let mut sm = Sm::default();
+    sm.create(with_schema("p", S1));
+    sm.alter("p", schema_alter(S2)).unwrap();
+    sm.create(req("bare"));
+    sm.attach("p", "bare", 0, 1);
+    assert_eq!(sm.schema_texts("bare"), vec![S1, S2], "the full history is adopted");
+
+    sm.create(with_schema("same", S1));
+    sm.alter("same", schema_alter(S2)).unwrap();
+    sm.attach("p", "same", 0, 2);
+    assert_eq!(sm.schema_texts("same"), vec![S1, S2]);
+
+    sm.create(with_schema("newer", S2));
+    let e = sm.refuse(attach_cmd("p", "newer", 0, 3));
+    assert_eq!(e.status(), 409);
+    assert_eq!(
+        e.to_string(),
+        r#"schema mismatch: child "newer" must have no schema or the same schema history as parent "p""#
+    );
+    sm.create(req("plain"));
+    let e = sm.refuse(attach_cmd("plain", "newer", 0, 4));
+    assert_eq!(e.status(), 409, "a child with a schema cannot join a parent without one");
+    sm.create(req("nothing"));
+    sm.attach("plain", "nothing", 0, 5);
+    assert!(sm.state.schema_history("nothing").is_none());
+}
+
+#[test]
+fn an_attach_counts_as_one_change_of_topics_and_of_schemas_when_adopting() {
+    let mut sm = Sm::default();
+    let v = |sm: &Sm| {
+        let v = sm.state.versions();
+        [v.topics, v.schemas, v.assignments, v.members, v.users]
+    };
+    sm.create(with_schema("p", S1));
+    sm.create(req("c"));
+    assert_eq!(v(&sm), [2, 1, 0, 0, 0]);
+    sm.attach("p", "c", 0, 1);
+    assert_eq!(v(&sm), [3, 2, 0, 0, 0]);
+    sm.run(detach_cmd("p", "c")).unwrap();
+    assert_eq!(v(&sm), [4, 2, 0, 0, 0], "a detach rewrites the two topics only");
+}
+
+#[test]
+fn the_attach_request_checks_the_same_rules_before_proposing() {
+    let mut sm = Sm::default();
+    sm.create(req("p"));
+    sm.create(req("c"));
+    let resolve = |sm: &Sm, child: &str, delay: i64| {
+        let r = AttachChildRequest { parent: "p".into(), child: child.into(), delay_ms: delay };
+        r.resolve(&sm.state, 1_700_000_000_500, 0x1234)
+    };
+    let e = resolve(&sm, "c", -1).unwrap_err();
+    assert_eq!(
+        (e.status(), e.to_string()),
+        (400, "invalid argument: delay_ms must be >= 0".into())
+    );
+    assert_eq!(resolve(&sm, "", 0).unwrap_err().to_string(), "invalid argument: child required");
+    assert_eq!(resolve(&sm, "zz", 0).unwrap_err().status(), 404);
+    let c = resolve(&sm, "c", 250).unwrap();
+    assert_eq!(c.attach_epoch, "0000000000001234");
+    assert_eq!((c.fanout_delay_ms, c.attached_at_ms), (250, 1_700_000_000_500));
+    sm.run(Command::AttachChild(c.clone())).unwrap();
+    assert_eq!(resolve(&sm, "c", 0).unwrap_err().status(), 409);
 }
 
 fn assign(topic: &str, incarnation: u64, parts: &[(u32, &str)]) -> Command {

@@ -21,6 +21,8 @@
 //! | 8 | [`UpdateUser`] |
 //! | 9 | [`DeleteUser`] |
 //! | 10 | [`SeedRootUser`] |
+//! | 11 | [`AttachChild`] |
+//! | 12 | [`DetachChild`] |
 //!
 //! Everything time-based, random or slow (creation time, attach epochs,
 //! heartbeat times, password hashes) is decided by the proposer and carried
@@ -38,7 +40,7 @@ use crate::topic::{ParentLink, Topic};
 use crate::user::{Grant, User};
 
 /// One mutation of the metastore. Variants are append-only (see the module
-/// docs); attach/detach come in a later issue as ops 11 and up.
+/// docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Op 1: create a topic, optionally with its first schema and as a child.
@@ -61,6 +63,11 @@ pub enum Command {
     DeleteUser(DeleteUser),
     /// Op 10: create the root user, when there is none.
     SeedRootUser(SeedRootUser),
+    /// Op 11: attach an existing topic to a parent as a fan-out child.
+    AttachChild(AttachChild),
+    /// Op 12: detach a child from its parent (both become standalone when
+    /// that was the last link).
+    DetachChild(DetachChild),
 }
 
 /// Creates a topic. Built by [`crate::CreateTopicRequest::resolve`], which
@@ -199,6 +206,36 @@ pub struct SeedRootUser {
     pub user: User,
 }
 
+/// Attaches an existing topic as a child of `parent`. Built by
+/// [`crate::AttachChildRequest::resolve`] (which stamps the epoch and the
+/// time); apply checks every rule of SPEC §1.5 again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachChild {
+    /// The parent topic.
+    pub parent: String,
+    /// The topic to attach.
+    pub child: String,
+    /// The new attachment's id: 16 hex digits of 8 random bytes, drawn by
+    /// the proposer for every attach.
+    pub attach_epoch: String,
+    /// Delivery delay after the parent's commit time, in ms (0..=1 year).
+    pub fanout_delay_ms: u64,
+    /// The attach time, Unix ms, from the proposer's clock.
+    pub attached_at_ms: u64,
+}
+
+/// Detaches `child` from `parent`; refused with 404 unless `child` is
+/// attached to exactly that parent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetachChild {
+    /// The parent topic.
+    pub parent: String,
+    /// The child topic.
+    pub child: String,
+}
+
 /// What applying a command produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Response {
@@ -215,6 +252,14 @@ pub enum Response {
     User(Arc<User>),
     /// The record of the user just deleted.
     UserDeleted(Arc<User>),
+    /// A child was detached: the parent as it is now, and the link that was
+    /// dissolved (its epoch names the cursor state to clean up).
+    ChildDetached {
+        /// The parent after the detach.
+        parent: Arc<Topic>,
+        /// The link the child had.
+        link: ParentLink,
+    },
 }
 
 impl Command {
@@ -231,6 +276,8 @@ impl Command {
             Command::UpdateUser(_) => 8,
             Command::DeleteUser(_) => 9,
             Command::SeedRootUser(_) => 10,
+            Command::AttachChild(_) => 11,
+            Command::DetachChild(_) => 12,
         }
     }
 
@@ -260,6 +307,8 @@ impl Serialize for Command {
             Command::UpdateUser(c) => envelope.serialize_field("d", c)?,
             Command::DeleteUser(c) => envelope.serialize_field("d", c)?,
             Command::SeedRootUser(c) => envelope.serialize_field("d", c)?,
+            Command::AttachChild(c) => envelope.serialize_field("d", c)?,
+            Command::DetachChild(c) => envelope.serialize_field("d", c)?,
         }
         envelope.end()
     }
@@ -290,6 +339,8 @@ impl<'de> Deserialize<'de> for Command {
             8 => Command::UpdateUser(payload(d)?),
             9 => Command::DeleteUser(payload(d)?),
             10 => Command::SeedRootUser(payload(d)?),
+            11 => Command::AttachChild(payload(d)?),
+            12 => Command::DetachChild(payload(d)?),
             op => return Err(D::Error::custom(format!("unknown metastore command opcode {op}"))),
         })
     }
@@ -318,9 +369,10 @@ mod tests {
                         name: "all".into(),
                         attach_epoch: "0011223344556677".into(),
                         fanout_delay_ms: 0,
+                        attached_at_ms: 1_700_000_000_000,
                     }),
                 }),
-                r#"{"op":1,"d":{"name":"orders","partitions":3,"retention_ms":604800000,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"owner":"alice","schema":"{\"type\":\"object\"}","parent":{"name":"all","attach_epoch":"0011223344556677","fanout_delay_ms":0}}}"#,
+                r#"{"op":1,"d":{"name":"orders","partitions":3,"retention_ms":604800000,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"owner":"alice","schema":"{\"type\":\"object\"}","parent":{"name":"all","attach_epoch":"0011223344556677","fanout_delay_ms":0,"attached_at_ms":1700000000000}}}"#,
             ),
             (
                 Command::AlterTopic(AlterTopic {
@@ -404,6 +456,23 @@ mod tests {
                 }),
                 r#"{"op":10,"d":{"user":{"username":"admin","password_hash":"$2b$10$r","grants":[{"action":"admin"}],"root":true,"created_at_ms":1,"updated_at_ms":1}}}"#,
             ),
+            (
+                Command::AttachChild(AttachChild {
+                    parent: "orders".into(),
+                    child: "audit".into(),
+                    attach_epoch: "8899aabbccddeeff".into(),
+                    fanout_delay_ms: 60_000,
+                    attached_at_ms: 1_700_000_000_123,
+                }),
+                r#"{"op":11,"d":{"parent":"orders","child":"audit","attach_epoch":"8899aabbccddeeff","fanout_delay_ms":60000,"attached_at_ms":1700000000123}}"#,
+            ),
+            (
+                Command::DetachChild(DetachChild {
+                    parent: "orders".into(),
+                    child: "audit".into(),
+                }),
+                r#"{"op":12,"d":{"parent":"orders","child":"audit"}}"#,
+            ),
         ]
     }
 
@@ -418,7 +487,16 @@ mod tests {
     #[test]
     fn opcodes_are_distinct_and_never_renumbered() {
         let ops: Vec<u8> = golden().iter().map(|(c, _)| c.opcode()).collect();
-        assert_eq!(ops, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(ops, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    }
+
+    #[test]
+    fn a_child_create_logged_before_links_kept_their_time_still_decodes() {
+        let old = r#"{"op":1,"d":{"name":"c","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"owner":"","schema":null,"parent":{"name":"p","attach_epoch":"0011223344556677","fanout_delay_ms":5}}}"#;
+        let Command::CreateTopic(c) = Command::from_json(old.as_bytes()).unwrap() else {
+            panic!("op 1 is CreateTopic")
+        };
+        assert_eq!(c.parent.map(|l| (l.fanout_delay_ms, l.attached_at_ms)), Some((5, 0)));
     }
 
     #[test]

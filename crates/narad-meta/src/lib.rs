@@ -33,13 +33,17 @@ pub mod user;
 pub use apply::{Applied, apply};
 pub use assignment::Assignment;
 pub use command::{
-    AlterTopic, AssignPartitions, Command, CreateTopic, CreateUser, DeleteTopic, DeleteUser,
-    MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser, UpdateUser,
+    AlterTopic, AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteTopic,
+    DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser,
+    UpdateUser,
 };
 pub use config::TopicDefaults;
 pub use error::{MetaError, StorageError};
 pub use member::{Member, MemberStatus};
-pub use request::{AlterTopicRequest, CreateTopicRequest, parse_list_limit, validate_topic_name};
+pub use request::{
+    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, format_epoch, parse_list_limit,
+    validate_topic_name,
+};
 pub use schema::{CompiledSchema, SchemaHistory};
 pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
 pub use storage::FORMAT_VERSION;

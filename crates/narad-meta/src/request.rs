@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use crate::command::{AlterTopic, CreateTopic};
+use crate::command::{AlterTopic, AttachChild, CreateTopic};
 use crate::config::TopicDefaults;
 use crate::error::MetaError;
 use crate::limits::{
@@ -109,15 +109,17 @@ pub struct CreateTopicRequest {
 
 impl CreateTopicRequest {
     /// Validates and resolves the request into a command. `state` is the
-    /// proposer's snapshot (for the parent), `created_at` the proposer's
-    /// clock in Unix seconds, `epoch` 64 random bits for the attach epoch.
+    /// proposer's snapshot (for the parent), `now_ms` the proposer's clock
+    /// in Unix ms (the topic's `created_at` is its second; a child's link is
+    /// made at `now_ms`), `epoch` 64 random bits for the attach epoch.
     pub fn resolve(
         self,
         defaults: &TopicDefaults,
         state: &MetaState,
-        created_at: i64,
+        now_ms: u64,
         epoch: u64,
     ) -> Result<CreateTopic, MetaError> {
+        let created_at = i64::try_from(now_ms / 1000).unwrap_or(i64::MAX);
         validate_topic_name(&self.name)?;
         let mut partitions = self.partitions;
         let parent = if self.parent.is_empty() {
@@ -126,7 +128,7 @@ impl CreateTopicRequest {
             }
             None
         } else {
-            let link = self.parent_link(epoch)?;
+            let link = self.parent_link(now_ms, epoch)?;
             let parent = state.topic(&link.name).ok_or_else(|| parent_not_found(&link.name))?;
             if partitions == 0 {
                 partitions = i64::from(parent.partitions());
@@ -176,31 +178,77 @@ impl CreateTopicRequest {
         })
     }
 
-    fn parent_link(&self, epoch: u64) -> Result<ParentLink, MetaError> {
+    fn parent_link(&self, now_ms: u64, epoch: u64) -> Result<ParentLink, MetaError> {
         validate_topic_name(&self.parent)?;
         if self.parent == self.name {
             return Err(invalid("a topic cannot be its own parent"));
         }
-        check_fanout_delay(self.fanout_delay_ms)?;
+        check_fanout_delay("fanout_delay_ms", self.fanout_delay_ms)?;
         Ok(ParentLink {
             name: self.parent.clone(),
-            attach_epoch: format!("{epoch:016x}"),
+            attach_epoch: format_epoch(epoch),
             fanout_delay_ms: self.fanout_delay_ms as u64,
+            attached_at_ms: now_ms,
         })
     }
 }
 
-/// A fan-out delay must be within 0..=1 year.
-pub(crate) fn check_fanout_delay(delay_ms: i64) -> Result<(), MetaError> {
+/// An attach epoch as stored and shown: 16 lowercase hex digits.
+pub fn format_epoch(epoch: u64) -> String {
+    format!("{epoch:016x}")
+}
+
+/// A fan-out delay (`field` as the caller named it) must be within
+/// 0..=1 year.
+pub(crate) fn check_fanout_delay(field: &str, delay_ms: i64) -> Result<(), MetaError> {
     if delay_ms < 0 {
-        return Err(invalid("fanout_delay_ms must be >= 0"));
+        return Err(invalid(format!("{field} must be >= 0")));
     }
     if delay_ms as u64 > FANOUT_DELAY_MS_MAX {
         return Err(invalid(format!(
-            "fanout_delay_ms ({delay_ms}) exceeds the maximum of {FANOUT_DELAY_MS_MAX} (1 year)"
+            "{field} ({delay_ms}) exceeds the maximum of {FANOUT_DELAY_MS_MAX} (1 year)"
         )));
     }
     Ok(())
+}
+
+/// The body of `POST /v1/topics/{parent}/children` (`{"child","delay_ms"}`),
+/// with the parent from the path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttachChildRequest {
+    /// The parent topic (from the path).
+    pub parent: String,
+    /// The topic to attach; required.
+    pub child: String,
+    /// Delivery delay after the parent's commit time, 0..=1 year.
+    pub delay_ms: i64,
+}
+
+impl AttachChildRequest {
+    /// Validates the request against the proposer's snapshot `state` (every
+    /// rule of SPEC §1.5, so a refused attach changes nothing anywhere) and
+    /// stamps the attach time (`now_ms`, Unix ms) and a new attach epoch
+    /// (`epoch`, 64 random bits). Apply checks the same rules again.
+    pub fn resolve(
+        self,
+        state: &MetaState,
+        now_ms: u64,
+        epoch: u64,
+    ) -> Result<AttachChild, MetaError> {
+        if self.child.is_empty() {
+            return Err(invalid("child required"));
+        }
+        check_fanout_delay("delay_ms", self.delay_ms)?;
+        let command = AttachChild {
+            parent: self.parent,
+            child: self.child,
+            attach_epoch: format_epoch(epoch),
+            fanout_delay_ms: self.delay_ms as u64,
+            attached_at_ms: now_ms,
+        };
+        crate::apply::check_attach(state, &command)?;
+        Ok(command)
+    }
 }
 
 pub(crate) fn parent_not_found(parent: &str) -> MetaError {
@@ -325,7 +373,7 @@ mod tests {
     fn create(f: impl FnOnce(&mut CreateTopicRequest)) -> Result<CreateTopic, MetaError> {
         let mut req = CreateTopicRequest { name: "t".into(), ..Default::default() };
         f(&mut req);
-        req.resolve(&TopicDefaults::default(), &MetaState::default(), 1_700_000_000, 0xab)
+        req.resolve(&TopicDefaults::default(), &MetaState::default(), 1_700_000_000_000, 0xab)
     }
 
     #[test]

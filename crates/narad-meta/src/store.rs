@@ -35,17 +35,17 @@ use narad_fs::{Fs, SimRng};
 
 use crate::apply::apply;
 use crate::command::{
-    AssignPartitions, Command, CreateUser, DeleteTopic, DeleteUser, MemberDead, MemberJoin,
-    PartitionAssignment, Response, SeedRootUser, UpdateUser,
+    AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteTopic, DeleteUser,
+    DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser, UpdateUser,
 };
 use crate::config::TopicDefaults;
 use crate::error::{MetaError, StorageError};
 use crate::member::Member;
-use crate::request::{AlterTopicRequest, CreateTopicRequest};
+use crate::request::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest};
 use crate::schema::CompiledSchema;
 use crate::state::{MetaState, TopicPage, Versions};
 use crate::storage::MetaDb;
-use crate::topic::Topic;
+use crate::topic::{ParentLink, Topic};
 use crate::user::{Action, Grant, ROOT_USERNAME, User};
 
 /// Where the metastore lives under the data directory.
@@ -160,12 +160,78 @@ impl MetaStore {
     /// Creates a topic: resolves the request against the defaults, stamps
     /// the creation time and an attach epoch, and applies it.
     pub fn create_topic(&self, request: CreateTopicRequest) -> Result<Arc<Topic>, MetaError> {
-        let created_at = (self.clock.wall_ms() / 1000) as i64;
-        let epoch = lock(&self.rng).next_u64();
-        let command = request.resolve(&self.defaults, &self.snapshot(), created_at, epoch)?;
+        let command = self.resolve_create_topic(request)?;
+        self.propose_create_topic(command)
+    }
+
+    /// The first half of [`MetaStore::create_topic`]: the command, checked
+    /// against the current state, with its time and attach epoch. A caller
+    /// that must prepare something under the epoch (fan-out cursor files)
+    /// does so before proposing it.
+    pub fn resolve_create_topic(
+        &self,
+        request: CreateTopicRequest,
+    ) -> Result<CreateTopic, MetaError> {
+        let epoch = self.new_attach_epoch();
+        request.resolve(&self.defaults, &self.snapshot(), self.clock.wall_ms(), epoch)
+    }
+
+    /// The second half of [`MetaStore::create_topic`]: applies the command.
+    pub fn propose_create_topic(&self, command: CreateTopic) -> Result<Arc<Topic>, MetaError> {
         match self.propose(Command::CreateTopic(command))? {
             Response::Topic(t) => Ok(t),
             other => unreachable!("CreateTopic answered {other:?}"),
+        }
+    }
+
+    /// Attaches a child: [`MetaStore::resolve_attach_child`] then
+    /// [`MetaStore::propose_attach_child`]. Returns the parent.
+    pub fn attach_child(&self, request: AttachChildRequest) -> Result<Arc<Topic>, MetaError> {
+        let command = self.resolve_attach_child(request)?;
+        self.propose_attach_child(command)
+    }
+
+    /// Checks an attach against the current state and stamps the attach
+    /// time and a new attach epoch.
+    pub fn resolve_attach_child(
+        &self,
+        request: AttachChildRequest,
+    ) -> Result<AttachChild, MetaError> {
+        let epoch = self.new_attach_epoch();
+        request.resolve(&self.snapshot(), self.clock.wall_ms(), epoch)
+    }
+
+    /// Applies an attach; returns the parent as it is now.
+    pub fn propose_attach_child(&self, command: AttachChild) -> Result<Arc<Topic>, MetaError> {
+        match self.propose(Command::AttachChild(command))? {
+            Response::Topic(t) => Ok(t),
+            other => unreachable!("AttachChild answered {other:?}"),
+        }
+    }
+
+    /// Detaches `child` from `parent`; returns the parent as it is now and
+    /// the link that was dissolved.
+    pub fn detach_child(
+        &self,
+        parent: &str,
+        child: &str,
+    ) -> Result<(Arc<Topic>, ParentLink), MetaError> {
+        let command = DetachChild { parent: parent.to_owned(), child: child.to_owned() };
+        match self.propose(Command::DetachChild(command))? {
+            Response::ChildDetached { parent, link } => Ok((parent, link)),
+            other => unreachable!("DetachChild answered {other:?}"),
+        }
+    }
+
+    /// 64 random bits for an attach epoch (never 0, so an epoch is never
+    /// all zero digits).
+    fn new_attach_epoch(&self) -> u64 {
+        let mut rng = lock(&self.rng);
+        loop {
+            let epoch = rng.next_u64();
+            if epoch != 0 {
+                return epoch;
+            }
         }
     }
 
@@ -319,6 +385,29 @@ impl MetaWriter for MetaStore {
                     incarnation = t.incarnation(),
                     index,
                     "topic deleted"
+                );
+            }
+            Response::Topic(parent) if let Command::AttachChild(c) = &command => {
+                tracing::info!(
+                    parent = parent.name(),
+                    child = c.child,
+                    attach_epoch = c.attach_epoch,
+                    delay_ms = c.fanout_delay_ms,
+                    index,
+                    "child attached"
+                );
+            }
+            Response::ChildDetached { parent, link } => {
+                let child = match &command {
+                    Command::DetachChild(c) => c.child.as_str(),
+                    _ => "",
+                };
+                tracing::info!(
+                    parent = parent.name(),
+                    child,
+                    attach_epoch = link.attach_epoch,
+                    index,
+                    "child detached"
                 );
             }
             _ => tracing::debug!(opcode = command.opcode(), index, "metastore command applied"),

@@ -30,6 +30,12 @@ pub struct ParentLink {
     pub attach_epoch: String,
     /// Delivery delay after the parent's commit time, in ms (0 = immediate).
     pub fanout_delay_ms: u64,
+    /// When the link was made, Unix ms, from the proposer's clock (0 in
+    /// records of format 2, which did not keep it). A fan-out cursor with no
+    /// stored position of this epoch starts at the first parent record
+    /// committed at or after it (see `narad-broker`'s fan-out module).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attached_at_ms: u64,
 }
 
 /// One topic, as the metastore holds it. Immutable once built; a change
@@ -230,6 +236,7 @@ pub(crate) mod tests {
             name: "p".into(),
             attach_epoch: "00112233aabbccdd".into(),
             fanout_delay_ms: 5000,
+            attached_at_ms: 1_700_000_000_123,
         });
         let expected = r#"{"name":"c","partitions":3,"retention_ms":604800000,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"owner":"alice","role":"child","parent":"p","attach_epoch":"00112233aabbccdd","fanout_delay_ms":5000}"#;
         assert_eq!(json(&t.json_reply()), expected);

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use narad_fs::{Fs, OpenMode, RealFs, SimFs};
 use narad_meta::{
-    Action, AlterTopicRequest, CreateTopicRequest, Grant, Member, MemberStatus, MetaStore,
-    MetaWriter as _, PartitionAssignment, Role, TopicDefaults, metastore_path,
+    Action, AlterTopicRequest, AttachChildRequest, CreateTopicRequest, Grant, Member, MemberStatus,
+    MetaStore, MetaWriter as _, PartitionAssignment, Role, TopicDefaults, metastore_path,
 };
 
 use support::{DATA, SCHEMAS, open, options};
@@ -36,6 +36,19 @@ fn populate(store: &MetaStore) {
         .unwrap();
     store.create_topic(req("doomed")).unwrap();
     store.delete_topic("doomed").unwrap();
+    store.create_topic(req("orders.copy")).unwrap();
+    store
+        .attach_child(AttachChildRequest {
+            parent: "orders".into(),
+            child: "orders.copy".into(),
+            delay_ms: 0,
+        })
+        .unwrap();
+    store.create_topic(req("orders.gone")).unwrap();
+    let gone =
+        AttachChildRequest { parent: "orders".into(), child: "orders.gone".into(), delay_ms: 5 };
+    store.attach_child(gone).unwrap();
+    store.detach_child("orders", "orders.gone").unwrap();
     store
         .alter_topic(
             "orders",
@@ -83,6 +96,19 @@ fn the_write_helpers_stamp_time_and_attach_epochs() {
     assert_eq!(store.topic("p").unwrap().role(), Role::Parent);
     let e = store.create_topic(req("p")).unwrap_err();
     assert_eq!((e.status(), e.to_string()), (409, "topic already exists".to_owned()));
+
+    store.create_topic(req("c")).unwrap();
+    let attach = || AttachChildRequest { parent: "p".into(), child: "c".into(), delay_ms: 0 };
+    let parent = store.attach_child(attach()).unwrap();
+    assert_eq!(parent.children(), &["a".to_owned(), "b".to_owned(), "c".to_owned()][..]);
+    let first = store.topic("c").unwrap().parent().unwrap().clone();
+    assert_eq!(first.attached_at_ms, 1_700_000_000_000, "Unix ms of the store's clock");
+    let (parent, link) = store.detach_child("p", "c").unwrap();
+    assert_eq!((parent.children().len(), link), (2, first.clone()));
+    store.attach_child(attach()).unwrap();
+    let second = store.topic("c").unwrap().parent().unwrap().clone();
+    assert_ne!(second.attach_epoch, first.attach_epoch, "every attach has a new epoch");
+    assert!(![ea, eb].contains(&&second.attach_epoch));
 }
 
 #[test]

@@ -12,8 +12,12 @@
 //! | `members` | id | the [`Member`] as JSON |
 //! | `users` | username | the [`User`] as JSON (with its bcrypt hash) |
 //!
-//! Format history: 1 had no `users` table; opening a format-1 file adds the
-//! empty table and stamps format 2 in one transaction.
+//! Format history, each upgraded in place at open in one transaction:
+//! * 1 had no `users` table (the upgrade adds it, empty);
+//! * 2 had no `attached_at_ms` in a child's parent link (the field is
+//!   optional and reads as 0, so the upgrade only stamps the format; the
+//!   bump makes an older build refuse a newer file by its format rather
+//!   than call a record it cannot read corrupt).
 //!
 //! # Invariants
 //!
@@ -58,10 +62,14 @@ use backend::FsBackend;
 
 /// The on-disk format this build reads and writes. A change to any table or
 /// record shape takes the next number.
-pub const FORMAT_VERSION: u64 = 2;
+pub const FORMAT_VERSION: u64 = 3;
 
-/// The previous format (no `users` table), upgraded in place at open.
+/// The first format (no `users` table), upgraded in place at open.
 const FORMAT_V1: u64 = 1;
+
+/// The format before parent links recorded their attach time, upgraded in
+/// place at open.
+const FORMAT_V2: u64 = 2;
 
 /// redb's page cache for the metastore; reads are served from memory, so
 /// this only bounds what commits and the open scan hold.
@@ -120,24 +128,27 @@ impl MetaDb {
         Ok((meta_db, state))
     }
 
-    /// Brings a format-1 database to the current format: adds the empty
-    /// `users` table and stamps the format, in one transaction.
+    /// Brings a database of an older format to the current one (see the
+    /// format history in the module docs), in one transaction.
     fn upgrade(&self) -> Result<(), StorageError> {
         let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin upgrade", e))?;
-        let upgraded = (|| -> Result<bool, redb::Error> {
+        let upgraded = (|| -> Result<Option<u64>, redb::Error> {
             let mut meta = txn.open_table(META)?;
-            if meta.get(KEY_FORMAT)?.map(|g| g.value()) != Some(FORMAT_V1) {
-                return Ok(false);
-            }
+            let from = match meta.get(KEY_FORMAT)?.map(|g| g.value()) {
+                Some(v @ (FORMAT_V1 | FORMAT_V2)) => v,
+                _ => return Ok(None),
+            };
             meta.insert(KEY_FORMAT, FORMAT_VERSION)?;
             drop(meta);
-            txn.open_table(USERS)?;
-            Ok(true)
+            if from == FORMAT_V1 {
+                txn.open_table(USERS)?;
+            }
+            Ok(Some(from))
         })()
         .map_err(redb_err("upgrade"))?;
-        if upgraded {
+        if let Some(from) = upgraded {
             txn.commit().map_err(|e| StorageError::redb("commit upgrade", e))?;
-            tracing::info!(from = FORMAT_V1, to = FORMAT_VERSION, "metastore format upgraded");
+            tracing::info!(from, to = FORMAT_VERSION, "metastore format upgraded");
         } else {
             txn.abort().map_err(|e| StorageError::redb("abort upgrade", e))?;
         }
@@ -400,14 +411,14 @@ mod tests {
     #[test]
     fn a_newer_format_is_refused() {
         let e = reopen_after(|txn| {
-            txn.open_table(META).unwrap().insert(KEY_FORMAT, 3).unwrap();
+            txn.open_table(META).unwrap().insert(KEY_FORMAT, 4).unwrap();
         })
         .unwrap_err();
-        assert!(matches!(e, StorageError::UnsupportedFormat { found: 3, supported: 2 }), "{e}");
+        assert!(matches!(e, StorageError::UnsupportedFormat { found: 4, supported: 3 }), "{e}");
     }
 
     #[test]
-    fn a_format_1_file_gains_the_users_table_and_format_2_at_open() {
+    fn a_format_1_file_gains_the_users_table_and_the_current_format_at_open() {
         let fs = SimFs::new(1);
         let (db, _) = MetaDb::open(&fs, &path()).unwrap();
         let txn = db.db.begin_write().unwrap();
@@ -421,6 +432,31 @@ mod tests {
         let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
         assert_eq!(format, FORMAT_VERSION);
         txn.open_table(USERS).unwrap();
+    }
+
+    #[test]
+    fn a_format_2_file_with_links_without_attach_times_opens_as_the_current_format() {
+        let fs = SimFs::new(1);
+        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let txn = db.db.begin_write().unwrap();
+        {
+            let mut meta = txn.open_table(META).unwrap();
+            meta.insert(KEY_FORMAT, FORMAT_V2).unwrap();
+            meta.insert(KEY_APPLIED, 2).unwrap();
+            let mut topics = txn.open_table(TOPICS).unwrap();
+            let parent = r#"{"name":"p","incarnation":1,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"children":["c"]}"#;
+            let child = r#"{"name":"c","incarnation":2,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"parent":{"name":"p","attach_epoch":"00000000000000ff","fanout_delay_ms":0}}"#;
+            topics.insert("p", parent.as_bytes()).unwrap();
+            topics.insert("c", child.as_bytes()).unwrap();
+        }
+        txn.commit().unwrap();
+        drop(db);
+        let (db, state) = MetaDb::open(&fs, &path()).unwrap();
+        let link = state.topic("c").unwrap().parent().unwrap().clone();
+        assert_eq!((link.name.as_str(), link.attached_at_ms), ("p", 0));
+        let txn = db.db.begin_read().unwrap();
+        let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
+        assert_eq!(format, FORMAT_VERSION);
     }
 
     #[test]
@@ -467,9 +503,10 @@ mod tests {
                 name: "p".into(),
                 attach_epoch: "00000000000000ff".into(),
                 fanout_delay_ms: 0,
+                attached_at_ms: 1_700_000_000_250,
             }),
         };
-        let golden = r#"{"name":"c","incarnation":9,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"parent":{"name":"p","attach_epoch":"00000000000000ff","fanout_delay_ms":0}}"#;
+        let golden = r#"{"name":"c","incarnation":9,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000,"parent":{"name":"p","attach_epoch":"00000000000000ff","fanout_delay_ms":0,"attached_at_ms":1700000000250}}"#;
         assert_eq!(String::from_utf8(encode(&topic)).unwrap(), golden);
         assert_eq!(decode::<Topic>("t", golden.as_bytes()).unwrap(), topic);
 

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use narad_clock::ManualClock;
 use narad_fs::{Fs, SimRng};
 use narad_meta::{
-    Action, AlterTopicRequest, Command, CreateTopicRequest, CreateUser, DeleteTopic, DeleteUser,
-    Grant, Member, MemberDead, MemberJoin, MemberStatus, MetaError, MetaState, MetaStore,
-    MetaStoreOptions, PartitionAssignment, SeedRootUser, TopicDefaults, UpdateUser, User,
+    Action, AlterTopicRequest, AttachChildRequest, Command, CreateTopicRequest, CreateUser,
+    DeleteTopic, DeleteUser, DetachChild, Grant, Member, MemberDead, MemberJoin, MemberStatus,
+    MetaError, MetaState, MetaStore, MetaStoreOptions, PartitionAssignment, SeedRootUser,
+    TopicDefaults, UpdateUser, User,
 };
 
 pub const DATA: &str = "/data";
@@ -47,7 +48,7 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
         |rng: &mut SimRng, from: &[&'static str]| from[rng.below(from.len() as u64) as usize];
     let name = pick(rng, &NAMES).to_owned();
     let defaults = TopicDefaults::default();
-    let command = match rng.below(12) {
+    let command = match rng.below(14) {
         0..=2 => {
             let mut req = CreateTopicRequest { name, ..Default::default() };
             req.partitions = [0, 3, 4, 8][rng.below(4) as usize];
@@ -58,8 +59,8 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
                 req.parent = pick(rng, &NAMES).to_owned();
                 req.fanout_delay_ms = [0, 1000][rng.below(2) as usize];
             }
-            let created_at = 1_700_000_000 + state.applied_index() as i64;
-            Command::CreateTopic(req.resolve(&defaults, state, created_at, rng.next_u64()).ok()?)
+            let now_ms = 1_700_000_000_000 + state.applied_index() * 1000;
+            Command::CreateTopic(req.resolve(&defaults, state, now_ms, rng.next_u64()).ok()?)
         }
         3..=4 => {
             let mut req = AlterTopicRequest::default();
@@ -122,6 +123,18 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
             } else {
                 Command::CreateUser(CreateUser { user })
             }
+        }
+        11 => {
+            let parent = pick(rng, &NAMES).to_owned();
+            let delay_ms = [0, 1000][rng.below(2) as usize];
+            let req = AttachChildRequest { parent, child: name, delay_ms };
+            let now_ms = 1_700_000_000_000 + state.applied_index() * 1000;
+            Command::AttachChild(req.resolve(state, now_ms, rng.next_u64()).ok()?)
+        }
+        12 => {
+            let parent = state.topic(&name)?.parent()?.name.clone();
+            let child = if rng.chance(1, 4) { pick(rng, &NAMES).to_owned() } else { name };
+            Command::DetachChild(DetachChild { parent, child })
         }
         _ if rng.chance(1, 4) => Command::SeedRootUser(SeedRootUser {
             user: User {
