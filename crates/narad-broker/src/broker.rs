@@ -17,8 +17,8 @@ use narad_clock::ClockRef;
 use narad_fs::FsRef;
 use narad_log::{LogConfig, LogStats, ReadError};
 use narad_meta::{
-    AlterTopicRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions,
-    PartitionAssignment, Topic, TopicDefaults, TopicPage,
+    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaStore,
+    MetaStoreOptions, Topic, TopicDefaults, TopicPage,
 };
 use narad_wal::{RecordRef, Wal, WalOptions};
 use tokio::sync::Notify;
@@ -30,7 +30,7 @@ use crate::consume::take::take;
 use crate::dispatch::driver::Dispatcher;
 use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
-use crate::fanout::{FanoutCtx, FanoutRunner};
+use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
     CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, METRICS_POLL_INTERVAL,
     RETENTION_INTERVAL,
@@ -38,6 +38,7 @@ use crate::limits::{
 use crate::metrics::{BrokerMetrics, PartitionLabels, RejectionLabels, TopicLabels, WaitLabels};
 use crate::owner::LocalOwner;
 use crate::partition::{RoundRobin, keyed_partition};
+use crate::placement;
 use crate::topics::{PartitionRt, TopicRt, Topics, shard_limits};
 
 /// How the broker is set up.
@@ -259,25 +260,104 @@ impl Broker {
 
     // ------------------------------------------------------------ topics
 
-    /// Creates a topic and assigns its partitions to this node.
+    /// Creates a topic and assigns its partitions to this node. A child
+    /// created with `parent` starts at the parent's high watermark (see
+    /// [`crate::fanout`]): its cursor files are written before the create
+    /// commits, and its cursors start before this returns.
     pub async fn create_topic(
         &self,
         request: CreateTopicRequest,
     ) -> Result<Arc<Topic>, BrokerError> {
         self.check_running()?;
-        let meta = self.meta.clone();
-        let node = self.config.node_id.clone();
+        if request.parent.is_empty() {
+            let (meta, node) = (self.meta.clone(), self.config.node_id.clone());
+            return blocking(move || {
+                let t = meta.create_topic(request)?;
+                assign_all(&meta, &t, 0, &node)?;
+                Ok(t)
+            })
+            .await;
+        }
+        let links = self.fanout.lock_links().await;
+        let (meta, fanout, node) =
+            (self.meta.clone(), self.fanout.clone(), self.config.node_id.clone());
         let t = blocking(move || {
-            let t = meta.create_topic(request)?;
+            let command = meta.resolve_create_topic(request)?;
+            let link = command.parent.clone().expect("a parent was asked for");
+            let parent = meta.topic(&link.name).ok_or(BrokerError::TopicNotFound)?;
+            let epoch = parse_epoch(&link.attach_epoch)?;
+            fanout.anchor_link(&parent, &command.name, epoch);
+            let name = command.name.clone();
+            let t = match meta.propose_create_topic(command) {
+                Ok(t) => t,
+                Err(e) => {
+                    fanout.remove_link_files(&parent, &name, epoch);
+                    return Err(e.into());
+                }
+            };
             assign_all(&meta, &t, 0, &node)?;
             Ok(t)
         })
         .await?;
-        if t.parent().is_some() {
-            // Start the new child's cursors now, not at the next tick.
-            self.fanout.reconcile();
-        }
+        self.fanout.reconcile_now(&links).await;
         Ok(t)
+    }
+
+    /// Attaches an existing topic as a child of `request.parent`; returns
+    /// the parent. The child starts at the parent's current high watermark
+    /// in every partition: records the parent committed before the attach
+    /// are not delivered to it, records committed after it are. Its cursors
+    /// are running when this returns.
+    pub async fn attach_child(
+        &self,
+        request: AttachChildRequest,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        self.check_running()?;
+        let links = self.fanout.lock_links().await;
+        let (meta, fanout) = (self.meta.clone(), self.fanout.clone());
+        let parent = blocking(move || {
+            let command = meta.resolve_attach_child(request)?;
+            let parent = meta.topic(&command.parent).ok_or(BrokerError::TopicNotFound)?;
+            let epoch = parse_epoch(&command.attach_epoch)?;
+            let child = command.child.clone();
+            fanout.anchor_link(&parent, &child, epoch);
+            meta.propose_attach_child(command).map_err(|e| {
+                fanout.remove_link_files(&parent, &child, epoch);
+                BrokerError::from(e)
+            })
+        })
+        .await?;
+        self.fanout.reconcile_now(&links).await;
+        Ok(parent)
+    }
+
+    /// Detaches `child` from `parent`. When this returns the link's cursors
+    /// have stopped and their files are removed; the child keeps what it
+    /// received and becomes standalone.
+    pub async fn detach_child(&self, parent: &str, child: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let links = self.fanout.lock_links().await;
+        let (meta, p, c) = (self.meta.clone(), parent.to_owned(), child.to_owned());
+        let (parent, link) = blocking(move || Ok(meta.detach_child(&p, &c)?)).await?;
+        self.fanout.reconcile_now(&links).await;
+        if let Some(epoch) = cursor_file::parse_epoch(&link.attach_epoch) {
+            // Cursors that never ran left their anchor files behind.
+            let (fanout, child) = (self.fanout.clone(), child.to_owned());
+            blocking(move || Ok(fanout.remove_link_files(&parent, &child, epoch))).await?;
+        }
+        Ok(())
+    }
+
+    /// The children of `parent`, in attach order, with their fan-out lag.
+    pub async fn children(&self, parent: &str) -> Result<Vec<ChildLag>, BrokerError> {
+        let parent = self.topic(parent)?;
+        let (meta, fanout) = (self.meta.clone(), self.fanout.clone());
+        blocking(move || {
+            let snap = meta.snapshot();
+            let children = parent.children().iter().filter_map(|c| snap.topic(c));
+            Ok(children.map(|c| fanout.child_lag(&parent, c)).collect())
+        })
+        .await
     }
 
     /// Alters a topic (new partitions are assigned to this node).
@@ -300,13 +380,22 @@ impl Broker {
         if let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) {
             rt.notify.notify_waiters(); // caps may have grown
         }
+        if !t.children().is_empty() {
+            // New parent partitions need cursors now, not at the next tick.
+            let links = self.fanout.lock_links().await;
+            self.fanout.reconcile_now(&links).await;
+        }
         Ok(t)
     }
 
     /// Deletes a topic and its files. Undispatched records of it are
-    /// discarded by the dispatcher.
+    /// discarded by the dispatcher. Links dissolve: a deleted parent's
+    /// cursors stop (their files went with its directory), a deleted
+    /// child's cursors stop and their files in the parent's partitions are
+    /// removed before this returns.
     pub async fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
         self.check_running()?;
+        let links = self.fanout.lock_links().await;
         let (meta, topics, name) = (self.meta.clone(), self.topics.clone(), name.to_owned());
         let deleted = blocking(move || {
             let t = meta.delete_topic(&name)?;
@@ -315,7 +404,14 @@ impl Broker {
         })
         .await?;
         self.metrics.forget_topic(deleted.name(), deleted.partitions());
-        self.fanout.reconcile();
+        self.fanout.reconcile_now(&links).await;
+        if let Some(link) = deleted.parent()
+            && let Some(parent) = self.meta.topic(&link.name)
+            && let Some(epoch) = cursor_file::parse_epoch(&link.attach_epoch)
+        {
+            let (fanout, child) = (self.fanout.clone(), deleted.name().to_owned());
+            blocking(move || Ok(fanout.remove_link_files(&parent, &child, epoch))).await?;
+        }
         Ok(())
     }
 
@@ -946,12 +1042,19 @@ fn persist_frontiers(topics: &Topics, metrics: &BrokerMetrics) -> usize {
     failed
 }
 
+/// Assigns partitions `from..` of `t` through the placement hook, with this
+/// node as the whole ring (one node: every partition is local).
 fn assign_all(meta: &MetaStore, t: &Topic, from: u32, node: &str) -> Result<(), BrokerError> {
-    let assignments = (from..t.partitions())
-        .map(|p| PartitionAssignment { partition: p, owner_id: node.to_owned(), target_id: None })
-        .collect();
+    let ring = [node.to_owned()];
+    let assignments = placement::place(&meta.snapshot(), t, from..t.partitions(), &ring);
     meta.assign_partitions(t.name(), t.incarnation(), assignments)?;
     Ok(())
+}
+
+/// An attach epoch the metastore just stamped.
+fn parse_epoch(hex: &str) -> Result<u64, BrokerError> {
+    cursor_file::parse_epoch(hex)
+        .ok_or_else(|| BrokerError::internal("attach", format!("bad attach epoch {hex:?}")))
 }
 
 async fn every<F, Fut>(period: Duration, mut stop: tokio::sync::watch::Receiver<bool>, mut f: F)

@@ -11,7 +11,9 @@ pub mod limits;
 pub mod metrics;
 pub mod owner;
 pub mod partition;
+pub mod placement;
 pub mod topics;
 
 pub use broker::{AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord};
 pub use error::BrokerError;
+pub use fanout::ChildLag;

@@ -70,3 +70,15 @@ pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 pub const FANOUT_RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 /// How far back (records) a new cursor looks for its start.
 pub const FANOUT_ANCHOR_WALK_MAX: u64 = 1 << 20;
+/// How long a link change waits for each cursor of a dissolved link to
+/// stop before it removes the file anyway.
+pub const FANOUT_STOP_WAIT: Duration = Duration::from_secs(5);
+/// Reconcile passes between two sweeps for orphaned cursor files (the
+/// first pass after start sweeps too).
+pub const FANOUT_SWEEP_EVERY: u64 = 30;
+
+const _: () = {
+    assert!(FANOUT_COMMIT_TRIES >= 1);
+    assert!(FANOUT_IDLE_WAIT.as_millis() <= FANOUT_DELAY_SLEEP_MAX.as_millis());
+    assert!(FANOUT_SWEEP_EVERY >= 1);
+};

@@ -132,10 +132,37 @@ pub struct BrokerMetrics {
     pub fanout_due_lag_seconds: Family<crate::fanout::FanoutPartitionLabels, Gauge>,
     /// Records committed into children.
     pub fanout_committed: Family<crate::fanout::FanoutLabels, Counter>,
-    /// Parent records a child never got (retention or corruption).
-    pub fanout_child_dropped_messages: Family<crate::fanout::FanoutLabels, Counter>,
-    /// Times a delayed cursor held back a record that was not due yet.
-    pub fanout_delay_gate_holds: Counter,
+    /// Parent records a child never got (retention or corruption). A gauge
+    /// that only grows, so the name stays SPEC's (a counter would gain
+    /// `_total`).
+    pub fanout_child_dropped_messages: Family<crate::fanout::FanoutLabels, Gauge>,
+    /// Times a delayed cursor found its next record not due yet and slept.
+    pub fanout_delay_gate_holds: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Records per slab a cursor committed into a child.
+    pub fanout_batch_records: BatchRecords,
+    /// Payload bytes per slab a cursor committed into a child.
+    pub fanout_batch_bytes: BatchBytes,
+}
+
+/// Records per fan-out slab: 1 .. 4,096 (the slab cap) in powers of two.
+#[derive(Debug, Clone)]
+pub struct BatchRecords(pub Histogram);
+
+impl Default for BatchRecords {
+    fn default() -> Self {
+        BatchRecords(Histogram::new(exponential_buckets(1.0, 2.0, 13)))
+    }
+}
+
+/// Payload bytes per fan-out slab: 256 B .. 4 MiB (the slab cap) in
+/// powers of four.
+#[derive(Debug, Clone)]
+pub struct BatchBytes(pub Histogram);
+
+impl Default for BatchBytes {
+    fn default() -> Self {
+        BatchBytes(Histogram::new(exponential_buckets(256.0, 4.0, 8)))
+    }
 }
 
 fn wait_histogram() -> Histogram {
@@ -218,7 +245,54 @@ impl BrokerMetrics {
             "Bytes free on the data directory's file system",
             data_dir_available_bytes
         );
+        reg!(
+            "fanout_lag_messages",
+            "Parent records a fan-out cursor has not sent yet (high watermark - cursor)",
+            fanout_lag_messages
+        );
+        reg!(
+            "fanout_due_lag_seconds",
+            "How long past its due time the next record of a fan-out cursor is",
+            fanout_due_lag_seconds
+        );
+        reg!("fanout_committed", "Records committed into a child by fan-out", fanout_committed);
+        reg!(
+            "fanout_child_dropped_messages",
+            "Parent records a child never got (aged out or unreadable)",
+            fanout_child_dropped_messages
+        );
+        reg!(
+            "fanout_delay_gate_holds",
+            "Times a delayed child's cursor waited for its next record to be due",
+            fanout_delay_gate_holds
+        );
+        registry.register(
+            "fanout_batch_records",
+            "Records per slab committed into a child",
+            m.fanout_batch_records.0.clone(),
+        );
+        registry.register(
+            "fanout_batch_bytes",
+            "Payload bytes per slab committed into a child",
+            m.fanout_batch_bytes.0.clone(),
+        );
         m
+    }
+
+    /// Removes the series of one fan-out cursor (its link is gone), and the
+    /// link's series with it.
+    pub fn forget_fanout_cursor(&self, parent: &str, child: &str, partition: u32) {
+        let l = crate::fanout::FanoutPartitionLabels {
+            parent: parent.to_owned(),
+            child: child.to_owned(),
+            partition: partition.to_string(),
+        };
+        self.fanout_lag_messages.remove(&l);
+        self.fanout_due_lag_seconds.remove(&l);
+        let l = crate::fanout::FanoutLabels { parent: parent.to_owned(), child: child.to_owned() };
+        self.fanout_committed.remove(&l);
+        self.fanout_child_dropped_messages.remove(&l);
+        self.fanout_delay_gate_holds.remove(&l);
     }
 
     /// Counts an error.

@@ -259,5 +259,7 @@ mod tests {
         assert_eq!(r(Method::GET, "/v1/topics/{topic}"), Rule::Authenticated);
         assert_eq!(r(Method::POST, "/v1/topics"), Rule::Authenticated);
         assert_eq!(r(Method::DELETE, "/v1/topics/{topic}/children/{child}"), Rule::OwnerOrAdmin);
+        assert_eq!(r(Method::POST, "/v1/topics/{topic}/children"), Rule::OwnerOrAdmin);
+        assert_eq!(r(Method::GET, "/v1/topics/{topic}/children"), Rule::Authenticated);
     }
 }

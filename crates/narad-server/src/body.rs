@@ -37,6 +37,24 @@ pub async fn read_limited(
     }
 }
 
+/// Reads a JSON body that Narad streams into its decoder (users, attach):
+/// more than `limit` bytes is a 400 `invalid json: http: request body too
+/// large` rather than a 413; then [`strict_json`].
+pub async fn read_streamed_json<T: for<'de> Deserialize<'de>>(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<T, ApiError> {
+    let bytes = read_limited(headers, body, limit).await.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::bad_request("invalid json: http: request body too large")
+        } else {
+            e
+        }
+    })?;
+    strict_json(&bytes)
+}
+
 /// Decodes a `Content-Encoding` of `gzip` or `zstd` (or none), refusing a
 /// decompressed size above `limit` (413) without ever holding more.
 pub fn decode_content(headers: &HeaderMap, raw: Bytes, limit: usize) -> Result<Bytes, ApiError> {

@@ -4,6 +4,9 @@
 pub const PRODUCE_BODY_BYTES: usize = 1 << 20;
 /// Topic create/alter body.
 pub const TOPIC_BODY_BYTES: usize = 1 << 20;
+/// Bodies Narad streams into its JSON decoder (users, attach): over the
+/// cap is a 400, not a 413.
+pub const STREAMED_BODY_BYTES: usize = 1 << 20;
 /// Batch produce body, compressed or not, and its decompressed size.
 pub const BATCH_BODY_BYTES: usize = 16 << 20;
 /// Records per batch produce.

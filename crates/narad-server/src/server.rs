@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use narad_broker::{Broker, BrokerConfig, metrics::BrokerMetrics};
 use narad_clock::SystemClock;
 use narad_fs::RealFs;
@@ -26,7 +26,7 @@ use crate::config::{Config, LimitsConfig};
 use crate::error::ApiError;
 use crate::http_metrics::{HttpMetrics, track};
 use crate::ratelimit::RateLimiter;
-use crate::routes::{consume, health, produce, topics, users};
+use crate::routes::{children, consume, health, produce, topics, users};
 use crate::state::{AppState, Shared};
 use crate::tls::TlsListener;
 
@@ -133,6 +133,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/topics/{topic}/produce/batch", post(produce::produce_batch))
         .route("/v1/topics/{topic}/consume", get(consume::consume))
         .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route("/v1/topics/{topic}/children", post(children::attach).get(children::list))
+        .route("/v1/topics/{topic}/children/{child}", delete(children::detach))
         .route("/v1/users", post(users::create).get(users::list))
         .route("/v1/users/{user}", get(users::get).delete(users::delete))
         .route("/v1/users/{user}/grants", put(users::put_grants))

@@ -74,6 +74,25 @@ pub fn load(fs: &dyn Fs, path: &Path, epoch: u64) -> std::io::Result<Option<Curs
     Ok(decode(&b).filter(|s| s.epoch == epoch))
 }
 
+/// Removes the cursor file at `path` if it belongs to attachment `epoch`
+/// (a file of another epoch belongs to a newer attachment of the same
+/// child and stays). `Ok(true)` if a file was removed.
+pub fn remove_if_epoch(fs: &dyn Fs, path: &Path, epoch: u64) -> std::io::Result<bool> {
+    if load(fs, path, epoch)?.is_none() {
+        return Ok(false);
+    }
+    fs.remove_file(path)?;
+    Ok(true)
+}
+
+/// The child a file in a parent partition directory is the cursor file
+/// (or the leftover temporary file) of, if it is one.
+pub fn child_of_file_name(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("fanout-")?;
+    let child = rest.strip_suffix(".offset").or_else(|| rest.strip_suffix(".offset.tmp"))?;
+    (!child.is_empty()).then_some(child)
+}
+
 /// Stores a cursor durably (temp + fdatasync + rename).
 pub fn store(fs: &dyn Fs, path: &Path, s: CursorState) -> std::io::Result<()> {
     narad_fs::write_file_atomic(fs, path, &encode(s))
@@ -104,6 +123,30 @@ mod tests {
             assert_eq!(decode(&bad), None, "byte {i}");
         }
         assert_eq!(decode(&b[..27]), None);
+    }
+
+    #[test]
+    fn cursor_file_names_name_their_child() {
+        assert_eq!(child_of_file_name("fanout-a.b.offset"), Some("a.b"));
+        assert_eq!(child_of_file_name("fanout-c.offset.tmp"), Some("c"));
+        assert_eq!(child_of_file_name("fanout-.offset"), None);
+        assert_eq!(child_of_file_name("consumer.offset"), None);
+        assert_eq!(child_of_file_name("fanout-x.log"), None);
+        let p = path(Path::new("/d/p00001"), "kid");
+        assert_eq!(child_of_file_name(p.file_name().unwrap().to_str().unwrap()), Some("kid"));
+    }
+
+    #[test]
+    fn a_cursor_file_is_removed_only_by_its_own_epoch() {
+        let fs = narad_fs::SimFs::new(1);
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let p = path(Path::new("/d"), "kid");
+        assert!(!remove_if_epoch(&fs, &p, 7).unwrap(), "no file: nothing to remove");
+        store(&fs, &p, CursorState { epoch: 8, next_offset: 3 }).unwrap();
+        assert!(!remove_if_epoch(&fs, &p, 7).unwrap(), "a newer attachment's file stays");
+        assert_eq!(load(&fs, &p, 8).unwrap(), Some(CursorState { epoch: 8, next_offset: 3 }));
+        assert!(remove_if_epoch(&fs, &p, 8).unwrap());
+        assert!(!fs.exists(&p).unwrap());
     }
 
     #[test]

@@ -1,53 +1,73 @@
 //! Fan-out: copying a parent topic's committed records into its children.
 //!
-//! One *cursor* per (parent partition, child) runs on the parent
-//! partition's owner. It tails the parent's log up to the high watermark,
-//! groups what it read by child partition (a keyed record goes to the
-//! partition its key hashes to in the child, a keyless one is spread), and
-//! commits each group through the same [`Owner`] as the dispatcher (the
-//! child's combiner sees it as one more caller). Only when every child
-//! commit of a slab is durable does the cursor's file move past it, so a
-//! crash re-sends (duplicates), never skips (loss).
+//! One *cursor* ([`cursor`]) per (parent partition, child, attach epoch)
+//! runs on the parent partition's owner. It tails the parent's log up to
+//! the high watermark, groups what it read by child partition (a keyed
+//! record goes to the partition its key hashes to in the child, a keyless
+//! one is spread), and commits each group through the same
+//! [`crate::owner::Owner`] as the dispatcher (the child's combiner sees it
+//! as one more caller). Only when every child commit of a slab is durable
+//! does the cursor's file move past it, so a crash re-sends (duplicates),
+//! never skips (loss).
 //!
 //! A delayed child gets a record no earlier than its parent commit time +
 //! the delay: reads stop at the first record committed after `now − delay`
 //! (commit times never decrease along a partition), and an idle delayed
 //! cursor sleeps until that record is due (at most 30 s at a time).
 //!
-//! A new attachment starts at the first parent record committed at or after
-//! the link was made (no backfill), found by walking back from the high
-//! watermark, so a cursor that starts late (or after a crash) still sends
-//! everything produced after the attach.
+//! # Where a child starts: the parent's high watermark at the attach
+//!
+//! There is no backfill. Before a link (an attach, or a create with
+//! `parent`) is committed to the metastore, [`FanoutRunner::anchor_link`]
+//! writes the cursor file of the new epoch in every parent partition at
+//! that partition's current high watermark. So a record the parent had
+//! committed before the attach never reaches the child, and every record
+//! it commits after the attach answered does (a record accepted earlier but
+//! still in the ingress WAL is committed later, and is delivered). A cursor
+//! that finds no file of its epoch (a partition added later, a file that
+//! could not be written) starts at the first record committed at or after
+//! the link's `attached_at_ms`.
+//!
+//! A re-attach gets a new epoch: a file of an older epoch is never resumed.
+//!
+//! # Link changes
+//!
+//! Attach, detach, create-with-parent and delete hold
+//! [`FanoutRunner::lock_links`] across "metastore change + cursor files", and
+//! so does the reconciler, so a reconcile never sees half of a change. The
+//! broker reconciles right after each change ([`FanoutRunner::reconcile_now`]:
+//! the cursors of a dissolved link have stopped and their files are gone
+//! when it returns) and every second in the background. Files whose link
+//! is gone are removed by their own epoch only; a sweep at start-up and
+//! every [`FANOUT_SWEEP_EVERY`] passes removes cursor files of children
+//! that are no longer linked at all (e.g. after a crash between a detach
+//! and its clean-up).
 //!
 //! Each cursor is its own task: a lagging or failing child stalls only its
-//! own cursors. The reconciler starts and stops cursors as links change,
-//! and removes a cursor's file when its link is gone.
+//! own cursors.
 
+pub mod cursor;
 pub mod cursor_file;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use narad_clock::ClockRef;
 use narad_fs::FsRef;
-use narad_log::{LogRecord, PartitionLog, ReadError, ReadRequest};
 use narad_meta::{MetaStore, Topic};
 use prometheus_client::encoding::EncodeLabelSet;
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::limits::{
-    FANOUT_ANCHOR_WALK_MAX, FANOUT_COMMIT_TRIES, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT,
-    FANOUT_RECONCILE_INTERVAL, FANOUT_RETRY_BACKOFF, FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
-};
+use crate::limits::{FANOUT_RECONCILE_INTERVAL, FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY};
 use crate::metrics::BrokerMetrics;
-use crate::owner::{BatchRecord, CommitBatch, Owner};
-use crate::partition::keyed_partition;
-use crate::topics::{PartitionRt, TopicRt, Topics};
+use crate::owner::Owner;
+use crate::topics::Topics;
+use cursor::{Cursor, CursorShared, NO_POSITION, StopReason};
 use cursor_file::CursorState;
+
+pub use cursor::anchor;
 
 /// Identifies one cursor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -102,17 +122,33 @@ pub struct FanoutCtx {
 }
 
 struct Running {
-    stop: Arc<AtomicBool>,
-    wake: Arc<Notify>,
+    shared: Arc<CursorShared>,
     task: JoinHandle<()>,
-    /// Parent partition directory (for removing the file).
-    dir: Arc<Mutex<Option<std::path::PathBuf>>>,
+}
+
+/// One child's fan-out progress, for `GET /v1/topics/{parent}/children`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChildLag {
+    /// The child topic.
+    pub name: String,
+    /// Its delivery delay, ms.
+    pub delay_ms: u64,
+    /// Σ over the parent's partitions of max(0, parent high watermark −
+    /// cursor).
+    pub lag_messages: u64,
+    /// How far past its due time (parent commit time + delay) the oldest
+    /// record not yet fanned out is, in seconds; 0 when nothing is overdue.
+    pub lag_seconds: f64,
+    /// Whether every parent partition has a running cursor whose position
+    /// is known (else the figures cover only those that do).
+    pub lag_complete: bool,
 }
 
 /// Starts and stops cursors as fan-out links change.
 pub struct FanoutRunner {
     ctx: Arc<FanoutCtx>,
-    running: Mutex<HashMap<CursorKey, Running>>,
+    running: std::sync::Mutex<HashMap<CursorKey, Running>>,
+    links: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for FanoutRunner {
@@ -121,8 +157,17 @@ impl std::fmt::Debug for FanoutRunner {
     }
 }
 
-/// The cursors the metastore asks for: (key, delay ms, link made at ms).
-pub fn desired(meta: &MetaStore) -> Vec<(CursorKey, u64, u64)> {
+/// One wanted cursor: its key, the child's delay and when the link was
+/// made (Unix ms; a link recorded before attach times were kept counts
+/// from the child's creation).
+struct Wanted {
+    key: CursorKey,
+    delay_ms: u64,
+    since_ms: u64,
+}
+
+/// The cursors the metastore asks for.
+fn desired(meta: &MetaStore) -> Vec<Wanted> {
     let snap = meta.snapshot();
     let mut out = Vec::new();
     for parent in snap.topics().filter(|t| !t.children().is_empty()) {
@@ -130,89 +175,141 @@ pub fn desired(meta: &MetaStore) -> Vec<(CursorKey, u64, u64)> {
             let Some(child) = snap.topic(child_name) else { continue };
             let Some(link) = child.parent().filter(|l| l.name == parent.name()) else { continue };
             let Some(epoch) = cursor_file::parse_epoch(&link.attach_epoch) else { continue };
+            let since_ms = match link.attached_at_ms {
+                0 => (child.created_at().max(0) as u64) * 1000,
+                ms => ms,
+            };
             for p in 0..parent.partitions() {
-                out.push((
-                    CursorKey {
+                out.push(Wanted {
+                    key: CursorKey {
                         parent: parent.name().to_owned(),
                         parent_incarnation: parent.incarnation(),
                         partition: p,
                         child: child_name.clone(),
                         epoch,
                     },
-                    link.fanout_delay_ms,
-                    (child.created_at().max(0) as u64) * 1000,
-                ));
+                    delay_ms: link.fanout_delay_ms,
+                    since_ms,
+                });
             }
         }
     }
     out
 }
 
+/// Cursors taken out of the running set, not yet joined.
+#[must_use = "stopped cursors must be finished (joined and cleaned up)"]
+struct Stopped(Vec<(CursorKey, Running)>);
+
+/// Held while a link change and its cursor files are made (see the module
+/// docs).
+pub type LinksGuard<'a> = tokio::sync::MutexGuard<'a, ()>;
+
 impl FanoutRunner {
     /// A runner with no cursors yet.
     pub fn new(ctx: Arc<FanoutCtx>) -> Arc<FanoutRunner> {
-        Arc::new(FanoutRunner { ctx, running: Mutex::new(HashMap::new()) })
+        Arc::new(FanoutRunner {
+            ctx,
+            running: std::sync::Mutex::new(HashMap::new()),
+            links: tokio::sync::Mutex::new(()),
+        })
     }
 
-    /// Starts missing cursors and stops (and cleans up after) unwanted
-    /// ones. Cheap when nothing changed.
-    pub fn reconcile(&self) {
+    /// Serializes link changes with each other and with the reconciler.
+    pub async fn lock_links(&self) -> LinksGuard<'_> {
+        self.links.lock().await
+    }
+
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<CursorKey, Running>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts missing cursors and takes unwanted ones out of the running
+    /// set (asked to stop as unlinked). Cheap when nothing changed. Call
+    /// with the links lock held.
+    fn reconcile(&self) -> Stopped {
         let want = desired(&self.ctx.meta);
-        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let keys: std::collections::HashSet<&CursorKey> = want.iter().map(|(k, _, _)| k).collect();
+        let mut running = self.running();
+        let keys: HashSet<&CursorKey> = want.iter().map(|w| &w.key).collect();
         let gone: Vec<CursorKey> = running.keys().filter(|k| !keys.contains(k)).cloned().collect();
+        let mut stopped = Vec::new();
         for k in gone {
             if let Some(r) = running.remove(&k) {
-                r.stop.store(true, Ordering::Release);
-                r.wake.notify_one();
-                let dir = r.dir.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let (fs, child) = (self.ctx.fs.clone(), k.child.clone());
-                tokio::spawn(async move {
-                    let _ = r.task.await;
-                    // The link is gone: its cursor file goes too.
-                    if let Some(dir) = dir {
-                        let path = cursor_file::path(&dir, &child);
-                        let _ = tokio::task::spawn_blocking(move || {
-                            if fs.exists(&path).unwrap_or(false) {
-                                let _ = fs.remove_file(&path);
-                            }
-                        })
-                        .await;
-                    }
-                });
-                info!(parent = %k.parent, child = %k.child, partition = k.partition, "fan-out cursor stopped");
+                r.shared.stop(StopReason::Unlinked);
+                stopped.push((k, r));
             }
         }
-        for (k, delay_ms, since_ms) in want {
-            if running.contains_key(&k) {
+        for w in want {
+            if running.contains_key(&w.key) {
                 continue;
             }
-            let stop = Arc::new(AtomicBool::new(false));
-            let wake = Arc::new(Notify::new());
-            let dir = Arc::new(Mutex::new(None));
+            let shared = Arc::new(CursorShared::new());
             let cursor = Cursor {
                 ctx: self.ctx.clone(),
-                key: k.clone(),
-                delay_ms,
-                since_ms,
-                stop: stop.clone(),
-                wake: wake.clone(),
-                dir: dir.clone(),
-                spread: u64::from(k.partition),
+                key: w.key.clone(),
+                delay_ms: w.delay_ms,
+                since_ms: w.since_ms,
+                shared: shared.clone(),
+                spread: u64::from(w.key.partition),
             };
             let task = tokio::spawn(cursor.run());
-            running.insert(k, Running { stop, wake, task, dir });
+            running.insert(w.key, Running { shared, task });
+        }
+        Stopped(stopped)
+    }
+
+    /// Joins stopped cursors (all of them within [`FANOUT_STOP_WAIT`]),
+    /// removes their files (by their own epoch) and their metric series.
+    async fn finish(&self, stopped: Stopped) {
+        let deadline = tokio::time::Instant::now() + FANOUT_STOP_WAIT;
+        for (k, r) in stopped.0 {
+            if tokio::time::timeout_at(deadline, r.task).await.is_err() {
+                warn!(parent = %k.parent, child = %k.child, partition = k.partition, "fan-out cursor did not stop in time; its file is left to the sweep");
+            }
+            if let Some(dir) = r.shared.dir() {
+                let (fs, path) = (self.ctx.fs.clone(), cursor_file::path(&dir, &k.child));
+                let removed = tokio::task::spawn_blocking(move || {
+                    cursor_file::remove_if_epoch(&*fs, &path, k.epoch)
+                })
+                .await;
+                if let Ok(Err(e)) = removed {
+                    warn!(parent = %k.parent, child = %k.child, partition = k.partition, error = %e, "cannot remove a fan-out cursor file");
+                }
+            }
+            self.ctx.metrics.forget_fanout_cursor(&k.parent, &k.child, k.partition);
+            info!(parent = %k.parent, child = %k.child, partition = k.partition, "fan-out cursor stopped");
         }
     }
 
-    /// Runs the reconciler every second until `stop` turns true.
+    /// Reconciles now and waits until the cursors of dissolved links have
+    /// stopped and their files are gone. Call with the links lock held.
+    pub async fn reconcile_now(&self, _links: &LinksGuard<'_>) {
+        let stopped = self.reconcile();
+        self.finish(stopped).await;
+    }
+
+    /// Runs the reconciler every second (and the sweep at the first pass
+    /// and every [`FANOUT_SWEEP_EVERY`] passes) until `stop` turns true.
     pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(FANOUT_RECONCILE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pass: u64 = 0;
         loop {
             tokio::select! {
-                _ = tick.tick() => self.reconcile(),
+                _ = tick.tick() => {}
                 _ = stop.changed() => break,
+            }
+            let links = self.links.lock().await;
+            let stopped = self.reconcile();
+            if pass.is_multiple_of(FANOUT_SWEEP_EVERY) {
+                let me = self.clone();
+                let _ = tokio::task::spawn_blocking(move || me.sweep()).await;
+            }
+            drop(links);
+            pass += 1;
+            if !stopped.0.is_empty() {
+                let me = self.clone();
+                tokio::spawn(async move { me.finish(stopped).await });
             }
         }
         self.stop_all().await;
@@ -220,302 +317,162 @@ impl FanoutRunner {
 
     /// Stops every cursor and waits for them (files stay: the links do).
     pub async fn stop_all(&self) {
-        let all: Vec<Running> = {
-            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-            running.drain().map(|(_, r)| r).collect()
-        };
+        let all: Vec<Running> = self.running().drain().map(|(_, r)| r).collect();
         for r in &all {
-            r.stop.store(true, Ordering::Release);
-            r.wake.notify_one();
+            r.shared.stop(StopReason::Shutdown);
         }
         for r in all {
             let _ = r.task.await;
         }
     }
 
-    /// Lag of every running cursor, for `GET .../children`:
-    /// (parent partition, child, parent HWM − cursor) where known.
+    /// The running cursors, in key order.
     pub fn cursors(&self) -> Vec<CursorKey> {
-        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-        let mut keys: Vec<CursorKey> = running.keys().cloned().collect();
+        let mut keys: Vec<CursorKey> = self.running().keys().cloned().collect();
         keys.sort();
         keys
     }
-}
 
-struct Cursor {
-    ctx: Arc<FanoutCtx>,
-    key: CursorKey,
-    delay_ms: u64,
-    since_ms: u64,
-    stop: Arc<AtomicBool>,
-    wake: Arc<Notify>,
-    dir: Arc<Mutex<Option<std::path::PathBuf>>>,
-    /// Spreads keyless records over the child's partitions.
-    spread: u64,
-}
-
-enum Step {
-    /// Sent a slab; go on at once.
-    Progress,
-    /// Nothing to send now; wait this long (or for a commit).
-    Idle(Duration),
-    /// The link or a topic is gone: stop.
-    Done,
-}
-
-impl Cursor {
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-
-    fn labels(&self) -> FanoutPartitionLabels {
-        FanoutPartitionLabels {
-            parent: self.key.parent.clone(),
-            child: self.key.child.clone(),
-            partition: self.key.partition.to_string(),
-        }
-    }
-
-    /// The parent topic and the child topic, if the link still holds.
-    fn link(&self) -> Option<(Arc<Topic>, Arc<Topic>)> {
-        let parent = self.ctx.meta.topic(&self.key.parent)?;
-        if parent.incarnation() != self.key.parent_incarnation {
-            return None;
-        }
-        let child = self.ctx.meta.topic(&self.key.child)?;
-        let link = child.parent()?;
-        (link.name == self.key.parent
-            && cursor_file::parse_epoch(&link.attach_epoch) == Some(self.key.epoch))
-        .then_some((parent, child))
-    }
-
-    async fn run(mut self) {
-        let Some((parent, _)) = self.link() else { return };
-        let (topics, p2, part_no) = (self.ctx.topics.clone(), parent.clone(), self.key.partition);
-        let opened = tokio::task::spawn_blocking(move || {
-            let rt = topics.topic(&p2)?;
-            let part = topics.partition(&p2, part_no)?;
-            Ok::<_, crate::BrokerError>((rt, part))
-        })
-        .await;
-        let (rt, part) = match opened {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => {
-                warn!(parent = %self.key.parent, partition = part_no, error = %e, "fan-out cursor cannot open the parent partition");
-                return;
-            }
-            Err(_) => return,
-        };
-        *self.dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(part.log.dir().to_path_buf());
-        let Some(mut next) = self.start_position(&part).await else { return };
-        info!(parent = %self.key.parent, child = %self.key.child, partition = part_no, next, "fan-out cursor started");
-        while !self.stopped() {
-            let notified = rt.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            match self.step(&rt, &part, &mut next).await {
-                Step::Progress => {}
-                Step::Done => return,
-                Step::Idle(wait) => {
-                    tokio::select! {
-                        _ = &mut notified => {}
-                        _ = self.wake.notified() => {}
-                        _ = tokio::time::sleep(wait) => {}
-                    }
-                }
-            }
-        }
-    }
-
-    /// Resumes from the cursor file of this attachment, or anchors at the
-    /// first record committed since the link was made (and stores that).
-    async fn start_position(&self, part: &Arc<PartitionRt>) -> Option<u64> {
-        let path = cursor_file::path(part.log.dir(), &self.key.child);
-        let (fs, epoch, log, since) =
-            (self.ctx.fs.clone(), self.key.epoch, part.log.clone(), self.since_ms);
-        let result = tokio::task::spawn_blocking(move || {
-            if let Some(s) = cursor_file::load(&*fs, &path, epoch)? {
-                return Ok(s.next_offset);
-            }
-            let anchor = anchor(&log, since);
-            cursor_file::store(&*fs, &path, CursorState { epoch, next_offset: anchor })?;
-            Ok::<_, std::io::Error>(anchor)
-        })
-        .await;
-        match result {
-            Ok(Ok(n)) => Some(n),
-            Ok(Err(e)) => {
-                warn!(parent = %self.key.parent, child = %self.key.child, error = %e, "fan-out cursor cannot read or write its file");
-                None
-            }
-            Err(_) => None,
-        }
-    }
-
-    async fn step(&mut self, rt: &Arc<TopicRt>, part: &Arc<PartitionRt>, next: &mut u64) -> Step {
-        let Some((_parent, child)) = self.link() else { return Step::Done };
-        if rt.is_closed() {
-            return Step::Done;
-        }
-        let now_ms = self.ctx.clock.wall_ms();
-        let gate = (self.delay_ms > 0).then(|| now_ms.saturating_sub(self.delay_ms));
-        let req = ReadRequest {
-            from: *next,
-            max_records: FANOUT_SLAB_RECORDS,
-            max_bytes: FANOUT_SLAB_BYTES,
-            max_commit_time_ms: gate,
-        };
-        let hwm = part.log.high_watermark();
-        self.ctx
-            .metrics
-            .fanout_lag_messages
-            .get_or_create(&self.labels())
-            .set(hwm.saturating_sub(*next) as i64);
-        let batch = match part.log.read_with(&req) {
-            Ok(b) => b,
-            Err(ReadError::Gone { oldest, .. }) => {
-                self.dropped(oldest.saturating_sub(*next));
-                *next = oldest;
-                return if self.persist(part, *next).await {
-                    Step::Progress
-                } else {
-                    Step::Idle(FANOUT_RETRY_BACKOFF)
-                };
-            }
-            Err(ReadError::Closed) => return Step::Done,
-            Err(e) => {
-                warn!(parent = %self.key.parent, partition = self.key.partition, error = %e, "fan-out cursor cannot read the parent");
-                return Step::Idle(FANOUT_RETRY_BACKOFF);
-            }
-        };
-        if batch.records.is_empty() && batch.corrupt.is_empty() {
-            self.ctx.metrics.fanout_due_lag_seconds.get_or_create(&self.labels()).set(0);
-            return Step::Idle(match batch.held_back_commit_time_ms {
-                Some(t) => {
-                    self.ctx.metrics.fanout_delay_gate_holds.inc();
-                    Duration::from_millis((t + self.delay_ms).saturating_sub(now_ms).max(1))
-                        .min(FANOUT_DELAY_SLEEP_MAX)
-                }
-                None => FANOUT_IDLE_WAIT,
-            });
-        }
-        if let Some(first) = batch.records.first() {
-            let due = first.commit_time_ms + self.delay_ms;
-            self.ctx
-                .metrics
-                .fanout_due_lag_seconds
-                .get_or_create(&self.labels())
-                .set((now_ms.saturating_sub(due) / 1000) as i64);
-        }
-        let corrupt: u64 = batch.corrupt.iter().map(|r| r.end - r.start).sum();
-        if corrupt > 0 {
-            self.dropped(corrupt);
-        }
-        if !self.send(&child, &batch.records).await {
-            return Step::Idle(FANOUT_RETRY_BACKOFF);
-        }
-        let sent = batch.records.len() as u64;
-        *next = batch.next_offset;
-        if !self.persist(part, *next).await {
-            return Step::Idle(FANOUT_RETRY_BACKOFF);
-        }
-        let l = FanoutLabels { parent: self.key.parent.clone(), child: self.key.child.clone() };
-        self.ctx.metrics.fanout_committed.get_or_create(&l).inc_by(sent);
-        Step::Progress
-    }
-
-    fn dropped(&self, n: u64) {
-        if n == 0 {
-            return;
-        }
-        let l = FanoutLabels { parent: self.key.parent.clone(), child: self.key.child.clone() };
-        self.ctx.metrics.fanout_child_dropped_messages.get_or_create(&l).inc_by(n);
-        warn!(parent = %self.key.parent, child = %self.key.child, records = n, "fanout: child lost records the parent no longer holds");
-    }
-
-    /// Commits `records` into the child, one commit per child partition;
-    /// `false` if a commit kept failing (the slab is sent again later).
-    async fn send(&mut self, child: &Topic, records: &[LogRecord]) -> bool {
-        let n = child.partitions().max(1);
-        let mut groups: Vec<Vec<BatchRecord>> = vec![Vec::new(); n as usize];
-        for r in records {
-            let p = match &r.key {
-                Some(k) => keyed_partition(k, n),
-                None => {
-                    self.spread = self.spread.wrapping_add(1);
-                    (self.spread % u64::from(n)) as u32
+    /// Writes the cursor file of a new link (`child` under `parent`, epoch
+    /// `epoch`) in every partition of `parent` at its current high
+    /// watermark, before the link is committed (blocking I/O). A partition
+    /// that cannot be opened or written is logged and skipped: its cursor
+    /// falls back to the link's attach time. Returns how many were written.
+    pub fn anchor_link(&self, parent: &Topic, child: &str, epoch: u64) -> u32 {
+        let mut anchored = 0;
+        for p in 0..parent.partitions() {
+            let part = match self.ctx.topics.partition(parent, p) {
+                Ok(part) => part,
+                Err(e) => {
+                    warn!(parent = parent.name(), partition = p, error = %e, "cannot open the parent partition to anchor a new child; its cursor starts from the attach time");
+                    continue;
                 }
             };
-            groups[p as usize].push(BatchRecord {
-                incarnation: Some(child.incarnation()),
-                key: r.key.clone(),
-                payload: r.payload.clone(),
-            });
+            let hwm = part.log.high_watermark();
+            let path = cursor_file::path(part.log.dir(), child);
+            let state = CursorState { epoch, next_offset: hwm };
+            match cursor_file::store(&*self.ctx.fs, &path, state) {
+                Ok(()) => anchored += 1,
+                Err(e) => {
+                    warn!(parent = parent.name(), child, partition = p, error = %e, "cannot anchor a new child's cursor; it starts from the attach time");
+                }
+            }
         }
-        let child_name: Arc<str> = child.name().into();
-        for (p, group) in groups.into_iter().enumerate() {
-            if group.is_empty() {
+        anchored
+    }
+
+    /// Removes the cursor files of link (`parent`, `child`, `epoch`) from
+    /// every open partition of `parent` (blocking I/O); files of another
+    /// epoch stay. Returns how many were removed.
+    pub fn remove_link_files(&self, parent: &Topic, child: &str, epoch: u64) -> u32 {
+        let Some(rt) = self.ctx.topics.get_open(parent.name(), parent.incarnation()) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for part in rt.open_partitions() {
+            let path = cursor_file::path(part.log.dir(), child);
+            match cursor_file::remove_if_epoch(&*self.ctx.fs, &path, epoch) {
+                Ok(true) => removed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(parent = parent.name(), child, partition = part.index, error = %e, "cannot remove a fan-out cursor file");
+                }
+            }
+        }
+        removed
+    }
+
+    /// Removes cursor files (and their temporary files) of children no
+    /// longer linked to the topic whose partition holds them (blocking I/O;
+    /// call with the links lock held). Returns how many were removed.
+    pub fn sweep(&self) -> u32 {
+        let snap = self.ctx.meta.snapshot();
+        let mut removed = 0;
+        for rt in self.ctx.topics.all() {
+            let linked: HashSet<&str> = match snap.topic(&rt.name) {
+                Some(t) if t.incarnation() == rt.incarnation => t
+                    .children()
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|c| {
+                        snap.topic(c).and_then(|c| c.parent()).is_some_and(|l| l.name == t.name())
+                    })
+                    .collect(),
+                _ => continue, // a topic being removed: its directory goes whole
+            };
+            for part in rt.open_partitions() {
+                let dir = part.log.dir();
+                let entries = match self.ctx.fs.list_dir(dir) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        warn!(dir = %dir.display(), error = %e, "fan-out sweep cannot list a partition");
+                        continue;
+                    }
+                };
+                for e in entries.iter().filter(|e| !e.is_dir) {
+                    let Some(child) = cursor_file::child_of_file_name(&e.name) else { continue };
+                    if linked.contains(child) {
+                        continue;
+                    }
+                    match self.ctx.fs.remove_file(&dir.join(&e.name)) {
+                        Ok(()) => {
+                            removed += 1;
+                            info!(topic = %rt.name, partition = part.index, file = %e.name, "removed the cursor file of a child no longer attached");
+                        }
+                        Err(e) => {
+                            warn!(dir = %dir.display(), error = %e, "fan-out sweep cannot remove a file")
+                        }
+                    }
+                }
+            }
+        }
+        removed
+    }
+
+    /// The fan-out progress of `child` under `parent` (blocking: it may read
+    /// one parent record per partition to date the oldest unsent one).
+    pub fn child_lag(&self, parent: &Topic, child: &Topic) -> ChildLag {
+        let link = child.parent().filter(|l| l.name == parent.name());
+        let delay_ms = link.map_or(0, |l| l.fanout_delay_ms);
+        let epoch = link.and_then(|l| cursor_file::parse_epoch(&l.attach_epoch));
+        let rt = self.ctx.topics.get_open(parent.name(), parent.incarnation());
+        let now_ms = self.ctx.clock.wall_ms();
+        let (mut lag_messages, mut late_ms, mut complete) = (0u64, 0u64, epoch.is_some());
+        for p in 0..parent.partitions() {
+            let position = epoch.and_then(|epoch| {
+                let key = CursorKey {
+                    parent: parent.name().to_owned(),
+                    parent_incarnation: parent.incarnation(),
+                    partition: p,
+                    child: child.name().to_owned(),
+                    epoch,
+                };
+                let running = self.running();
+                let pos = running.get(&key)?.shared.position.load(Ordering::Acquire);
+                (pos != NO_POSITION).then_some(pos)
+            });
+            let Some(next) = position else {
+                complete = false;
+                continue;
+            };
+            let Some(part) = rt.as_ref().and_then(|rt| rt.partition_if_open(p)) else { continue };
+            let hwm = part.log.high_watermark();
+            if next >= hwm {
                 continue;
             }
-            let batch =
-                CommitBatch { topic: child_name.clone(), partition: p as u32, records: group };
-            let mut ok = false;
-            for attempt in 1..=FANOUT_COMMIT_TRIES {
-                match self.ctx.owner.commit(0, batch.clone()).await {
-                    Ok(()) => {
-                        ok = true;
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(parent = %self.key.parent, child = %self.key.child, partition = p, attempt, error = %e, "fan-out commit failed");
-                    }
-                }
-                if self.stopped() {
-                    return false;
-                }
-            }
-            if !ok {
-                return false;
+            lag_messages += hwm - next;
+            if let Ok(batch) = part.log.read(next, 1, u64::MAX)
+                && let Some(r) = batch.records.first()
+            {
+                late_ms = late_ms.max(now_ms.saturating_sub(r.commit_time_ms + delay_ms));
             }
         }
-        true
-    }
-
-    async fn persist(&self, part: &Arc<PartitionRt>, next: u64) -> bool {
-        let path = cursor_file::path(part.log.dir(), &self.key.child);
-        let (fs, epoch) = (self.ctx.fs.clone(), self.key.epoch);
-        let r = tokio::task::spawn_blocking(move || {
-            cursor_file::store(&*fs, &path, CursorState { epoch, next_offset: next })
-        })
-        .await;
-        match r {
-            Ok(Ok(())) => true,
-            Ok(Err(e)) => {
-                warn!(parent = %self.key.parent, child = %self.key.child, error = %e, "fan-out cursor file not stored; resending");
-                false
-            }
-            Err(_) => false,
+        ChildLag {
+            name: child.name().to_owned(),
+            delay_ms,
+            lag_messages,
+            lag_seconds: late_ms as f64 / 1000.0,
+            lag_complete: complete,
         }
     }
-}
-
-/// The first offset committed at or after `since_ms` (walking back from the
-/// high watermark; at most a bounded number of records).
-pub fn anchor(log: &PartitionLog, since_ms: u64) -> u64 {
-    let hwm = log.high_watermark();
-    let oldest = log.oldest_offset();
-    let mut lo = hwm;
-    let step = 256u64;
-    while lo > oldest && hwm - lo < FANOUT_ANCHOR_WALK_MAX {
-        let from = lo.saturating_sub(step).max(oldest);
-        let Ok(batch) = log.read(from, (lo - from) as usize, u64::MAX) else { return lo };
-        match batch.records.iter().position(|r| r.commit_time_ms >= since_ms) {
-            // Everything in this chunk is recent enough: look further back.
-            Some(0) if batch.records.first().is_some_and(|r| r.offset == from) => lo = from,
-            Some(i) => return batch.records[i].offset,
-            None => return lo,
-        }
-    }
-    lo
 }

@@ -1,5 +1,6 @@
 //! One module per resource; each handler parses, calls the broker, encodes.
 
+pub mod children;
 pub mod consume;
 pub mod health;
 pub mod produce;

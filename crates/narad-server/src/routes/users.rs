@@ -21,12 +21,10 @@ use tracing::info;
 
 use crate::access::{ADMIN_DENIED, Caller, forbidden};
 use crate::auth::{blocking, hash_password};
-use crate::body::{read_limited, strict_json};
+use crate::body::read_streamed_json;
 use crate::error::{ApiError, json_response};
+use crate::limits::STREAMED_BODY_BYTES;
 use crate::state::Shared;
-
-/// Users bodies are small; Narad caps them at 1 MiB like every JSON body.
-const USERS_BODY_BYTES: usize = 1 << 20;
 
 /// 403 when a grant exceeds what the caller may hand out.
 pub const ESCALATION_DENIED: &str = "cannot grant permissions you do not hold";
@@ -62,14 +60,7 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<T, ApiError> {
-    let bytes = read_limited(headers, body, USERS_BODY_BYTES).await.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::bad_request("invalid json: http: request body too large")
-        } else {
-            e
-        }
-    })?;
-    strict_json(&bytes)
+    read_streamed_json(headers, body, STREAMED_BODY_BYTES).await
 }
 
 fn user_reply(status: StatusCode, u: &User) -> Response {

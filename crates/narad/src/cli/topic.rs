@@ -254,7 +254,7 @@ pub fn run(a: TopicArgs) -> CliResult {
             match c.output {
                 Output::Json => c.print_json(&v),
                 Output::Table => {
-                    let cols = ["name", "delay_ms", "lag_messages", "lag_complete"];
+                    let cols = ["name", "delay_ms", "lag_messages", "lag_seconds", "lag_complete"];
                     let rows = v["children"]
                         .as_array()
                         .into_iter()

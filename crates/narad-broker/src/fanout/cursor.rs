@@ -1,0 +1,396 @@
+//! One fan-out cursor: the task that copies one parent partition into one
+//! child, for one attachment (epoch).
+//!
+//! # Start
+//! The cursor resumes from `fanout-<child>.offset` when the file holds its
+//! epoch. An attach writes that file at the parent's high watermark before
+//! the link is committed (see the module docs of [`crate::fanout`]), so a
+//! cursor of a new link finds its start there. Without a file of its epoch
+//! (a partition added later, a file that could not be written) it anchors
+//! at the first parent record committed at or after the link was made.
+//!
+//! # Loop
+//! Read a slab (up to the high watermark, and for a delayed child up to
+//! `now − delay`), group it by child partition, commit each group through
+//! the [`crate::owner::Owner`] (up to [`FANOUT_COMMIT_TRIES`] times), and
+//! only then move the cursor file past the slab: a crash re-sends, never
+//! skips.
+//!
+//! # Stop
+//! [`StopReason::Shutdown`] keeps the link: a slab already sent is still
+//! recorded. [`StopReason::Unlinked`] means the link is gone: the cursor
+//! never writes its file again, so the runner can remove it.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use narad_log::{LogRecord, PartitionLog, ReadError, ReadRequest};
+use narad_meta::Topic;
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use super::cursor_file::{self, CursorState};
+use super::{CursorKey, FanoutCtx, FanoutLabels, FanoutPartitionLabels};
+use crate::limits::{
+    FANOUT_ANCHOR_WALK_MAX, FANOUT_COMMIT_TRIES, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT,
+    FANOUT_RETRY_BACKOFF, FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
+};
+use crate::owner::{BatchRecord, CommitBatch};
+use crate::partition::keyed_partition;
+use crate::topics::{PartitionRt, TopicRt};
+
+/// `position` before the cursor knows where it starts.
+pub(crate) const NO_POSITION: u64 = u64::MAX;
+
+/// Why a cursor was asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum StopReason {
+    /// Still running.
+    Running = 0,
+    /// The node stops; the link stays (the file may still be written).
+    Shutdown = 1,
+    /// The link is gone: the file must never be written again.
+    Unlinked = 2,
+}
+
+/// What a cursor shares with the runner.
+#[derive(Debug)]
+pub(crate) struct CursorShared {
+    stop: AtomicU8,
+    /// Wakes an idle cursor (to stop).
+    pub(crate) wake: Notify,
+    /// The parent partition's directory, once opened (for its file).
+    pub(crate) dir: Mutex<Option<PathBuf>>,
+    /// The next parent offset to send, as stored ([`NO_POSITION`] before
+    /// the start is known).
+    pub(crate) position: AtomicU64,
+}
+
+impl CursorShared {
+    pub(crate) fn new() -> CursorShared {
+        CursorShared {
+            stop: AtomicU8::new(StopReason::Running as u8),
+            wake: Notify::new(),
+            dir: Mutex::new(None),
+            position: AtomicU64::new(NO_POSITION),
+        }
+    }
+
+    /// Asks the cursor to stop; an unlink is never downgraded.
+    pub(crate) fn stop(&self, reason: StopReason) {
+        self.stop.fetch_max(reason as u8, Ordering::AcqRel);
+        self.wake.notify_one();
+    }
+
+    fn reason(&self) -> StopReason {
+        match self.stop.load(Ordering::Acquire) {
+            0 => StopReason::Running,
+            1 => StopReason::Shutdown,
+            _ => StopReason::Unlinked,
+        }
+    }
+
+    pub(crate) fn dir(&self) -> Option<PathBuf> {
+        self.dir.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+pub(crate) struct Cursor {
+    pub(crate) ctx: Arc<FanoutCtx>,
+    pub(crate) key: CursorKey,
+    pub(crate) delay_ms: u64,
+    /// When the link was made (Unix ms): the fallback start.
+    pub(crate) since_ms: u64,
+    pub(crate) shared: Arc<CursorShared>,
+    /// Spreads keyless records over the child's partitions.
+    pub(crate) spread: u64,
+}
+
+enum Step {
+    /// Sent a slab; go on at once.
+    Progress,
+    /// Nothing to send now; wait this long (or for a commit).
+    Idle(Duration),
+    /// The link or a topic is gone: stop.
+    Done,
+}
+
+impl Cursor {
+    fn stopped(&self) -> bool {
+        self.shared.reason() != StopReason::Running
+    }
+
+    fn labels(&self) -> FanoutPartitionLabels {
+        FanoutPartitionLabels {
+            parent: self.key.parent.clone(),
+            child: self.key.child.clone(),
+            partition: self.key.partition.to_string(),
+        }
+    }
+
+    fn link_labels(&self) -> FanoutLabels {
+        FanoutLabels { parent: self.key.parent.clone(), child: self.key.child.clone() }
+    }
+
+    /// The parent topic and the child topic, if the link still holds.
+    fn link(&self) -> Option<(Arc<Topic>, Arc<Topic>)> {
+        let parent = self.ctx.meta.topic(&self.key.parent)?;
+        if parent.incarnation() != self.key.parent_incarnation {
+            return None;
+        }
+        let child = self.ctx.meta.topic(&self.key.child)?;
+        let link = child.parent()?;
+        (link.name == self.key.parent
+            && cursor_file::parse_epoch(&link.attach_epoch) == Some(self.key.epoch))
+        .then_some((parent, child))
+    }
+
+    pub(crate) async fn run(mut self) {
+        let Some((parent, _)) = self.link() else { return };
+        let (topics, p2, part_no) = (self.ctx.topics.clone(), parent.clone(), self.key.partition);
+        let opened = tokio::task::spawn_blocking(move || {
+            let rt = topics.topic(&p2)?;
+            let part = topics.partition(&p2, part_no)?;
+            Ok::<_, crate::BrokerError>((rt, part))
+        })
+        .await;
+        let (rt, part) = match opened {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
+                warn!(parent = %self.key.parent, partition = part_no, error = %e, "fan-out cursor cannot open the parent partition");
+                return;
+            }
+            Err(_) => return,
+        };
+        *self.shared.dir.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(part.log.dir().to_path_buf());
+        let Some(mut next) = self.start_position(&part).await else { return };
+        self.shared.position.store(next, Ordering::Release);
+        info!(parent = %self.key.parent, child = %self.key.child, partition = part_no, next, "fan-out cursor started");
+        while !self.stopped() {
+            let notified = rt.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            match self.step(&rt, &part, &mut next).await {
+                Step::Progress => {}
+                Step::Done => return,
+                Step::Idle(wait) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = self.shared.wake.notified() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Resumes from the cursor file of this attachment, or anchors at the
+    /// first record committed since the link was made (and stores that).
+    async fn start_position(&self, part: &Arc<PartitionRt>) -> Option<u64> {
+        let path = cursor_file::path(part.log.dir(), &self.key.child);
+        let (fs, epoch, log, since) =
+            (self.ctx.fs.clone(), self.key.epoch, part.log.clone(), self.since_ms);
+        let shared = self.shared.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            if let Some(s) = cursor_file::load(&*fs, &path, epoch)? {
+                return Ok(Some(s.next_offset));
+            }
+            if shared.reason() == StopReason::Unlinked {
+                return Ok(None);
+            }
+            let anchor = anchor(&log, since);
+            cursor_file::store(&*fs, &path, CursorState { epoch, next_offset: anchor })?;
+            Ok::<_, std::io::Error>(Some(anchor))
+        })
+        .await;
+        match result {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => {
+                warn!(parent = %self.key.parent, child = %self.key.child, error = %e, "fan-out cursor cannot read or write its file");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    async fn step(&mut self, rt: &Arc<TopicRt>, part: &Arc<PartitionRt>, next: &mut u64) -> Step {
+        let Some((_parent, child)) = self.link() else { return Step::Done };
+        if rt.is_closed() {
+            return Step::Done;
+        }
+        let now_ms = self.ctx.clock.wall_ms();
+        let gate = (self.delay_ms > 0).then(|| now_ms.saturating_sub(self.delay_ms));
+        let req = ReadRequest {
+            from: *next,
+            max_records: FANOUT_SLAB_RECORDS,
+            max_bytes: FANOUT_SLAB_BYTES,
+            max_commit_time_ms: gate,
+        };
+        let hwm = part.log.high_watermark();
+        let metrics = self.ctx.metrics.clone();
+        metrics
+            .fanout_lag_messages
+            .get_or_create(&self.labels())
+            .set(hwm.saturating_sub(*next) as i64);
+        let batch = match part.log.read_with(&req) {
+            Ok(b) => b,
+            Err(ReadError::Gone { oldest, .. }) => {
+                self.dropped(oldest.saturating_sub(*next));
+                *next = oldest;
+                return if self.persist(part, *next).await {
+                    Step::Progress
+                } else {
+                    Step::Idle(FANOUT_RETRY_BACKOFF)
+                };
+            }
+            Err(ReadError::Closed) => return Step::Done,
+            Err(e) => {
+                warn!(parent = %self.key.parent, partition = self.key.partition, error = %e, "fan-out cursor cannot read the parent");
+                return Step::Idle(FANOUT_RETRY_BACKOFF);
+            }
+        };
+        if batch.records.is_empty() && batch.corrupt.is_empty() {
+            metrics.fanout_due_lag_seconds.get_or_create(&self.labels()).set(0);
+            return Step::Idle(match batch.held_back_commit_time_ms {
+                Some(t) => {
+                    metrics.fanout_delay_gate_holds.get_or_create(&self.link_labels()).inc();
+                    Duration::from_millis((t + self.delay_ms).saturating_sub(now_ms).max(1))
+                        .min(FANOUT_DELAY_SLEEP_MAX)
+                }
+                None => FANOUT_IDLE_WAIT,
+            });
+        }
+        if let Some(first) = batch.records.first() {
+            let due = first.commit_time_ms + self.delay_ms;
+            metrics
+                .fanout_due_lag_seconds
+                .get_or_create(&self.labels())
+                .set((now_ms.saturating_sub(due) / 1000) as i64);
+        }
+        let corrupt: u64 = batch.corrupt.iter().map(|r| r.end - r.start).sum();
+        if corrupt > 0 {
+            self.dropped(corrupt);
+        }
+        if !self.send(&child, &batch.records).await {
+            return Step::Idle(FANOUT_RETRY_BACKOFF);
+        }
+        let sent = batch.records.len() as u64;
+        *next = batch.next_offset;
+        if !self.persist(part, *next).await {
+            return Step::Idle(FANOUT_RETRY_BACKOFF);
+        }
+        metrics.fanout_committed.get_or_create(&self.link_labels()).inc_by(sent);
+        if sent > 0 {
+            let bytes: usize = batch.records.iter().map(|r| r.payload.len()).sum();
+            metrics.fanout_batch_records.0.observe(sent as f64);
+            metrics.fanout_batch_bytes.0.observe(bytes as f64);
+        }
+        Step::Progress
+    }
+
+    fn dropped(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let labels = self.link_labels();
+        self.ctx.metrics.fanout_child_dropped_messages.get_or_create(&labels).inc_by(n as i64);
+        warn!(parent = %self.key.parent, child = %self.key.child, records = n, "fanout: child lost records the parent no longer holds");
+    }
+
+    /// Commits `records` into the child, one commit per child partition;
+    /// `false` if a commit kept failing (the slab is sent again later).
+    async fn send(&mut self, child: &Topic, records: &[LogRecord]) -> bool {
+        let n = child.partitions().max(1);
+        let mut groups: Vec<Vec<BatchRecord>> = vec![Vec::new(); n as usize];
+        for r in records {
+            let p = match &r.key {
+                Some(k) => keyed_partition(k, n),
+                None => {
+                    self.spread = self.spread.wrapping_add(1);
+                    (self.spread % u64::from(n)) as u32
+                }
+            };
+            groups[p as usize].push(BatchRecord {
+                incarnation: Some(child.incarnation()),
+                key: r.key.clone(),
+                payload: r.payload.clone(),
+            });
+        }
+        let child_name: Arc<str> = child.name().into();
+        for (p, group) in groups.into_iter().enumerate() {
+            if group.is_empty() {
+                continue;
+            }
+            let batch =
+                CommitBatch { topic: child_name.clone(), partition: p as u32, records: group };
+            let mut ok = false;
+            for attempt in 1..=FANOUT_COMMIT_TRIES {
+                match self.ctx.owner.commit(0, batch.clone()).await {
+                    Ok(()) => {
+                        ok = true;
+                        break;
+                    }
+                    Err(e) => {
+                        warn!(parent = %self.key.parent, child = %self.key.child, partition = p, attempt, error = %e, "fan-out commit failed");
+                    }
+                }
+                if self.stopped() {
+                    return false;
+                }
+            }
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Stores the cursor (unless the link is gone) and publishes it.
+    async fn persist(&self, part: &Arc<PartitionRt>, next: u64) -> bool {
+        let path = cursor_file::path(part.log.dir(), &self.key.child);
+        let (fs, epoch, shared) = (self.ctx.fs.clone(), self.key.epoch, self.shared.clone());
+        let r = tokio::task::spawn_blocking(move || {
+            if shared.reason() == StopReason::Unlinked {
+                return Ok(false);
+            }
+            cursor_file::store(&*fs, &path, CursorState { epoch, next_offset: next }).map(|()| true)
+        })
+        .await;
+        match r {
+            Ok(Ok(true)) => {
+                self.shared.position.store(next, Ordering::Release);
+                true
+            }
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                warn!(parent = %self.key.parent, child = %self.key.child, error = %e, "fan-out cursor file not stored; resending");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// The first offset committed at or after `since_ms` (walking back from the
+/// high watermark; at most a bounded number of records).
+pub fn anchor(log: &PartitionLog, since_ms: u64) -> u64 {
+    let hwm = log.high_watermark();
+    let oldest = log.oldest_offset();
+    let mut lo = hwm;
+    let step = 256u64;
+    while lo > oldest && hwm - lo < FANOUT_ANCHOR_WALK_MAX {
+        let from = lo.saturating_sub(step).max(oldest);
+        let Ok(batch) = log.read(from, (lo - from) as usize, u64::MAX) else { return lo };
+        match batch.records.iter().position(|r| r.commit_time_ms >= since_ms) {
+            // Everything in this chunk is recent enough: look further back.
+            Some(0) if batch.records.first().is_some_and(|r| r.offset == from) => lo = from,
+            Some(i) => return batch.records[i].offset,
+            None => return lo,
+        }
+    }
+    lo
+}

@@ -1,0 +1,148 @@
+//! Placement: which node owns each partition of a new (or grown) topic.
+//!
+//! This is the hook for replica children. A child created with `parent` is
+//! an asynchronous copy of the parent, and it only protects the data
+//! against the loss of a node's disk if its partitions live elsewhere than
+//! the parent's (SPEC §6 "Anti-affinity"):
+//!
+//! * child partition `p` (for `p` below the parent's partition count)
+//!   avoids the owner of parent partition `p`: walk the ID-sorted ring of
+//!   alive members from position `p` and take the first member that is not
+//!   that owner (a ring of one colocates: there is nowhere else);
+//! * a child partition whose parent counterpart has no owner yet is left
+//!   unassigned (the cluster controller places it once the parent's is);
+//! * every other partition (standalone topics, a parent, child indices at
+//!   or above the parent's count) goes round robin: `ring[p % n]`.
+//!
+//! A child attached later keeps the placement it already has; rebalancing
+//! treats anti-affinity as a preference.
+//!
+//! On a single node the ring is that node, so every partition is local and
+//! the rules above reduce to "assign to self". The cluster milestone passes
+//! the alive members instead; nothing else changes.
+
+use std::ops::Range;
+
+use narad_meta::{MetaState, PartitionAssignment, Topic};
+
+/// The partitions of `topic` in `range` that can be placed now, with their
+/// owners, by the rules of the module docs. `ring` is the alive members'
+/// ids in ascending order (at least one); `state` gives the parent's
+/// assignments.
+pub fn place(
+    state: &MetaState,
+    topic: &Topic,
+    range: Range<u32>,
+    ring: &[String],
+) -> Vec<PartitionAssignment> {
+    assert!(!ring.is_empty(), "placement needs at least one alive member");
+    let parent = topic.parent().and_then(|l| state.topic(&l.name));
+    let mut out = Vec::new();
+    for p in range {
+        let owner = match parent.filter(|parent| p < parent.partitions()) {
+            Some(parent) => match state.assignment(parent.name(), p) {
+                Some(a) => anti_affine(ring, p, &a.owner_id),
+                None => continue, // wait for the parent's partition
+            },
+            None => ring[p as usize % ring.len()].clone(),
+        };
+        out.push(PartitionAssignment { partition: p, owner_id: owner, target_id: None });
+    }
+    out
+}
+
+/// The first member of `ring`, starting at position `p` and wrapping, that
+/// is not `avoid`; `avoid` itself when it is the only member.
+fn anti_affine(ring: &[String], p: u32, avoid: &str) -> String {
+    let n = ring.len();
+    (0..n)
+        .map(|i| &ring[(p as usize + i) % n])
+        .find(|m| m.as_str() != avoid)
+        .unwrap_or(&ring[p as usize % n])
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use narad_clock::ManualClock;
+    use narad_fs::SimFs;
+    use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, TopicDefaults};
+
+    use super::*;
+
+    fn store() -> MetaStore {
+        let options = MetaStoreOptions {
+            defaults: TopicDefaults::default(),
+            clock: Arc::new(ManualClock::new(1_700_000_000_000)),
+            rng_seed: Some(3),
+        };
+        MetaStore::open(&SimFs::new(1), Path::new("/d"), options).unwrap()
+    }
+
+    fn ring(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn owners(a: &[PartitionAssignment]) -> Vec<(u32, &str)> {
+        a.iter().map(|a| (a.partition, a.owner_id.as_str())).collect()
+    }
+
+    fn create(meta: &MetaStore, name: &str, parent: &str, partitions: i64) -> Arc<Topic> {
+        let req = CreateTopicRequest {
+            name: name.into(),
+            parent: parent.into(),
+            partitions,
+            ..Default::default()
+        };
+        meta.create_topic(req).unwrap()
+    }
+
+    #[test]
+    fn a_single_node_places_everything_on_itself() {
+        let meta = store();
+        let parent = create(&meta, "p", "", 3);
+        let n1 = ring(&["n1"]);
+        let a = place(&meta.snapshot(), &parent, 0..3, &n1);
+        meta.assign_partitions("p", parent.incarnation(), a).unwrap();
+        let child = create(&meta, "c", "p", 5);
+        let placed = place(&meta.snapshot(), &child, 0..5, &n1);
+        assert_eq!(owners(&placed), vec![(0, "n1"), (1, "n1"), (2, "n1"), (3, "n1"), (4, "n1")]);
+    }
+
+    #[test]
+    fn replica_child_partitions_avoid_their_parent_partitions_owner() {
+        let meta = store();
+        let parent = create(&meta, "p", "", 4);
+        let members = ring(&["n1", "n2", "n3"]);
+        let a = place(&meta.snapshot(), &parent, 0..4, &members);
+        assert_eq!(owners(&a), vec![(0, "n1"), (1, "n2"), (2, "n3"), (3, "n1")], "round robin");
+        meta.assign_partitions("p", parent.incarnation(), a).unwrap();
+        let child = create(&meta, "c", "p", 6);
+        let placed = place(&meta.snapshot(), &child, 0..6, &members);
+        assert_eq!(
+            owners(&placed),
+            vec![(0, "n2"), (1, "n3"), (2, "n1"), (3, "n2"), (4, "n2"), (5, "n3")],
+            "indices past the parent's count go round robin"
+        );
+        let snap = meta.snapshot();
+        for a in placed.iter().filter(|a| a.partition < 4) {
+            let parent_owner = &snap.assignment("p", a.partition).unwrap().owner_id;
+            assert_ne!(&a.owner_id, parent_owner, "partition {}", a.partition);
+        }
+    }
+
+    #[test]
+    fn a_child_partition_waits_for_its_parent_partition_to_be_placed() {
+        let meta = store();
+        let parent = create(&meta, "p", "", 3);
+        let first =
+            vec![PartitionAssignment { partition: 1, owner_id: "n2".into(), target_id: None }];
+        meta.assign_partitions("p", parent.incarnation(), first).unwrap();
+        let child = create(&meta, "c", "p", 3);
+        let placed = place(&meta.snapshot(), &child, 0..3, &ring(&["n1", "n2"]));
+        assert_eq!(owners(&placed), vec![(1, "n1")]);
+    }
+}

@@ -1,0 +1,77 @@
+//! `/v1/topics/{topic}/children` (SPEC §1.5): attach, list, detach.
+//!
+//! Attach and detach need the parent's owner or an admin (checked by the
+//! access layer; a missing parent passes it and is a 404 here); the list
+//! needs any authenticated user. An attached child starts at the parent's
+//! high watermark as of the attach: it gets what the parent commits from
+//! then on, nothing older.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_broker::ChildLag;
+use narad_meta::AttachChildRequest;
+use serde::{Deserialize, Serialize};
+
+use crate::body::read_streamed_json;
+use crate::error::{ApiError, json_response};
+use crate::limits::STREAMED_BODY_BYTES;
+use crate::state::Shared;
+
+/// Body of `POST /v1/topics/{topic}/children`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachBody {
+    #[serde(default)]
+    child: String,
+    #[serde(default)]
+    delay_ms: Option<i64>,
+}
+
+/// Reply of `GET /v1/topics/{topic}/children`.
+#[derive(Debug, Serialize)]
+struct ChildrenReply<'a> {
+    parent: &'a str,
+    children: &'a [ChildLag],
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+/// `POST /v1/topics/{topic}/children` with `{"child","delay_ms"}`: 200 and
+/// the parent topic.
+pub async fn attach(
+    State(s): State<Shared>,
+    Path(topic): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let b: AttachBody = read_streamed_json(&headers, body, STREAMED_BODY_BYTES).await?;
+    let request =
+        AttachChildRequest { parent: topic, child: b.child, delay_ms: b.delay_ms.unwrap_or(0) };
+    let parent = s.broker.attach_child(request).await?;
+    Ok(json_response(StatusCode::OK, to_json(&parent.json_read())))
+}
+
+/// `GET /v1/topics/{topic}/children`: the children in attach order, with
+/// their lag (an empty list for a topic that has none).
+pub async fn list(
+    State(s): State<Shared>,
+    Path(topic): Path<String>,
+) -> Result<Response, ApiError> {
+    let children = s.broker.children(&topic).await?;
+    let reply = ChildrenReply { parent: &topic, children: &children };
+    Ok(json_response(StatusCode::OK, to_json(&reply)))
+}
+
+/// `DELETE /v1/topics/{topic}/children/{child}`: 204 once the child's
+/// cursors have stopped and their files are gone.
+pub async fn detach(
+    State(s): State<Shared>,
+    Path((topic, child)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    s.broker.detach_child(&topic, &child).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
