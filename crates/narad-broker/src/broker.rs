@@ -269,37 +269,35 @@ impl Broker {
         request: CreateTopicRequest,
     ) -> Result<Arc<Topic>, BrokerError> {
         self.check_running()?;
-        if request.parent.is_empty() {
-            let (meta, node) = (self.meta.clone(), self.config.node_id.clone());
-            return blocking(move || {
-                let t = meta.create_topic(request)?;
-                assign_all(&meta, &t, 0, &node)?;
-                Ok(t)
-            })
-            .await;
-        }
-        let links = self.fanout.lock_links().await;
+        // Only a child changes links; a plain create does not wait for them.
+        let links =
+            if request.parent.is_empty() { None } else { Some(self.fanout.lock_links().await) };
         let (meta, fanout, node) =
             (self.meta.clone(), self.fanout.clone(), self.config.node_id.clone());
         let t = blocking(move || {
             let command = meta.resolve_create_topic(request)?;
-            let link = command.parent.clone().expect("a parent was asked for");
-            let parent = meta.topic(&link.name).ok_or(BrokerError::TopicNotFound)?;
-            let epoch = parse_epoch(&link.attach_epoch)?;
-            fanout.anchor_link(&parent, &command.name, epoch);
-            let name = command.name.clone();
-            let t = match meta.propose_create_topic(command) {
-                Ok(t) => t,
-                Err(e) => {
-                    fanout.remove_link_files(&parent, &name, epoch);
-                    return Err(e.into());
+            let anchored = match &command.parent {
+                Some(link) => {
+                    let parent = meta.topic(&link.name).ok_or(BrokerError::TopicNotFound)?;
+                    let epoch = parse_epoch(&link.attach_epoch)?;
+                    fanout.anchor_link(&parent, &command.name, epoch);
+                    Some((parent, command.name.clone(), epoch))
                 }
+                None => None,
             };
+            let t = meta.propose_create_topic(command).map_err(|e| {
+                if let Some((parent, child, epoch)) = &anchored {
+                    fanout.remove_link_files(parent, child, *epoch);
+                }
+                BrokerError::from(e)
+            })?;
             assign_all(&meta, &t, 0, &node)?;
             Ok(t)
         })
         .await?;
-        self.fanout.reconcile_now(&links).await;
+        if let Some(links) = &links {
+            self.fanout.reconcile_now(links).await;
+        }
         Ok(t)
     }
 

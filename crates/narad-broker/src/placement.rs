@@ -8,9 +8,10 @@
 //! * child partition `p` (for `p` below the parent's partition count)
 //!   avoids the owner of parent partition `p`: walk the ID-sorted ring of
 //!   alive members from position `p` and take the first member that is not
-//!   that owner (a ring of one colocates: there is nowhere else);
+//!   that owner;
 //! * a child partition whose parent counterpart has no owner yet is left
 //!   unassigned (the cluster controller places it once the parent's is);
+//! * a ring of one colocates everything at once: there is nowhere else;
 //! * every other partition (standalone topics, a parent, child indices at
 //!   or above the parent's count) goes round robin: `ring[p % n]`.
 //!
@@ -39,7 +40,7 @@ pub fn place(
     let parent = topic.parent().and_then(|l| state.topic(&l.name));
     let mut out = Vec::new();
     for p in range {
-        let owner = match parent.filter(|parent| p < parent.partitions()) {
+        let owner = match parent.filter(|parent| p < parent.partitions() && ring.len() > 1) {
             Some(parent) => match state.assignment(parent.name(), p) {
                 Some(a) => anti_affine(ring, p, &a.owner_id),
                 None => continue, // wait for the parent's partition
@@ -144,5 +145,7 @@ mod tests {
         let child = create(&meta, "c", "p", 3);
         let placed = place(&meta.snapshot(), &child, 0..3, &ring(&["n1", "n2"]));
         assert_eq!(owners(&placed), vec![(1, "n1")]);
+        let alone = place(&meta.snapshot(), &child, 0..3, &ring(&["n1"]));
+        assert_eq!(owners(&alone), vec![(0, "n1"), (1, "n1"), (2, "n1")], "one node: no waiting");
     }
 }
