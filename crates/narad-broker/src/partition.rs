@@ -8,7 +8,7 @@
 //!   rotations of topics not used for a while are forgotten, so the map
 //!   stays small.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Mutex;
 use std::time::Duration;
 

@@ -13,6 +13,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc malloc: per-request allocations (bodies,
+/// records, futures) cost ~10% of produce CPU with glibc (docs/BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// narad: a durable, WAL-first message broker in one binary.
 #[derive(Debug, Parser)]
 #[command(name = "narad", version, about, propagate_version = true)]

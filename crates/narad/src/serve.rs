@@ -104,6 +104,16 @@ pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
     Ok(config)
 }
 
+/// Raises the soft limit on open files to the hard limit: every open
+/// partition holds a segment file (1,000 topics x 3 partitions need more
+/// than the usual soft limit of 1,024).
+fn raise_open_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::info!(limit = n, "open file limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
+}
+
 /// Runs the server until SIGTERM/SIGINT.
 pub fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = load_config(&a)?;
@@ -112,6 +122,7 @@ pub fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     init_logging(&config.log.level, config.log.format)?;
+    raise_open_file_limit();
     let server = ServerConfig::from_config(&config, host_name)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run(server, shutdown_signal()))?;

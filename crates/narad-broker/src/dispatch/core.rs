@@ -36,7 +36,9 @@
 //!   WAL order: at once when a destination recovers or drains, and at least
 //!   once a second.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

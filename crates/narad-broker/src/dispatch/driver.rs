@@ -2,7 +2,7 @@
 //! record goes, runs the commits the [`Core`] orders through the [`Owner`],
 //! and stores the checkpoint. One task per node.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -18,6 +18,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::{Method, StatusCode};
 
+/// The same allocator as `narad serve`, so the ceiling is measured with it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 async fn answer(method: Method, body: Bytes) -> (StatusCode, &'static str) {
     // The body is read in full before the answer, as a produce reads it.
     std::hint::black_box(body.len());
