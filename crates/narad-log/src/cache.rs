@@ -7,9 +7,37 @@
 //! the high watermark are ever inserted, and their content never changes for
 //! a given base offset (offsets above the high watermark are reused after a
 //! failed commit, but those frames were never inserted).
+//!
+//! Besides each log's own budget, every cache in the process shares one
+//! budget ([`set_process_cache_budget`], default 256 MiB), so thousands of
+//! busy partitions cannot hold thousands of full caches: a log that would
+//! push the shared total past it evicts its own frames first and, if it
+//! holds none, does not cache.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Default of the budget shared by every frame cache of the process.
+pub const DEFAULT_PROCESS_CACHE_BUDGET: u64 = 256 << 20;
+
+static PROCESS_CACHE_BUDGET: AtomicU64 = AtomicU64::new(DEFAULT_PROCESS_CACHE_BUDGET);
+static PROCESS_CACHE_USED: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the byte budget shared by every frame cache of the process.
+pub fn set_process_cache_budget(bytes: u64) {
+    PROCESS_CACHE_BUDGET.store(bytes, Ordering::Relaxed);
+}
+
+/// Bytes held by every frame cache of the process.
+pub fn process_cache_bytes() -> u64 {
+    PROCESS_CACHE_USED.load(Ordering::Relaxed)
+}
+
+fn process_over(extra: u64) -> bool {
+    PROCESS_CACHE_USED.load(Ordering::Relaxed) + extra
+        > PROCESS_CACHE_BUDGET.load(Ordering::Relaxed)
+}
 
 use bytes::Bytes;
 
@@ -96,36 +124,55 @@ impl FrameCache {
         }
         self.tick += 1;
         if let Some(old) = self.frames.remove(&frame.base) {
-            self.bytes -= old.mem;
+            self.release(old.mem);
         }
         while !self.frames.is_empty()
-            && (self.frames.len() >= self.max_frames || self.bytes + mem > self.max_bytes)
+            && (self.frames.len() >= self.max_frames
+                || self.bytes + mem > self.max_bytes
+                || process_over(mem))
         {
             let lru = *self.frames.iter().min_by_key(|(_, e)| e.last_used).expect("non-empty").0;
             let e = self.frames.remove(&lru).expect("present");
-            self.bytes -= e.mem;
+            self.release(e.mem);
+        }
+        if process_over(mem) {
+            // Other logs hold the shared budget: serve this one from disk.
+            return;
         }
         self.bytes += mem;
+        PROCESS_CACHE_USED.fetch_add(mem, Ordering::Relaxed);
         self.frames.insert(frame.base, Entry { frame, mem, last_used: self.tick });
+    }
+
+    fn release(&mut self, mem: u64) {
+        self.bytes -= mem;
+        PROCESS_CACHE_USED.fetch_sub(mem, Ordering::Relaxed);
     }
 
     /// Drops every frame that starts below `offset` (retention removed it).
     pub fn evict_below(&mut self, offset: u64) {
         let keep = self.frames.split_off(&offset);
         for e in std::mem::replace(&mut self.frames, keep).into_values() {
-            self.bytes -= e.mem;
+            self.release(e.mem);
         }
     }
 
     /// Drops everything and frees the map.
     pub fn clear(&mut self) {
         self.frames = BTreeMap::new();
+        PROCESS_CACHE_USED.fetch_sub(self.bytes, Ordering::Relaxed);
         self.bytes = 0;
     }
 
     /// Bytes held.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+impl Drop for FrameCache {
+    fn drop(&mut self) {
+        PROCESS_CACHE_USED.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 

@@ -57,6 +57,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
+pub use cache::{DEFAULT_PROCESS_CACHE_BUDGET, process_cache_bytes, set_process_cache_budget};
 pub use config::{LogConfig, SealedCheck};
 pub use error::{FrontierError, LogError, ReadError};
 pub use frame::Codec;
