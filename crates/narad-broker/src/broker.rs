@@ -101,6 +101,7 @@ pub enum AckAction {
 
 /// Per-partition details for `GET /v1/topics/{topic}`.
 #[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartitionStats {
     /// Partition index.
     pub index: u32,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// A topic's position in fan-out. Roles are exclusive and one level deep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Neither a parent nor a child.
@@ -170,6 +171,7 @@ impl Topic {
 /// the details route can `#[serde(flatten)]` it next to `partition_stats`.
 /// The schema and the incarnation id are never part of it.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = Topic))]
 pub struct TopicJson<'a> {
     name: &'a str,
     partitions: u32,
@@ -183,6 +185,7 @@ pub struct TopicJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<Role>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     children: &'a [String],
     #[serde(skip_serializing_if = "str::is_empty")]
     parent: &'a str,

@@ -20,6 +20,7 @@ pub const ROOT_USERNAME: &str = "admin";
 
 /// What a grant allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Produce to matching topics.
@@ -47,6 +48,7 @@ impl Action {
 /// One grant: an action and, for scoped actions, the topic patterns it
 /// covers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     /// The action.
@@ -78,9 +80,11 @@ pub struct User {
 
 /// The user JSON of SPEC §1.9 (the hash is never part of it).
 #[derive(Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = User))]
 pub struct UserJson<'a> {
     username: &'a str,
     #[serde(skip_serializing_if = "<[Grant]>::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<Grant>))]
     grants: &'a [Grant],
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     root: bool,

@@ -5,7 +5,7 @@
 //!
 //! | route | rule |
 //! |---|---|
-//! | `/healthz`, `/readyz`, `/metrics` | open (exact paths) |
+//! | `/healthz`, `/readyz`, `/metrics`, `/openapi.json` | open (exact paths) |
 //! | `POST .../produce`, `.../produce/batch` | `produce` on the topic, then the produce rate limit |
 //! | `GET .../consume` | `consume` on the topic, then the consume rate limit |
 //! | `POST .../ack` | `consume` on the topic |
@@ -37,7 +37,7 @@ use crate::ratelimit::{Op, RateLimiter, retry_after_secs};
 use crate::state::Shared;
 
 /// Paths that never ask for credentials.
-pub const EXEMPT_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+pub const EXEMPT_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/openapi.json"];
 
 /// 403 text for a produce without the grant.
 pub const PRODUCE_DENIED: &str = "produce not allowed on this topic";

@@ -11,9 +11,24 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 
+use crate::conn::BodyReadTimeout;
 use crate::error::ApiError;
 
-/// Reads the whole body, refusing more than `limit` bytes with 413.
+/// Whether `E` is `e` or somewhere in its chain of sources.
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<E>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Reads the whole body, refusing more than `limit` bytes with 413 (a
+/// declared `Content-Length` over it before reading anything) and a body
+/// slower than `http.read_timeout` with 408.
 pub async fn read_limited(
     headers: &HeaderMap,
     body: Body,
@@ -33,6 +48,7 @@ pub async fn read_limited(
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
             Err(ApiError::too_large())
         }
+        Err(e) if caused_by::<BodyReadTimeout>(&*e) => Err(ApiError::body_timeout()),
         Err(e) => Err(ApiError::bad_request(format!("cannot read request body: {e}"))),
     }
 }
@@ -55,13 +71,15 @@ pub async fn read_streamed_json<T: for<'de> Deserialize<'de>>(
     strict_json(&bytes)
 }
 
+/// The request's `Content-Encoding`, if it has one that is text.
+pub fn content_encoding(headers: &HeaderMap) -> Option<&str> {
+    headers.get(axum::http::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok())
+}
+
 /// Decodes a `Content-Encoding` of `gzip` or `zstd` (or none), refusing a
 /// decompressed size above `limit` (413) without ever holding more.
-pub fn decode_content(headers: &HeaderMap, raw: Bytes, limit: usize) -> Result<Bytes, ApiError> {
-    let enc = headers
-        .get(axum::http::header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(|s| s.trim().to_ascii_lowercase());
+pub fn decode_content(encoding: Option<&str>, raw: Bytes, limit: usize) -> Result<Bytes, ApiError> {
+    let enc = encoding.map(|s| s.trim().to_ascii_lowercase());
     let reader: Box<dyn Read> = match enc.as_deref() {
         None | Some("") | Some("identity") => return Ok(raw),
         Some("gzip") => Box::new(flate2::read::GzDecoder::new(std::io::Cursor::new(raw))),
@@ -134,17 +152,14 @@ mod tests {
 
     #[test]
     fn decompression_is_capped() {
-        let mut h = HeaderMap::new();
-        h.insert(axum::http::header::CONTENT_ENCODING, "zstd".parse().unwrap());
         let data = vec![b'a'; 10_000];
         let packed = Bytes::from(zstd::encode_all(&data[..], 1).unwrap());
-        assert_eq!(decode_content(&h, packed.clone(), 10_000).unwrap().len(), 10_000);
-        assert_eq!(decode_content(&h, packed, 9_999).unwrap_err().status(), 413);
+        assert_eq!(decode_content(Some("zstd"), packed.clone(), 10_000).unwrap().len(), 10_000);
+        assert_eq!(decode_content(Some("zstd"), packed, 9_999).unwrap_err().status(), 413);
         let mut g = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut g, &data).unwrap();
-        h.insert(axum::http::header::CONTENT_ENCODING, "gzip".parse().unwrap());
         assert_eq!(
-            decode_content(&h, Bytes::from(g.finish().unwrap()), 20_000).unwrap().len(),
+            decode_content(Some(" GZIP "), Bytes::from(g.finish().unwrap()), 20_000).unwrap().len(),
             10_000
         );
     }

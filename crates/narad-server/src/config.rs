@@ -20,12 +20,15 @@ use narad_meta::TopicDefaults;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use crate::conn::{ConnConfig, MIN_HEADER_BYTES};
 use crate::duration::parse_go_duration;
 
 /// The address a non-dev start listens on.
 pub const DEFAULT_ADDR: &str = "0.0.0.0:7942";
 /// The address a `--dev` start listens on.
 pub const DEFAULT_DEV_ADDR: &str = "127.0.0.1:7942";
+/// The largest allowed `http.max_header_bytes` (Go's default bound).
+pub const MAX_HEADER_BYTES_LIMIT: u64 = 1 << 20;
 /// How a masked secret is printed.
 pub const MASK: &str = "********";
 
@@ -61,6 +64,20 @@ pub struct HttpConfig {
     /// How long shutdown waits for in-flight requests.
     #[serde(with = "duration_serde")]
     pub shutdown_grace: Duration,
+    /// A request's head must arrive within this of its first byte, its body
+    /// within this of its head (and a TLS handshake within this).
+    #[serde(with = "duration_serde")]
+    pub read_timeout: Duration,
+    /// A request must be answered within this of its head.
+    #[serde(with = "duration_serde")]
+    pub write_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    #[serde(with = "duration_serde")]
+    pub idle_timeout: Duration,
+    /// The largest request head (request line and headers), bytes or
+    /// `64KiB`-style; larger heads are answered 431.
+    #[serde(deserialize_with = "de_size")]
+    pub max_header_bytes: u64,
     /// PEM certificate chain: serve HTTPS ("" = plain HTTP).
     pub tls_cert_file: String,
     /// PEM private key of the certificate.
@@ -181,10 +198,15 @@ impl LimitsConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
+        let conn = ConnConfig::default();
         HttpConfig {
             addr: DEFAULT_ADDR.to_owned(),
             max_consume_wait: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            read_timeout: conn.read_timeout,
+            write_timeout: conn.write_timeout,
+            idle_timeout: conn.idle_timeout,
+            max_header_bytes: conn.max_header_bytes as u64,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),
@@ -223,6 +245,10 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_HTTP_ADDR", "http.addr"),
     ("NARAD_HTTP_MAX_CONSUME_WAIT", "http.max_consume_wait"),
     ("NARAD_HTTP_SHUTDOWN_GRACE", "http.shutdown_grace"),
+    ("NARAD_HTTP_READ_TIMEOUT", "http.read_timeout"),
+    ("NARAD_HTTP_WRITE_TIMEOUT", "http.write_timeout"),
+    ("NARAD_HTTP_IDLE_TIMEOUT", "http.idle_timeout"),
+    ("NARAD_HTTP_MAX_HEADER_BYTES", "http.max_header_bytes"),
     ("NARAD_HTTP_TLS_CERT_FILE", "http.tls_cert_file"),
     ("NARAD_HTTP_TLS_KEY_FILE", "http.tls_key_file"),
     ("NARAD_HTTP_TLS_CLIENT_CA_FILE", "http.tls_client_ca_file"),
@@ -331,6 +357,32 @@ impl Config {
                 format_duration(h.shutdown_grace)
             ));
         }
+        for (key, d) in [
+            ("http.read_timeout", h.read_timeout),
+            ("http.write_timeout", h.write_timeout),
+            ("http.idle_timeout", h.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{key} must be > 0"));
+            }
+        }
+        if h.max_consume_wait >= h.write_timeout {
+            return Err(format!(
+                "http.max_consume_wait ({}) must be < http.write_timeout ({}): a long poll must \
+                 be answered before its connection's write deadline",
+                format_duration(h.max_consume_wait),
+                format_duration(h.write_timeout)
+            ));
+        }
+        let head = MIN_HEADER_BYTES as u64..=MAX_HEADER_BYTES_LIMIT;
+        if !head.contains(&h.max_header_bytes) {
+            return Err(format!(
+                "http.max_header_bytes ({}) must be between {} and {}",
+                h.max_header_bytes,
+                head.start(),
+                head.end()
+            ));
+        }
         match (h.tls_cert_file.is_empty(), h.tls_key_file.is_empty()) {
             (true, false) | (false, true) => {
                 return Err("http.tls_cert_file and http.tls_key_file must be set together".into());
@@ -363,6 +415,17 @@ impl Config {
         self.http.addr.parse().map_err(|e| {
             format!("http.addr ({:?}) is not a host:port address: {e}", self.http.addr)
         })
+    }
+
+    /// The connection settings of `http.*`.
+    pub fn conn_config(&self) -> ConnConfig {
+        let h = &self.http;
+        ConnConfig {
+            read_timeout: h.read_timeout,
+            write_timeout: h.write_timeout,
+            idle_timeout: h.idle_timeout,
+            max_header_bytes: usize::try_from(h.max_header_bytes).unwrap_or(usize::MAX),
+        }
     }
 
     /// The partition log settings of `storage.*`.
@@ -568,6 +631,16 @@ mod tests {
         assert_eq!(c.http.addr, "0.0.0.0:7942");
         assert_eq!(c.http.max_consume_wait, Duration::from_secs(10));
         assert_eq!(c.storage.segment_bytes, 64 << 20);
+        assert_eq!(
+            c.conn_config(),
+            ConnConfig {
+                read_timeout: Duration::from_secs(10),
+                write_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(60),
+                max_header_bytes: 64 << 10,
+            },
+            "SPEC §1.1 timeouts"
+        );
         assert!(c.security.enabled);
         let dev = Config::load(Sources { dev: true, ..Default::default() }).unwrap();
         assert_eq!((dev.http.addr.as_str(), dev.security.enabled), ("127.0.0.1:7942", false));
@@ -640,6 +713,15 @@ mod tests {
         );
         assert!(load(&[("NARAD_STORAGE_SEGMENT_BYTES", "1")], false).contains("storage"));
         assert!(load(&[("NARAD_LOG_FORMAT", "xml")], false).contains("log.format"));
+        assert!(load(&[("NARAD_HTTP_READ_TIMEOUT", "0")], false).contains("http.read_timeout"));
+        assert!(
+            load(&[("NARAD_HTTP_WRITE_TIMEOUT", "10s")], false).contains("http.write_timeout"),
+            "the long-poll ceiling must fit in the write deadline"
+        );
+        assert!(
+            load(&[("NARAD_HTTP_MAX_HEADER_BYTES", "1024")], false)
+                .contains("http.max_header_bytes")
+        );
     }
 
     #[test]

@@ -41,6 +41,14 @@ impl ApiError {
         }
     }
 
+    /// 408: the request body did not arrive within `http.read_timeout`.
+    pub fn body_timeout() -> ApiError {
+        ApiError::Json {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: "request body not received in time".into(),
+        }
+    }
+
     /// The status of this answer.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -79,7 +87,8 @@ impl IntoResponse for ApiError {
                 let mut r = (status, error_body(&message)).into_response();
                 r.headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                if status == StatusCode::PAYLOAD_TOO_LARGE {
+                if status == StatusCode::PAYLOAD_TOO_LARGE || status == StatusCode::REQUEST_TIMEOUT
+                {
                     // The unread rest of the body makes the connection
                     // unusable: tell the client not to reuse it.
                     r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -1,20 +1,24 @@
 //! narad-server: the HTTP API (SPEC §1), wire-compatible with Narad /v1.
 //!
 //! * [`server`]: binding, wiring, graceful shutdown.
+//! * [`conn`]: serving connections: read, write and idle timeouts, head bound.
 //! * [`routes`]: one module per resource.
 //! * [`error`]: every failure to a status and body, in one place.
 //! * [`access`], [`auth`], [`ratelimit`]: who may call what, how often.
 //! * [`config`]: the layered configuration; [`tls`]: the HTTPS listener.
+//! * [`openapi`]: the OpenAPI document, generated from the handlers.
 //! * [`body`], [`query`], [`duration`], [`wire`]: parsing and encoding.
 
 pub mod access;
 pub mod auth;
 pub mod body;
 pub mod config;
+pub mod conn;
 pub mod duration;
 pub mod error;
 pub mod http_metrics;
 pub mod limits;
+pub mod openapi;
 pub mod query;
 pub mod ratelimit;
 pub mod routes;

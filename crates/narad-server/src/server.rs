@@ -23,6 +23,7 @@ use tracing::{error, info};
 use crate::access::{Security, guard};
 use crate::auth::{Authenticator, seed_root};
 use crate::config::{Config, LimitsConfig};
+use crate::conn::ConnConfig;
 use crate::error::ApiError;
 use crate::http_metrics::{HttpMetrics, track};
 use crate::ratelimit::RateLimiter;
@@ -55,6 +56,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// Per-user rate limits.
     pub limits: LimitsConfig,
+    /// Connection timeouts and the request-head bound.
+    pub conn: ConnConfig,
 }
 
 /// The PEM files of the HTTPS listener.
@@ -94,6 +97,7 @@ impl ServerConfig {
             admin_password: c.security.admin_password.clone(),
             tls,
             limits: c.limits.clone(),
+            conn: c.conn_config(),
         })
     }
 }
@@ -142,6 +146,7 @@ pub fn router(state: Shared) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
+        .route("/openapi.json", get(crate::openapi::serve))
         .fallback(|| async {
             ApiError::Text { status: StatusCode::NOT_FOUND, body: "404 page not found\n" }
         })
@@ -226,17 +231,17 @@ pub async fn run(
         b.begin_drain();
     };
     let app = router(state.clone());
-    let served = match tls {
-        Some(tls) => {
-            let listener = TlsListener::new(listener, tls).map_err(ServerError::Serve)?;
-            axum::serve(listener, app).with_graceful_shutdown(drain).await
-        }
-        None => axum::serve(listener, app).with_graceful_shutdown(drain).await,
-    };
-    if let Err(e) = served {
-        error!(error = %e, "http server failed");
-        let _ = broker.shutdown().await;
-        return Err(ServerError::Serve(e));
+    let (conn, grace) = (config.conn, config.shutdown_grace);
+    match tls {
+        Some(tls) => match TlsListener::new(listener, tls, conn.read_timeout) {
+            Ok(listener) => crate::conn::serve(listener, app, conn, drain, grace).await,
+            Err(e) => {
+                error!(error = %e, "http server failed");
+                let _ = broker.shutdown().await;
+                return Err(ServerError::Serve(e));
+            }
+        },
+        None => crate::conn::serve(listener, app, conn, drain, grace).await,
     }
     broker.shutdown().await.map_err(ServerError::Shutdown)?;
     info!("narad stopped");

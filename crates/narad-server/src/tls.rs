@@ -4,9 +4,11 @@
 //! mutual TLS a CA bundle that client certificates must chain to; ALPN
 //! offers `h2` and `http/1.1` (axum's connection builder serves either).
 //! [`TlsListener`] accepts TCP connections on a task of its own and runs
-//! each handshake on its own task (with a deadline), so a slow or hostile
-//! client never holds up the accept loop; finished handshakes are handed to
-//! the HTTP server through a channel.
+//! each handshake on its own task (with a deadline: `http.read_timeout`),
+//! so a slow or hostile client never holds up the accept loop; finished
+//! handshakes are handed to the HTTP server through a channel, which then
+//! serves them exactly like plain connections ([`crate::conn`]: the same
+//! read, write and idle timeouts and head bound).
 
 use std::io;
 use std::net::SocketAddr;
@@ -25,8 +27,6 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::debug;
 
-/// How long a client has to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Finished handshakes waiting for the HTTP server.
 const ACCEPT_QUEUE: usize = 256;
 
@@ -85,8 +85,13 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    /// Starts accepting on `tcp` with `config`.
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> io::Result<TlsListener> {
+    /// Starts accepting on `tcp` with `config`; a client has
+    /// `handshake_timeout` to finish its handshake.
+    pub fn new(
+        tcp: TcpListener,
+        config: Arc<rustls::ServerConfig>,
+        handshake_timeout: Duration,
+    ) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(ACCEPT_QUEUE);
         let tls = TlsAcceptor::from(config);
@@ -102,7 +107,7 @@ impl TlsListener {
                 };
                 let (tls, tx) = (tls.clone(), tx.clone());
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                    match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
                         Ok(Ok(s)) => {
                             let _ = tx.send((s, peer)).await;
                         }

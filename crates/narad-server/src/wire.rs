@@ -12,6 +12,55 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+/// A message as consumers receive it: the shape [`encode_message`] writes,
+/// for the OpenAPI document (a test decodes encoded messages into it).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Message)]
+pub struct MessageDoc {
+    /// Topic name.
+    pub topic: String,
+    /// Partition.
+    pub partition: u32,
+    /// Offset in the partition.
+    pub offset: u64,
+    /// The key (absent when the message has none).
+    pub key: Option<String>,
+    /// `base64` when the key is not UTF-8.
+    pub key_encoding: Option<String>,
+    /// The payload: JSON as produced, else a string (base64 with
+    /// `payload_encoding`).
+    #[schema(value_type = Value)]
+    pub payload: serde_json::Value,
+    /// `base64` when the payload is neither JSON nor UTF-8.
+    pub payload_encoding: Option<String>,
+    /// Commit time, Unix seconds.
+    pub timestamp: u64,
+    /// Present in queue mode: ack, extend or nack with it.
+    pub receipt_handle: Option<String>,
+}
+
+/// A consume with `max=`: a batch of messages.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Messages)]
+pub struct MessagesDoc {
+    /// The messages, at least one.
+    pub messages: Vec<MessageDoc>,
+}
+
+/// What a consume answers with 200: one message, or a batch with `max=`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ConsumeReply {
+    /// Without `max=`.
+    One(MessageDoc),
+    /// With `max=`.
+    Batch(MessagesDoc),
+}
 
 /// One message, ready to encode.
 #[derive(Debug, Clone)]
@@ -148,10 +197,12 @@ mod tests {
     }
 
     #[test]
-    fn every_encoded_message_is_valid_json() {
+    fn every_encoded_message_is_valid_json_of_the_documented_shape() {
         for p in [&b"{}"[..], b"plain", b"\x80\x81", b"  [1, 2] \n", b"\"str\"", b"nul\x00l"] {
-            let s = msg(p, Some(b"k\x01"), Some("0:0:1"));
-            serde_json::from_str::<serde_json::Value>(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            for key in [None, Some(&b"k\x01"[..]), Some(&[0xff][..])] {
+                let s = msg(p, key, Some("0:0:1"));
+                serde_json::from_str::<MessageDoc>(&s).unwrap_or_else(|e| panic!("{s}: {e}"));
+            }
         }
     }
 }

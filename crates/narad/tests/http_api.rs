@@ -210,7 +210,17 @@ fn consume_and_ack_routes_answer_every_documented_status() {
     for i in 0..4 {
         assert_eq!(s.produce("q", "partition=0", format!("m{i}").as_bytes()), 202);
     }
-    // Wait for visibility, then lease three in partition 0.
+    // Wait for all four to be visible, then lease three in partition 0.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let d: Value =
+            serde_json::from_str(&s.get("/v1/topics/q?partition=0").text().unwrap()).unwrap();
+        if d["partition_stats"][0]["high_watermark"] == 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "records not visible: {d}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let m0 = s.consume("q", "partition=0&wait=5s").unwrap();
     assert_eq!(m0["offset"], 0);
     assert_eq!(m0["payload"], "m0");

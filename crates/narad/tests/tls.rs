@@ -1,6 +1,7 @@
 //! Native TLS on the HTTP listener: a round trip with a generated
 //! certificate (HTTP/1.1, and HTTP/2 offered by ALPN), mutual TLS refusing
-//! clients without a certificate from the CA, and the CLI over HTTPS.
+//! clients without a certificate from the CA, the CLI over HTTPS, and the
+//! same connection timeouts as plain HTTP.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{ADMIN_PASSWORD, Opts, Server, run_cli};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
@@ -55,6 +57,10 @@ fn pki(dir: &Path) -> Pki {
 }
 
 fn tls_server(name: &str, mtls: bool) -> (Server, Pki) {
+    tls_server_with(name, mtls, &[])
+}
+
+fn tls_server_with(name: &str, mtls: bool, env: &[(&str, &str)]) -> (Server, Pki) {
     let dir = common::temp_dir(&format!("{name}-pki"));
     let pki = pki(&dir);
     let mut args = vec![
@@ -67,7 +73,11 @@ fn tls_server(name: &str, mtls: bool) -> (Server, Pki) {
         args.extend(["--tls-client-ca".to_owned(), pki.ca_pem.display().to_string()]);
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let s = Server::start_opts(name, Opts { tls: true, ..Opts::secure().args(&args) });
+    let mut opts = Opts { tls: true, ..Opts::secure().args(&args) };
+    for (k, v) in env {
+        opts = opts.env(k, v);
+    }
+    let s = Server::start_opts(name, opts);
     (s, pki)
 }
 
@@ -102,8 +112,12 @@ fn basic() -> String {
     format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
 }
 
-/// The ALPN protocol the server picks when the client offers `offer`.
-fn negotiated_alpn(port: u16, ca: &Path, offer: &[&[u8]]) -> Option<Vec<u8>> {
+/// A TLS client stream to the server, trusting `ca`, offering `offer`.
+fn tls_client(
+    port: u16,
+    ca: &Path,
+    offer: &[&[u8]],
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     for c in pem_certs(ca) {
         roots.add(rustls_pki_types::CertificateDer::from(c.der().to_vec())).unwrap();
@@ -118,7 +132,13 @@ fn negotiated_alpn(port: u16, ca: &Path, offer: &[&[u8]]) -> Option<Vec<u8>> {
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
     let sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let mut tls = rustls::StreamOwned::new(conn, sock);
+    sock.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    rustls::StreamOwned::new(conn, sock)
+}
+
+/// The ALPN protocol the server picks when the client offers `offer`.
+fn negotiated_alpn(port: u16, ca: &Path, offer: &[&[u8]]) -> Option<Vec<u8>> {
+    let mut tls = tls_client(port, ca, offer);
     if offer.contains(&&b"h2"[..]) {
         // The HTTP/2 connection preface and an empty SETTINGS frame.
         tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
@@ -210,4 +230,61 @@ fn mutual_tls_refuses_clients_without_a_certificate_from_the_ca() {
     let r =
         ok.get(format!("{}/v1/topics", s.base)).header("Authorization", basic()).call().unwrap();
     assert_eq!(r.status(), 200, "mTLS and Basic auth together");
+}
+
+/// Reads until the peer closes (EOF, reset, or a TLS close); panics if it
+/// is still open after the stream's 15 s read timeout.
+fn wait_closed(r: &mut impl std::io::Read) {
+    let mut buf = [0u8; 4096];
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                panic!("connection still open: {e}")
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn tls_connections_are_held_to_the_same_read_and_idle_timeouts() {
+    let (s, pki) = tls_server_with(
+        "tls-timeouts",
+        false,
+        &[
+            ("NARAD_HTTP_READ_TIMEOUT", "1s"),
+            ("NARAD_HTTP_IDLE_TIMEOUT", "2s"),
+            ("NARAD_HTTP_WRITE_TIMEOUT", "4s"),
+            ("NARAD_HTTP_MAX_CONSUME_WAIT", "1s"),
+        ],
+    );
+    let (read, idle) = (Duration::from_secs(1), Duration::from_secs(2));
+    // No handshake at all: closed once the read timeout passes.
+    let t = Instant::now();
+    let mut raw = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    wait_closed(&mut raw);
+    assert!(t.elapsed() >= read * 3 / 4, "no-handshake connection closed after {:?}", t.elapsed());
+    // A handshake, then a request head that never ends.
+    let mut tls = tls_client(s.port, &pki.ca_pem, &[b"http/1.1"]);
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHo").unwrap();
+    let t = Instant::now();
+    wait_closed(&mut tls);
+    assert!(t.elapsed() >= read * 3 / 4, "slow head closed after {:?}", t.elapsed());
+    // One request, answered; then idle until the idle timeout.
+    let mut tls = tls_client(s.port, &pki.ca_pem, &[b"http/1.1"]);
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut buf = [0u8; 512];
+    let n = tls.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    let t = Instant::now();
+    wait_closed(&mut tls);
+    assert!(t.elapsed() >= idle * 3 / 4, "idle TLS connection closed after {:?}", t.elapsed());
 }

@@ -9,14 +9,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_broker::{AckAction, Delivered};
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use crate::body::{read_limited, strict_json};
 use crate::duration::parse_go_duration;
 use crate::error::{ApiError, json_response};
 use crate::limits::{BATCH_ACK_BODY_BYTES, BATCH_ACK_MAX};
+use crate::openapi::ErrorBody;
 use crate::query::{decode_component, pairs, values};
 use crate::state::Shared;
-use crate::wire::{MessageView, encode_message, push_json_string};
+use crate::wire::{ConsumeReply, MessageView, encode_message, push_json_string};
 
 /// The parsed query of a consume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +116,28 @@ fn messages_response(got: &[Delivered], batch: bool) -> Response {
 }
 
 /// `GET /v1/topics/{topic}/consume?partition=&offset=&wait=&max=`.
+#[utoipa::path(
+    get,
+    operation_id = "consume",
+    path = "/v1/topics/{topic}/consume",
+    tag = "messages",
+    params(
+        ("topic" = String, Path, description = "Topic name", pattern = r"^[A-Za-z0-9._-]{1,255}$"),
+        ("partition" = Option<u32>, Query, description = "Only this partition (required with `offset`)"),
+        ("offset" = Option<u64>, Query, description = "Replay from this offset (no lease)"),
+        ("wait" = Option<String>, Query, description = "Long-poll up to this Go duration (`500ms`, `10s`), capped by the server"),
+        ("max" = Option<u32>, Query, description = "Up to this many messages, batch shape", minimum = 1, maximum = 100),
+    ),
+    responses(
+        (status = 200, description = "A message (a batch with `max`)", body = ConsumeReply),
+        (status = 204, description = "Nothing available"),
+        (status = 400, description = "Bad query or partition", body = ErrorBody),
+        (status = 403, description = "Not allowed", body = ErrorBody),
+        (status = 404, description = "No such topic", body = ErrorBody),
+        (status = 410, description = "Replay offset aged out or unreadable", body = ErrorBody),
+        (status = 429, description = "Rate limit", body = ErrorBody),
+    )
+)]
 pub async fn consume(
     State(s): State<Shared>,
     Path(topic): Path<String>,
@@ -148,15 +172,73 @@ pub fn parse_extend(p: &[(String, &str)]) -> Result<AckAction, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The `extend` action and the `receipt_handle` of an ack (the first one;
+/// `None` when absent: the handles are in the body). An empty handle is a
+/// 400 `receipt_handle required`.
+pub fn parse_ack_query(raw: &str) -> Result<(Option<String>, AckAction), ApiError> {
+    let p = pairs(raw);
+    let action = parse_extend(&p)?;
+    let Some(h) = values(&p, "receipt_handle").first().copied() else { return Ok((None, action)) };
+    let h = decode_component(h)
+        .map_err(|e| ApiError::bad_request(format!("invalid receipt_handle: {e}")))?;
+    if h.is_empty() {
+        return Err(ApiError::bad_request("receipt_handle required"));
+    }
+    Ok((Some(String::from_utf8_lossy(&h).into_owned()), action))
+}
+
+/// Body of a batch ack.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct BatchAck {
+    /// 1 to 100 receipt handles.
     #[serde(default)]
     receipt_handles: Vec<String>,
 }
 
+/// The answer of a batch ack: one result per handle, in order (written by
+/// hand in [`ack`]; a test decodes it into this).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckResults {
+    /// One per handle.
+    pub results: Vec<AckResult>,
+}
+
+/// The outcome of one handle of a batch ack.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckResult {
+    /// The status a single ack would have had (204 done).
+    pub status: u16,
+    /// Why not, when not 204.
+    pub error: Option<String>,
+}
+
 /// `POST /v1/topics/{topic}/ack?receipt_handle=&extend=`, or a batch ack
 /// with body `{"receipt_handles":[...]}`.
+#[utoipa::path(
+    post,
+    operation_id = "ack",
+    path = "/v1/topics/{topic}/ack",
+    tag = "messages",
+    params(
+        ("topic" = String, Path, description = "Topic name", pattern = r"^[A-Za-z0-9._-]{1,255}$"),
+        ("receipt_handle" = Option<String>, Query, description = "The handle to resolve (else the body lists them)"),
+        ("extend" = Option<String>, Query, description = "`true`/`1` extends the lease, `0` nacks, absent or `false` acks"),
+    ),
+    request_body(content = Option<BatchAck>, description = "Batch form, when `receipt_handle` is absent"),
+    responses(
+        (status = 200, description = "Batch form: a result per handle", body = AckResults),
+        (status = 204, description = "Done"),
+        (status = 400, description = "Malformed handle or body", body = ErrorBody),
+        (status = 403, description = "Not allowed", body = ErrorBody),
+        (status = 404, description = "No such topic", body = ErrorBody),
+        (status = 410, description = "The handle no longer matches a lease", body = ErrorBody),
+        (status = 413, description = "Body over 1 MiB", body = ErrorBody),
+        (status = 503, description = "Acked-ahead set full; retry", body = ErrorBody),
+    )
+)]
 pub async fn ack(
     State(s): State<Shared>,
     Path(topic): Path<String>,
@@ -164,16 +246,8 @@ pub async fn ack(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let raw = q.unwrap_or_default();
-    let p = pairs(&raw);
-    let action = parse_extend(&p)?;
-    if let Some(h) = values(&p, "receipt_handle").first() {
-        let h = decode_component(h)
-            .map_err(|e| ApiError::bad_request(format!("invalid receipt_handle: {e}")))?;
-        if h.is_empty() {
-            return Err(ApiError::bad_request("receipt_handle required"));
-        }
-        let h = String::from_utf8_lossy(&h).into_owned();
+    let (handle, action) = parse_ack_query(q.as_deref().unwrap_or(""))?;
+    if let Some(h) = handle {
         s.broker.resolve(&topic, &h, action)?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }

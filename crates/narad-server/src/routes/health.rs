@@ -6,11 +6,31 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use utoipa::ToSchema;
+
 use crate::error::json_response;
+use crate::openapi::ErrorBody;
 use crate::state::Shared;
+
+/// `{"status": ...}` of `/healthz` and `/readyz`.
+#[derive(Debug, serde::Serialize, ToSchema)]
+pub struct Status {
+    /// `ok`, `ready` or `shutting down`.
+    pub status: String,
+}
 
 /// 200 `{"status":"ok"}`, 503 `{"status":"shutting down"}` once shutdown
 /// started.
+#[utoipa::path(
+    get,
+    operation_id = "healthz",
+    path = "/healthz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Serving", body = Status),
+        (status = 503, description = "Shutting down", body = Status),
+    )
+)]
 pub async fn healthz(State(s): State<Shared>) -> Response {
     if s.shutting_down.load(Ordering::Acquire) {
         json_response(StatusCode::SERVICE_UNAVAILABLE, r#"{"status":"shutting down"}"#.into())
@@ -21,6 +41,16 @@ pub async fn healthz(State(s): State<Shared>) -> Response {
 
 /// 200 `{"status":"ready"}` once start-up finished, else 503. A latched
 /// WAL does not make the node unready (alert on `narad_ingress_wal_failed`).
+#[utoipa::path(
+    get,
+    operation_id = "readyz",
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Status),
+        (status = 503, description = "Not ready", body = ErrorBody),
+    )
+)]
 pub async fn readyz(State(s): State<Shared>) -> Response {
     if s.ready.load(Ordering::Acquire) {
         json_response(StatusCode::OK, r#"{"status":"ready"}"#.into())
@@ -30,6 +60,15 @@ pub async fn readyz(State(s): State<Shared>) -> Response {
 }
 
 /// Prometheus text format.
+#[utoipa::path(
+    get,
+    operation_id = "metrics",
+    path = "/metrics",
+    tag = "operations",
+    responses(
+        (status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String),
+    )
+)]
 pub async fn metrics(State(s): State<Shared>) -> Response {
     s.broker.poll_cheap_gauges();
     let mut out = String::new();

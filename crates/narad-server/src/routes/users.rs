@@ -14,22 +14,27 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use narad_meta::user::UserJson;
 use narad_meta::user::{validate_grants, validate_username};
 use narad_meta::{Grant, MetaError, User};
 use serde::Deserialize;
 use tracing::info;
+use utoipa::ToSchema;
 
 use crate::access::{ADMIN_DENIED, Caller, forbidden};
 use crate::auth::{blocking, hash_password};
 use crate::body::read_streamed_json;
 use crate::error::{ApiError, json_response};
 use crate::limits::STREAMED_BODY_BYTES;
+use crate::openapi::ErrorBody;
 use crate::state::Shared;
 
 /// 403 when a grant exceeds what the caller may hand out.
 pub const ESCALATION_DENIED: &str = "cannot grant permissions you do not hold";
 
-#[derive(Debug, Deserialize)]
+/// Body of `POST /v1/users`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = CreateUser)]
 #[serde(deny_unknown_fields)]
 struct CreateBody {
     #[serde(default)]
@@ -40,13 +45,17 @@ struct CreateBody {
     grants: Vec<Grant>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Body of `PUT /v1/users/{user}/grants`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = UserGrants)]
 #[serde(deny_unknown_fields)]
 struct GrantsBody {
     grants: Vec<Grant>,
 }
 
-#[derive(Debug, Deserialize)]
+/// Body of `PUT /v1/users/{user}/password`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = PasswordChange)]
 #[serde(deny_unknown_fields)]
 struct PasswordBody {
     #[serde(default)]
@@ -100,6 +109,19 @@ fn audit(caller: &Caller, event: &str, target: &str) {
 }
 
 /// `POST /v1/users`.
+#[utoipa::path(
+    post,
+    operation_id = "create_user",
+    path = "/v1/users",
+    tag = "users",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "Created", body = UserJson),
+        (status = 400, description = "Invalid username, password or grants", body = ErrorBody),
+        (status = 403, description = "Not an admin, or grants beyond the caller's", body = ErrorBody),
+        (status = 409, description = "The user exists", body = ErrorBody),
+    )
+)]
 pub async fn create(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -129,6 +151,16 @@ pub async fn create(
 }
 
 /// `GET /v1/users`: a bare array in username order.
+#[utoipa::path(
+    get,
+    operation_id = "list_users",
+    path = "/v1/users",
+    tag = "users",
+    responses(
+        (status = 200, description = "Every user, by name", body = Vec<UserJson>),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+    )
+)]
 pub async fn list(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -144,6 +176,18 @@ fn find(s: &Shared, name: &str) -> Result<Arc<User>, ApiError> {
 }
 
 /// `GET /v1/users/{user}`: admins, or the user itself.
+#[utoipa::path(
+    get,
+    operation_id = "get_user",
+    path = "/v1/users/{user}",
+    tag = "users",
+    params(("user" = String, Path, description = "Username", pattern = r"^[A-Za-z0-9._-]{1,64}$")),
+    responses(
+        (status = 200, description = "The user", body = UserJson),
+        (status = 403, description = "Not an admin or the user", body = ErrorBody),
+        (status = 404, description = "No such user", body = ErrorBody),
+    )
+)]
 pub async fn get(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -157,6 +201,18 @@ pub async fn get(
 }
 
 /// `DELETE /v1/users/{user}`: never root, never yourself.
+#[utoipa::path(
+    delete,
+    operation_id = "delete_user",
+    path = "/v1/users/{user}",
+    tag = "users",
+    params(("user" = String, Path, description = "Username", pattern = r"^[A-Za-z0-9._-]{1,64}$")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 403, description = "Not an admin, root, or yourself", body = ErrorBody),
+        (status = 404, description = "No such user", body = ErrorBody),
+    )
+)]
 pub async fn delete(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -175,6 +231,20 @@ pub async fn delete(
 
 /// `PUT /v1/users/{user}/grants`: replaces the grants; not your own, not
 /// root's.
+#[utoipa::path(
+    put,
+    operation_id = "put_user_grants",
+    path = "/v1/users/{user}/grants",
+    tag = "users",
+    params(("user" = String, Path, description = "Username", pattern = r"^[A-Za-z0-9._-]{1,64}$")),
+    request_body = GrantsBody,
+    responses(
+        (status = 200, description = "The user with its new grants", body = UserJson),
+        (status = 400, description = "Invalid grants", body = ErrorBody),
+        (status = 403, description = "Not allowed", body = ErrorBody),
+        (status = 404, description = "No such user", body = ErrorBody),
+    )
+)]
 pub async fn put_grants(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -202,6 +272,20 @@ pub async fn put_grants(
 
 /// `PUT /v1/users/{user}/password`: admins reset anyone's (root's only by
 /// root); a user changes its own with the current password. 204.
+#[utoipa::path(
+    put,
+    operation_id = "put_user_password",
+    path = "/v1/users/{user}/password",
+    tag = "users",
+    params(("user" = String, Path, description = "Username", pattern = r"^[A-Za-z0-9._-]{1,64}$")),
+    request_body = PasswordBody,
+    responses(
+        (status = 204, description = "Changed"),
+        (status = 400, description = "Empty new password", body = ErrorBody),
+        (status = 403, description = "Not allowed, or the current password is wrong", body = ErrorBody),
+        (status = 404, description = "No such user", body = ErrorBody),
+    )
+)]
 pub async fn put_password(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,

@@ -1,0 +1,413 @@
+//! Serving connections (SPEC §1.1): hyper's HTTP/1.1 and HTTP/2 on every
+//! accepted stream, plain TCP or TLS alike, with the read, write and idle
+//! timeouts kept per connection and the request head bounded.
+//!
+//! # Phases and deadlines
+//!
+//! A connection is always in one phase, and each phase has one deadline:
+//!
+//! | phase | begins when                                         | closed unless it moves on by |
+//! |-------|-----------------------------------------------------|------------------------------|
+//! | idle  | accepted, or its last response was handed over      | `idle_timeout` after that    |
+//! | head  | (HTTP/1) a byte of a new request arrives while idle | `read_timeout` after it      |
+//! | busy  | a request's head is complete                        | `write_timeout` after the last request started or finished |
+//!
+//! A request body must arrive whole within `read_timeout` of its head: the
+//! body handed to the handler fails with [`BodyReadTimeout`] after that,
+//! and the handler answers 408. A response the client does not take is
+//! bounded by the idle deadline that follows it.
+//!
+//! One watchdog per connection (in the connection's own task) sleeps until
+//! the current deadline and drops the connection when it passes. A slow or
+//! silent client therefore costs a socket, a parked task and at most
+//! `max_header_bytes` of buffered head; it never holds a thread, a lock or a
+//! permit that other clients wait for. A head over `max_header_bytes` (or
+//! with more than 100 headers) is answered 431 and the connection closed.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Version};
+use axum::serve::Listener;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+use tracing::{debug, warn};
+
+/// The smallest request-head bound hyper accepts (its minimum buffer).
+pub const MIN_HEADER_BYTES: usize = 8 << 10;
+
+/// Timeouts and bounds of every connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnConfig {
+    /// A request's head must arrive within this of its first byte, and its
+    /// body within this of its head.
+    pub read_timeout: Duration,
+    /// A request must be answered within this of its head (or, with HTTP/2
+    /// streams in flight, some request must start or finish this often).
+    pub write_timeout: Duration,
+    /// A connection with no request in flight is closed after this.
+    pub idle_timeout: Duration,
+    /// The largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
+}
+
+impl Default for ConnConfig {
+    /// SPEC §1.1: read 10 s, write 30 s, idle 60 s; heads up to 64 KiB.
+    fn default() -> Self {
+        ConnConfig {
+            read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 64 << 10,
+        }
+    }
+}
+
+/// The error a request body yields once its read deadline has passed.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("request body not received within {0:?}")]
+pub struct BodyReadTimeout(pub Duration);
+
+/// Where a connection is (see the module documentation).
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Idle { since: Instant },
+    Head { since: Instant },
+    Busy { in_flight: usize, progress: Instant },
+}
+
+/// The phase of one connection, shared by its stream, its requests and
+/// its watchdog.
+#[derive(Debug)]
+struct Clock {
+    config: ConnConfig,
+    /// A `std` mutex: held for a few instructions, never across `.await`.
+    phase: Mutex<Phase>,
+    /// Set once an HTTP/2 request was seen: bytes on an idle HTTP/2
+    /// connection (pings, settings) are not the start of a request head.
+    h2: AtomicBool,
+    /// Wakes the watchdog when the deadline may have moved earlier.
+    changed: Notify,
+}
+
+impl Clock {
+    fn new(config: ConnConfig) -> Clock {
+        Clock {
+            config,
+            phase: Mutex::new(Phase::Idle { since: Instant::now() }),
+            h2: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The current deadline and what missing it means.
+    fn deadline(&self) -> (Instant, &'static str) {
+        let c = &self.config;
+        match *self.phase() {
+            Phase::Idle { since } => (since + c.idle_timeout, "idle"),
+            Phase::Head { since } => (since + c.read_timeout, "request head not received in time"),
+            Phase::Busy { progress, .. } => {
+                (progress + c.write_timeout, "request not answered in time")
+            }
+        }
+    }
+
+    fn bytes_read(&self) {
+        if self.h2.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut p = self.phase();
+        if let Phase::Idle { .. } = *p {
+            *p = Phase::Head { since: Instant::now() };
+            drop(p);
+            self.changed.notify_one();
+        }
+    }
+
+    fn request_started(self: &Arc<Self>, version: Version) -> InFlight {
+        if version == Version::HTTP_2 {
+            self.h2.store(true, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        {
+            let mut p = self.phase();
+            *p = match *p {
+                Phase::Busy { in_flight, .. } => {
+                    Phase::Busy { in_flight: in_flight + 1, progress: now }
+                }
+                Phase::Idle { .. } | Phase::Head { .. } => {
+                    Phase::Busy { in_flight: 1, progress: now }
+                }
+            };
+        }
+        self.changed.notify_one();
+        InFlight(self.clone())
+    }
+
+    fn request_finished(&self) {
+        let now = Instant::now();
+        {
+            let mut p = self.phase();
+            if let Phase::Busy { in_flight, .. } = *p {
+                *p = if in_flight > 1 {
+                    Phase::Busy { in_flight: in_flight - 1, progress: now }
+                } else {
+                    Phase::Idle { since: now }
+                };
+            }
+        }
+        self.changed.notify_one();
+    }
+}
+
+/// One request in flight: from its complete head until its response body
+/// is done (or dropped).
+#[derive(Debug)]
+struct InFlight(Arc<Clock>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+/// The accepted stream, noting when bytes arrive.
+#[derive(Debug)]
+struct Watched<I> {
+    io: I,
+    clock: Arc<Clock>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.clock.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// A request body that fails with [`BodyReadTimeout`] once its deadline
+/// passes. The timer is only armed when the body actually has to wait.
+#[derive(Debug)]
+struct TimedBody {
+    inner: Incoming,
+    deadline: Instant,
+    timeout: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl http_body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::BoxError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        let deadline = this.deadline;
+        let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(Box::new(BodyReadTimeout(this.timeout)))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.inner)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        http_body::Body::size_hint(&self.inner)
+    }
+}
+
+/// A response body that ends its request's [`InFlight`] when it is done.
+#[derive(Debug)]
+struct Tracked {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.inner)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        http_body::Body::size_hint(&self.inner)
+    }
+}
+
+fn builder(config: ConnConfig) -> Builder<TokioExecutor> {
+    let mut b = Builder::new(TokioExecutor::new());
+    // No hyper timer: the watchdog keeps every deadline (hyper's own
+    // header timeout would also run while idle, cutting keep-alive short).
+    b.http1().max_buf_size(config.max_header_bytes.max(MIN_HEADER_BYTES));
+    b.http2().max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
+    b
+}
+
+/// Serves one connection until it ends, its deadline passes, or `stop`
+/// asks for a graceful close (finish what is in flight, take nothing new).
+async fn serve_connection<I>(
+    io: I,
+    app: Router,
+    config: ConnConfig,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let clock = Arc::new(Clock::new(config));
+    let io = TokioIo::new(Watched { io, clock: clock.clone() });
+    let requests = clock.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let in_flight = requests.request_started(req.version());
+        let deadline = Instant::now() + config.read_timeout;
+        let timeout = config.read_timeout;
+        let req = req.map(|inner| Body::new(TimedBody { inner, deadline, timeout, sleep: None }));
+        let answer = app.clone().call(req);
+        async move {
+            let response = answer.await?;
+            Ok::<_, Infallible>(
+                response.map(|inner| Body::new(Tracked { inner, _in_flight: in_flight })),
+            )
+        }
+    });
+    let builder = builder(config);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut stopping = *stop.borrow();
+    if stopping {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let (deadline, _) = clock.deadline();
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = clock.changed.notified() => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                // The phase may have moved on since the sleep was armed.
+                let (due, why) = clock.deadline();
+                if due <= Instant::now() {
+                    debug!(reason = why, "closing connection: deadline passed");
+                    return;
+                }
+            }
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+/// Accepts connections on `listener` and serves `app` on each until
+/// `shutdown` resolves; then stops accepting, lets every connection finish
+/// what is in flight, and after `grace` closes whatever is left.
+pub async fn serve<L>(
+    mut listener: L,
+    app: Router,
+    config: ConnConfig,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) where
+    L: Listener,
+{
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            (io, _peer) = listener.accept() => {
+                while conns.try_join_next().is_some() {}
+                conns.spawn(serve_connection(io, app.clone(), config, stop_rx.clone()));
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let drained =
+        tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        warn!(open = conns.len(), "shutdown grace is over: closing the remaining connections");
+        conns.abort_all();
+        while conns.join_next().await.is_some() {}
+    }
+}
