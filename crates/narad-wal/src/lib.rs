@@ -11,7 +11,7 @@
 //! * [`checkpoint`]: the checkpoint file.
 //! * `stage`, `group`: group commit (staging buffers, shared completion).
 //! * `wal`: open/recovery, append, sync thread, checkpoint and compaction.
-//! * `recovery`: the scan and the damage decision table.
+//! * [`recovery`]: the scan and the damage decision table.
 //! * `reader`: reading for the dispatcher.
 //! * [`limits`]: every bound.
 //! * [`bench`]: `narad bench disk`.
@@ -24,7 +24,7 @@ mod group;
 pub mod limits;
 mod reader;
 pub mod record;
-mod recovery;
+pub mod recovery;
 mod segment;
 mod stage;
 mod wal;

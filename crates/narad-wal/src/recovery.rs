@@ -179,6 +179,21 @@ pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64) -> Behind 
     behind
 }
 
+/// What opening the WAL does with `image` as segment `base` (the last
+/// segment when `last`): `Ok(len)` keeps the first `len` bytes (a torn tail
+/// is cut; `len` is at least the segment header), `Err(offset)` refuses to
+/// open, naming that offset. [`crate::Wal::open`] applies the same steps.
+pub fn verdict(image: &Bytes, base: u64, last: bool) -> Result<u64, u64> {
+    let scan = scan(image, base);
+    let Some((offset, damage)) = scan.damage else { return Ok(scan.valid_len) };
+    let behind = if last { look_behind(image, offset, scan.next_seq) } else { Behind::Nothing };
+    match decide(damage, last, behind) {
+        Decision::FailOpen => Err(offset),
+        Decision::TruncateTail if damage == Damage::SegmentHeader => Ok(SEGMENT_HEADER_BYTES),
+        Decision::TruncateTail => Ok(offset),
+    }
+}
+
 /// Reads a whole segment file into memory for scanning.
 pub(crate) fn read_image(
     file: &dyn narad_fs::File,

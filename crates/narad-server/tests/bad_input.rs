@@ -1,0 +1,361 @@
+//! Bad input, in seconds: the checks of the fuzz targets (`fuzz/src/lib.rs`,
+//! one per decoder) run over the checked-in corpora `fuzz/corpus/<target>/`
+//! and over seeded mutations of them. The property of every decoder: no
+//! panic on any input, every failure a clean `Err` (a 400 or 413 at the
+//! HTTP edge), and what decodes re-encodes where the format is canonical.
+//!
+//! A failing input is printed as hex; put it in `fuzz/corpus/<target>/`
+//! once fixed, so it stays a regression test. The long runs are
+//! `cargo +nightly fuzz run <target>` (docs/DURABILITY.md, Fuzzing).
+
+#[path = "../../../fuzz/src/lib.rs"]
+mod checks;
+
+use std::path::{Path, PathBuf};
+
+/// Mutations tried per corpus input.
+const MUTATIONS_PER_INPUT: usize = 64;
+/// Mutated inputs at least, however small the corpus.
+const MIN_MUTATIONS: usize = 4_000;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
+}
+
+fn corpus(target: &str) -> Vec<Vec<u8>> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("corpus entry").path())
+        .collect();
+    files.sort();
+    let inputs: Vec<Vec<u8>> =
+        files.iter().map(|p| std::fs::read(p).expect("corpus file")).collect();
+    assert!(!inputs.is_empty(), "{} has no inputs", dir.display());
+    inputs
+}
+
+/// xorshift64*: deterministic, so a failure reproduces.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+    }
+}
+
+/// Values that sit on the edges of length and count fields.
+const EDGES: [u32; 8] = [0, 1, 0x7f, 0x80, 0xff, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff];
+
+/// One to four random edits of `input` (bit flips, edge values written
+/// over length fields, inserts, deletes, duplicated runs, truncation, a
+/// splice with another input).
+fn mutate(rng: &mut Rng, input: &[u8], all: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = input.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let at = rng.below(b.len() + 1);
+        match rng.below(8) {
+            0 if !b.is_empty() => {
+                let i = rng.below(b.len());
+                b[i] ^= 1 << rng.below(8);
+            }
+            1 if !b.is_empty() => {
+                let i = rng.below(b.len());
+                b[i] = EDGES[rng.below(EDGES.len())] as u8;
+            }
+            2 if b.len() >= 4 => {
+                let i = rng.below(b.len() - 3);
+                b[i..i + 4].copy_from_slice(&EDGES[rng.below(EDGES.len())].to_be_bytes());
+            }
+            3 => b.insert(at, rng.next() as u8),
+            4 if !b.is_empty() => {
+                let end = (at + 1 + rng.below(16)).min(b.len());
+                b.drain(at.min(end)..end);
+            }
+            5 if !b.is_empty() => {
+                let start = rng.below(b.len());
+                let end = (start + 1 + rng.below(32)).min(b.len());
+                let run = b[start..end].to_vec();
+                b.splice(at..at, run);
+            }
+            6 => b.truncate(at),
+            _ => {
+                let other = &all[rng.below(all.len())];
+                let from = rng.below(other.len() + 1);
+                b.truncate(at);
+                b.extend_from_slice(&other[from..]);
+            }
+        }
+    }
+    b
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Runs `target`'s check over its corpus and mutations of it.
+fn survives_corpus_and_mutations(target: &str) {
+    let check = checks::CHECKS
+        .iter()
+        .find(|(name, _)| *name == target)
+        .unwrap_or_else(|| panic!("no check named {target}"))
+        .1;
+    let inputs = corpus(target);
+    let run = |input: &[u8]| {
+        if std::panic::catch_unwind(|| check(input)).is_err() {
+            panic!("{target} failed on input {}", hex(input));
+        }
+    };
+    for input in &inputs {
+        run(input);
+    }
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ target.len() as u64);
+    let n = (inputs.len() * MUTATIONS_PER_INPUT).max(MIN_MUTATIONS);
+    for i in 0..n {
+        let mutated = mutate(&mut rng, &inputs[i % inputs.len()], &inputs);
+        run(&mutated);
+    }
+}
+
+#[test]
+fn wal_record_decoding_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("wal_record");
+}
+
+#[test]
+fn wal_segment_recovery_never_panics_on_damaged_images() {
+    survives_corpus_and_mutations("wal_segment");
+}
+
+#[test]
+fn log_frame_decoding_never_panics_and_agrees_with_its_bounds() {
+    survives_corpus_and_mutations("log_frame");
+}
+
+#[test]
+fn log_envelope_decoding_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("log_envelope");
+}
+
+#[test]
+fn log_segment_scan_never_panics_on_damaged_images() {
+    survives_corpus_and_mutations("log_segment");
+}
+
+#[test]
+fn batch_body_decoding_answers_400_or_413_never_panics() {
+    survives_corpus_and_mutations("batch_body");
+}
+
+#[test]
+fn receipt_handle_parsing_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("receipt_handle");
+}
+
+#[test]
+fn query_parameter_parsing_answers_400_never_panics() {
+    survives_corpus_and_mutations("query_params");
+}
+
+#[test]
+fn go_duration_parsing_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("go_duration");
+}
+
+#[test]
+fn every_fuzz_target_has_a_corpus_and_a_test_here() {
+    let this = include_str!("bad_input.rs");
+    for (name, _) in checks::CHECKS {
+        assert!(corpus_dir(name).is_dir(), "fuzz/corpus/{name} is missing");
+        assert!(
+            this.contains(&format!("survives_corpus_and_mutations(\"{name}\")")),
+            "no test runs the {name} check"
+        );
+        let target = corpus_dir(name).join(format!("../../fuzz_targets/{name}.rs"));
+        assert!(target.is_file(), "fuzz/fuzz_targets/{name}.rs is missing");
+    }
+}
+
+/// Writes the seed inputs of every corpus (run once by hand; the fuzzer
+/// grows the corpora from them and `cargo fuzz cmin` trims them):
+/// `cargo test -p narad-server --test bad_input -- --ignored write_seed_corpora`.
+#[test]
+#[ignore = "writes fuzz/corpus seeds into the source tree"]
+fn write_seed_corpora() {
+    for (target, seeds) in seeds::all() {
+        let dir = corpus_dir(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+        }
+    }
+}
+
+mod seeds {
+    use std::io::Write;
+
+    use narad_log::Codec;
+    use narad_log::frame::PayloadBuilder;
+    use narad_wal::RecordRef;
+
+    type Seeds = Vec<(String, Vec<u8>)>;
+
+    pub fn all() -> Vec<(&'static str, Seeds)> {
+        vec![
+            ("wal_record", wal_records()),
+            ("wal_segment", wal_segments()),
+            ("log_frame", log_frames()),
+            ("log_envelope", log_envelopes()),
+            ("log_segment", log_segments()),
+            ("batch_body", batch_bodies()),
+            ("receipt_handle", text(&["0:0:1", "2:17:3", "4294967295:18446744073709551615:9"])),
+            (
+                "query_params",
+                text(&[
+                    "key=a+b%21&partition=2",
+                    "partition=1&offset=5&wait=1.5s&max=10",
+                    "receipt_handle=0%3A1%3A2&extend=true",
+                    "limit=10&page_token=orders.eu",
+                    "wait=250ms&partition=0&extend=0",
+                ]),
+            ),
+            ("go_duration", text(&["10s", "1m30s", "1.5h", "-3ms", "0", "250us", "1µs2ns"])),
+        ]
+    }
+
+    fn text(items: &[&str]) -> Seeds {
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("text-{i}"), s.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn named(seeds: Vec<(&str, Vec<u8>)>) -> Seeds {
+        seeds.into_iter().map(|(n, b)| (n.to_owned(), b)).collect()
+    }
+
+    fn records() -> Vec<RecordRef<'static>> {
+        let r = RecordRef {
+            topic: "orders",
+            incarnation: None,
+            key: Some(b"customer-42"),
+            partition: 1,
+            accepted_at_ms: 1_700_000_000_000,
+            payload: b"{\"id\":1}",
+        };
+        vec![
+            r,
+            RecordRef { key: None, ..r },
+            RecordRef { key: Some(b""), payload: b"\x00\xff", ..r },
+            RecordRef { incarnation: Some(7), ..r },
+        ]
+    }
+
+    fn encode(r: &RecordRef<'_>) -> Vec<u8> {
+        let mut out = Vec::new();
+        r.encode_into(&mut out);
+        out
+    }
+
+    fn wal_records() -> Seeds {
+        let names = ["format1-key", "format1-no-key", "format1-empty-key", "format2"];
+        names.into_iter().map(String::from).zip(records().iter().map(encode)).collect()
+    }
+
+    fn wal_image() -> Vec<u8> {
+        let mut image = narad_wal::frame::segment_header(0).to_vec();
+        for (seq, r) in records().iter().enumerate() {
+            let payload = encode(r);
+            let at = narad_wal::frame::begin_frame(&mut image, payload.len() as u32, seq as u64, 0);
+            image.extend_from_slice(&payload);
+            narad_wal::frame::seal_frame(&mut image, at);
+        }
+        image
+    }
+
+    fn wal_segments() -> Seeds {
+        let image = wal_image();
+        let torn = image[..image.len() - 5].to_vec();
+        named(vec![
+            ("sealed", [&[0u8][..], &image].concat()),
+            ("last", [&[1u8][..], &image].concat()),
+            ("last-torn", [&[1u8][..], &torn].concat()),
+        ])
+    }
+
+    fn payload() -> PayloadBuilder {
+        let mut p = PayloadBuilder::new();
+        p.push(None, 1_700_000_000_000, b"hello");
+        p.push(Some(b"k"), 1_700_000_000_001, b"world!");
+        p.push(Some(b""), 1_700_000_000_002, b"{\"a\":1}");
+        p
+    }
+
+    fn frame(base: u64, codec: Codec) -> Vec<u8> {
+        payload().finish(base, codec).unwrap()
+    }
+
+    fn log_frames() -> Seeds {
+        let mut raw = PayloadBuilder::new();
+        raw.push(Some(b"key"), 5, b"payload");
+        let mut built = vec![0x80u8, 1];
+        built.extend_from_slice(&{
+            let f = raw.finish(0, Codec::None).unwrap();
+            f[narad_log::limits::FRAME_HEADER_LEN..].to_vec()
+        });
+        named(vec![
+            ("none", [&[0u8][..], &frame(42, Codec::None)].concat()),
+            ("zstd", [&[0u8][..], &frame(42, Codec::Zstd { level: 1 })].concat()),
+            ("fixup", [&[3u8][..], &frame(42, Codec::None)].concat()),
+            ("built", built),
+        ])
+    }
+
+    fn log_envelopes() -> Seeds {
+        let t = [0, 0, 0x01, 0x91, 0x23, 0x45, 0x67, 0x89];
+        let env = |head: &[u8]| [head, &t[..], b"hi"].concat();
+        named(vec![
+            ("v3-absent", env(&[0x03, 0x00])),
+            ("v3-empty", env(&[0x03, 0x01])),
+            ("v3-key", env(&[0x03, 0x03, b'k', b'1'])),
+            ("v2-key", env(&[0x02, 0x02, b'k', b'1'])),
+        ])
+    }
+
+    fn log_segments() -> Seeds {
+        let mut image = frame(42, Codec::None);
+        image.extend_from_slice(&frame(45, Codec::Zstd { level: 1 }));
+        let torn = image[..image.len() - 3].to_vec();
+        named(vec![
+            ("crc", [&[1u8][..], &image].concat()),
+            ("no-crc", [&[0u8][..], &image].concat()),
+            ("torn", [&[1u8][..], &torn].concat()),
+        ])
+    }
+
+    fn batch_bodies() -> Seeds {
+        let json: &[u8] = br#"{"messages":[{"key":"k","payload":{"a":1}},{"payload":"text","partition":2},{"key":"AAE=","key_encoding":"base64","payload":"aGk=","payload_encoding":"base64"}]}"#;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(json).unwrap();
+        let gz = gz.finish().unwrap();
+        let zst = zstd::encode_all(json, 1).unwrap();
+        named(vec![
+            ("json", [&[0u8][..], json].concat()),
+            ("gzip", [&[1u8][..], &gz].concat()),
+            ("zstd", [&[2u8][..], &zst].concat()),
+            ("json-under-gzip", [&[3u8][..], json].concat()),
+            ("json-under-zstd", [&[4u8][..], json].concat()),
+            ("empty", [&[0u8][..], br#"{"messages":[]}"#].concat()),
+        ])
+    }
+}
