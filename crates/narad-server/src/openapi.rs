@@ -12,7 +12,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::error::json_response;
-use crate::routes::{consume, health, produce, topics, users};
+use crate::routes::{children, consume, health, produce, topics, users};
 
 /// The document.
 #[derive(Debug, OpenApi)]
@@ -35,6 +35,9 @@ use crate::routes::{consume, health, produce, topics, users};
         produce::produce_batch,
         consume::consume,
         consume::ack,
+        children::attach,
+        children::list,
+        children::detach,
         users::create,
         users::list,
         users::get,

@@ -128,6 +128,7 @@ struct Running {
 
 /// One child's fan-out progress, for `GET /v1/topics/{parent}/children`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChildLag {
     /// The child topic.
     pub name: String,

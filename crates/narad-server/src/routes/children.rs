@@ -12,27 +12,38 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_broker::ChildLag;
 use narad_meta::AttachChildRequest;
+use narad_meta::TopicJson;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::body::read_streamed_json;
 use crate::error::{ApiError, json_response};
 use crate::limits::STREAMED_BODY_BYTES;
+use crate::openapi::ErrorBody;
 use crate::state::Shared;
 
 /// Body of `POST /v1/topics/{topic}/children`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
+#[schema(as = AttachChild)]
 #[serde(deny_unknown_fields)]
 struct AttachBody {
+    /// The child topic (it must exist).
     #[serde(default)]
+    #[schema(pattern = r"^[A-Za-z0-9._-]{1,255}$")]
     child: String,
+    /// Delivery delay, 0 to 1 year in ms.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 31_536_000_000_i64)]
     delay_ms: Option<i64>,
 }
 
 /// Reply of `GET /v1/topics/{topic}/children`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Children)]
 struct ChildrenReply<'a> {
     parent: &'a str,
+    /// In attach order.
+    #[schema(value_type = Vec<ChildLag>)]
     children: &'a [ChildLag],
 }
 
@@ -42,6 +53,21 @@ fn to_json<T: Serialize>(v: &T) -> String {
 
 /// `POST /v1/topics/{topic}/children` with `{"child","delay_ms"}`: 200 and
 /// the parent topic.
+#[utoipa::path(
+    post,
+    operation_id = "attach_child",
+    path = "/v1/topics/{topic}/children",
+    tag = "topics",
+    params(("topic" = String, Path, description = "The parent topic", pattern = r"^[A-Za-z0-9._-]{1,255}$")),
+    request_body = AttachBody,
+    responses(
+        (status = 200, description = "Attached: the parent topic", body = TopicJson),
+        (status = 400, description = "Bad body, delay, retention or self-attach", body = ErrorBody),
+        (status = 403, description = "Not the parent's owner or an admin", body = ErrorBody),
+        (status = 404, description = "No such parent or child", body = ErrorBody),
+        (status = 409, description = "A fan-out role, limit or schema conflict", body = ErrorBody),
+    )
+)]
 pub async fn attach(
     State(s): State<Shared>,
     Path(topic): Path<String>,
@@ -57,6 +83,17 @@ pub async fn attach(
 
 /// `GET /v1/topics/{topic}/children`: the children in attach order, with
 /// their lag (an empty list for a topic that has none).
+#[utoipa::path(
+    get,
+    operation_id = "list_children",
+    path = "/v1/topics/{topic}/children",
+    tag = "topics",
+    params(("topic" = String, Path, description = "The parent topic", pattern = r"^[A-Za-z0-9._-]{1,255}$")),
+    responses(
+        (status = 200, description = "The children and their lag", body = ChildrenReply),
+        (status = 404, description = "No such topic", body = ErrorBody),
+    )
+)]
 pub async fn list(
     State(s): State<Shared>,
     Path(topic): Path<String>,
@@ -68,6 +105,21 @@ pub async fn list(
 
 /// `DELETE /v1/topics/{topic}/children/{child}`: 204 once the child's
 /// cursors have stopped and their files are gone.
+#[utoipa::path(
+    delete,
+    operation_id = "detach_child",
+    path = "/v1/topics/{topic}/children/{child}",
+    tag = "topics",
+    params(
+        ("topic" = String, Path, description = "The parent topic", pattern = r"^[A-Za-z0-9._-]{1,255}$"),
+        ("child" = String, Path, description = "The child topic", pattern = r"^[A-Za-z0-9._-]{1,255}$"),
+    ),
+    responses(
+        (status = 204, description = "Detached"),
+        (status = 403, description = "Not the parent's owner or an admin", body = ErrorBody),
+        (status = 404, description = "No such topic, or not attached to it", body = ErrorBody),
+    )
+)]
 pub async fn detach(
     State(s): State<Shared>,
     Path((topic, child)): Path<(String, String)>,
