@@ -383,7 +383,11 @@ fn uncompress(header: &FrameHeader, stored: Bytes) -> Result<Bytes, FrameError> 
     match header.codec {
         CODEC_NONE => Ok(stored),
         CODEC_ZSTD => {
-            // `want` was bound-checked by `FrameHeader::parse`.
+            // `want` was bound-checked by `FrameHeader::parse`; the buffer
+            // of that size is only allocated when the zstd frame is one
+            // whole frame declaring exactly that content size, so a few
+            // damaged bytes cannot make a 256 MiB allocation.
+            check_zstd_frame(&stored, want)?;
             let raw = zstd::bulk::decompress(&stored, want)
                 .map_err(|e| FrameError::Codec(format!("zstd decompress: {e}")))?;
             if raw.len() != want {
@@ -395,6 +399,22 @@ fn uncompress(header: &FrameHeader, stored: Bytes) -> Result<Bytes, FrameError> 
             Ok(Bytes::from(raw))
         }
         other => Err(FrameError::BadFlags(other)),
+    }
+}
+
+/// Checks that `stored` is exactly one zstd frame declaring `want` bytes.
+fn check_zstd_frame(stored: &[u8], want: usize) -> Result<(), FrameError> {
+    let bad = |what: String| Err(FrameError::Codec(format!("zstd frame {what}")));
+    match zstd::zstd_safe::get_frame_content_size(stored) {
+        Ok(Some(n)) if n == want as u64 => {}
+        Ok(Some(n)) => return bad(format!("declares {n} bytes, the header {want}")),
+        Ok(None) => return bad("declares no content size".into()),
+        Err(_) => return bad("header is damaged".into()),
+    }
+    match zstd::zstd_safe::find_frame_compressed_size(stored) {
+        Ok(n) if n == stored.len() => Ok(()),
+        Ok(n) => bad(format!("is {n} of the {} stored bytes", stored.len())),
+        Err(_) => bad("is damaged".into()),
     }
 }
 
@@ -616,6 +636,29 @@ mod tests {
             }
             let _ = envelope::decode(&Bytes::copy_from_slice(&buf));
         }
+    }
+
+    /// A zstd frame whose header claims far more uncompressed bytes than
+    /// its zstd payload holds made `decode_records` allocate the claimed
+    /// size (up to 256 MiB) before zstd could fail (found by the log_frame
+    /// fuzz target's CRC fix-up). The zstd frame's own header must now
+    /// agree first.
+    #[test]
+    fn a_zstd_frame_disagreeing_with_its_header_fails_before_allocating() {
+        let mut f = golden_payload(1).finish(42, Codec::Zstd { level: 3 }).unwrap();
+        f[15..19].copy_from_slice(&(200i32 << 20).to_be_bytes());
+        let crc = crc32c::crc32c_append(crc_start(&header_of(&f)), &f[FRAME_HEADER_LEN..]);
+        f[23..27].copy_from_slice(&crc.to_be_bytes());
+        let e = decode_all(&f).unwrap_err();
+        assert!(matches!(e, FrameError::Codec(ref m) if m.contains("declares")), "{e:?}");
+        let mut cut = golden_payload(1).finish(42, Codec::Zstd { level: 3 }).unwrap();
+        cut.push(0);
+        let stored = (cut.len() - FRAME_HEADER_LEN) as i32;
+        cut[19..23].copy_from_slice(&stored.to_be_bytes());
+        let crc = crc32c::crc32c_append(crc_start(&header_of(&cut)), &cut[FRAME_HEADER_LEN..]);
+        cut[23..27].copy_from_slice(&crc.to_be_bytes());
+        let e = decode_all(&cut).unwrap_err();
+        assert!(matches!(e, FrameError::Codec(ref m) if m.contains("stored bytes")), "{e:?}");
     }
 
     #[test]

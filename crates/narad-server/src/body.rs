@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::conn::BodyReadTimeout;
 use crate::error::ApiError;
+use crate::limits::ZSTD_WINDOW_LOG_MAX;
 
 /// Whether `E` is `e` or somewhere in its chain of sources.
 fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
@@ -83,10 +84,14 @@ pub fn decode_content(encoding: Option<&str>, raw: Bytes, limit: usize) -> Resul
     let reader: Box<dyn Read> = match enc.as_deref() {
         None | Some("") | Some("identity") => return Ok(raw),
         Some("gzip") => Box::new(flate2::read::GzDecoder::new(std::io::Cursor::new(raw))),
-        Some("zstd") => Box::new(
-            zstd::stream::read::Decoder::new(std::io::Cursor::new(raw))
-                .map_err(|e| ApiError::bad_request(format!("invalid zstd body: {e}")))?,
-        ),
+        Some("zstd") => {
+            let bad = |e: std::io::Error| ApiError::bad_request(format!("invalid zstd body: {e}"));
+            let mut d = zstd::stream::read::Decoder::new(std::io::Cursor::new(raw)).map_err(bad)?;
+            // The decoder allocates the window a frame asks for (zstd allows
+            // up to 128 MiB): no more than the batch body cap.
+            d.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(bad)?;
+            Box::new(d)
+        }
         Some(other) => {
             return Err(ApiError::bad_request(format!("unsupported Content-Encoding {other:?}")));
         }
@@ -148,6 +153,26 @@ mod tests {
             "{e:?}"
         );
         assert!(strict_json::<T>(b" {\"a\":1}\n").is_ok());
+    }
+
+    /// A zstd frame may ask for a 128 MiB window, which the decoder would
+    /// allocate before producing a byte: a 20-byte request body could make
+    /// the server allocate 128 MiB. Windows are capped at what the body cap
+    /// needs, so such a frame is a 400.
+    #[test]
+    fn zstd_windows_beyond_the_body_cap_are_refused_before_allocating() {
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
+        e.set_parameter(zstd::zstd_safe::CParameter::WindowLog(27)).unwrap();
+        e.set_pledged_src_size(None).unwrap();
+        std::io::Write::write_all(&mut e, &vec![7u8; 4 << 20]).unwrap();
+        let packed = Bytes::from(e.finish().unwrap());
+        let err = decode_content(Some("zstd"), packed, 16 << 20).unwrap_err();
+        assert_eq!(err.status(), 400, "{err:?}");
+        // The default window of every standard level (≤ 19) still decodes.
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 19).unwrap();
+        std::io::Write::write_all(&mut e, &vec![7u8; 4 << 20]).unwrap();
+        let packed = Bytes::from(e.finish().unwrap());
+        assert_eq!(decode_content(Some("zstd"), packed, 16 << 20).unwrap().len(), 4 << 20);
     }
 
     #[test]
