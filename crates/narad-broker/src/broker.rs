@@ -970,6 +970,13 @@ impl Broker {
         self.metrics.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
         self.metrics.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
+        // One statvfs: cheap enough for every scrape.
+        match fs4::available_space(&self.config.data_dir) {
+            Ok(free) => {
+                self.metrics.data_dir_available_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
+            }
+            Err(_) => self.metrics.error("metrics", "snapshot"),
+        }
     }
 
     /// Whether the WAL latched a failure.

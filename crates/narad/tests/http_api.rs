@@ -303,6 +303,13 @@ fn health_metrics_and_unknown_routes() {
     ] {
         assert!(m.contains(name), "missing {name} in\n{m}");
     }
+    let free: u64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_data_dir_available_bytes "))
+        .expect("narad_data_dir_available_bytes is exported")
+        .parse()
+        .unwrap();
+    assert!(free > 0, "the data dir's free space is measured, not a constant 0");
     let r = s.get("/nope");
     assert_eq!(r.status(), 404);
     assert_eq!(r.text().unwrap(), "404 page not found\n");
