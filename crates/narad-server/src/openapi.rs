@@ -314,6 +314,32 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The batch ack answer is written by hand: it must decode into the
+    /// documented `AckResults` (unknown fields refused).
+    #[tokio::test]
+    async fn a_batch_ack_answer_has_the_documented_shape() {
+        let dir = std::env::temp_dir().join(format!("narad-openapi-ack-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = state(&dir).await;
+        let router = crate::server::router(s.clone());
+        let send = |method: Method, uri: &str, body: &str| {
+            let req = Request::builder().method(method).uri(uri).body(Body::from(body.to_owned()));
+            router.clone().call(req.unwrap())
+        };
+        let created = send(Method::POST, "/v1/topics", r#"{"name":"acks"}"#).await.unwrap();
+        assert_eq!(created.status(), StatusCode::CREATED);
+        let body = r#"{"receipt_handles":["0:0:1","bad"]}"#;
+        let r = send(Method::POST, "/v1/topics/acks/ack", body).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let bytes = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
+        let results: crate::routes::consume::AckResults = serde_json::from_slice(&bytes).unwrap();
+        let statuses: Vec<u16> = results.results.iter().map(|r| r.status).collect();
+        assert_eq!(statuses, vec![410, 400], "{}", String::from_utf8_lossy(&bytes));
+        assert!(results.results.iter().all(|r| r.error.is_some()));
+        s.broker.shutdown().await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn the_document_is_openapi_3_and_errors_have_one_shape() {
         let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
