@@ -640,9 +640,9 @@ mod tests {
 
     /// A zstd frame whose header claims far more uncompressed bytes than
     /// its zstd payload holds made `decode_records` allocate the claimed
-    /// size (up to 256 MiB) before zstd could fail (found by the log_frame
-    /// fuzz target's CRC fix-up). The zstd frame's own header must now
-    /// agree first.
+    /// size (up to 256 MiB) before zstd could fail (seen while writing the
+    /// log_frame fuzz target, whose CRC fix-up reaches it). The zstd
+    /// frame's own header must now agree first.
     #[test]
     fn a_zstd_frame_disagreeing_with_its_header_fails_before_allocating() {
         let mut f = golden_payload(1).finish(42, Codec::Zstd { level: 3 }).unwrap();

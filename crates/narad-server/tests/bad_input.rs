@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 const MUTATIONS_PER_INPUT: usize = 64;
 /// Mutated inputs at least, however small the corpus.
 const MIN_MUTATIONS: usize = 4_000;
+/// Mutated inputs at most, however large the corpus (keeps it to seconds).
+const MAX_MUTATIONS: usize = 60_000;
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target)
@@ -119,7 +121,7 @@ fn survives_corpus_and_mutations(target: &str) {
         run(input);
     }
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ target.len() as u64);
-    let n = (inputs.len() * MUTATIONS_PER_INPUT).max(MIN_MUTATIONS);
+    let n = (inputs.len() * MUTATIONS_PER_INPUT).clamp(MIN_MUTATIONS, MAX_MUTATIONS);
     for i in 0..n {
         let mutated = mutate(&mut rng, &inputs[i % inputs.len()], &inputs);
         run(&mutated);
