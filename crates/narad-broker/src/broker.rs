@@ -923,13 +923,8 @@ impl Broker {
 
     /// Refreshes the gauges (every 5 s in the background).
     pub fn poll_metrics(&self) {
+        self.poll_cheap_gauges();
         let m = &self.metrics;
-        let snap = self.meta.snapshot();
-        m.topics.set(snap.topic_count() as i64);
-        m.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
-        m.open_partition_logs.set(self.topics.open_logs() as i64);
-        m.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
-        m.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         for rt in self.topics.all() {
             for part in rt.open_partitions() {
                 let l = PartitionLabels::new(&rt.name, part.index);

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use common::{Server, payload_bytes};
+use common::{Server, assert_none_lost, payload_bytes};
 use narad_fs::SimRng;
 use serde_json::{Value, json};
 
@@ -184,7 +184,6 @@ fn no_202_is_lost_across_repeated_crashes() {
     }
     let acked = shared.acked.lock().unwrap();
     let delivered = shared.delivered.lock().unwrap();
-    let lost: Vec<&String> = acked.iter().filter(|id| !delivered.contains(*id)).collect();
     let deliveries = shared.deliveries.load(Ordering::Relaxed);
     eprintln!(
         "crash loop: {} cycles in {:.1?} ({kills} SIGKILL mid-stream, {shutdown_kills} during shutdown, {startup_kills} during start-up); \
@@ -197,11 +196,5 @@ fn no_202_is_lost_across_repeated_crashes() {
         deliveries as f64 / delivered.len().max(1) as f64 - 1.0
     );
     assert!(acked.len() > 100, "the load barely ran");
-    assert!(
-        lost.is_empty(),
-        "{} of {} acked messages lost, e.g. {:?}",
-        lost.len(),
-        acked.len(),
-        &lost[..lost.len().min(5)]
-    );
+    assert_none_lost("crash loop", acked.iter().cloned(), &delivered);
 }

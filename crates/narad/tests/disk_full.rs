@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Server, payload_bytes, temp_dir};
+use common::{Server, assert_none_lost, temp_dir};
 
 struct Mount(PathBuf);
 
@@ -114,13 +114,6 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
             seen.insert(id);
         }
     }
-    let lost: Vec<&u32> = acked.iter().filter(|i| !seen.contains(i)).collect();
-    assert!(
-        lost.is_empty(),
-        "{} acked messages lost after the disk filled: {:?}",
-        lost.len(),
-        &lost[..lost.len().min(5)]
-    );
-    let _ = payload_bytes;
+    assert_none_lost("after the disk filled", acked.iter().copied(), &seen);
     drop(s);
 }

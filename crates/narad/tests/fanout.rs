@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Server, assert_none_lost};
 use serde_json::json;
 
 fn drain_ids(s: &Server, topic: &str, want: usize) -> HashSet<String> {
@@ -49,14 +49,7 @@ fn sigkill_mid_fan_out_loses_nothing_in_any_child() {
     s.restart();
     for child in ["a", "b"] {
         let got = drain_ids(&s, child, sent.len());
-        let missing: Vec<&String> = sent.iter().filter(|id| !got.contains(*id)).collect();
-        assert!(
-            missing.is_empty(),
-            "{child}: {} of {} missing, e.g. {:?}",
-            missing.len(),
-            sent.len(),
-            &missing[..missing.len().min(3)]
-        );
+        assert_none_lost(child, sent.iter().cloned(), &got);
     }
     let parent = drain_ids(&s, "parent", sent.len());
     assert_eq!(parent.len(), sent.len(), "the parent's own consumers still get everything");

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Server, payload_bytes};
+use common::{Server, assert_none_lost};
 use serde_json::json;
 
 #[test]
@@ -71,14 +71,7 @@ fn every_message_that_got_a_202_survives_sigkill() {
         seen.insert(v["id"].as_str().unwrap().to_owned());
         deliveries += 1;
     }
-    let lost: Vec<&String> = acked.iter().filter(|id| !seen.contains(*id)).collect();
-    assert!(
-        lost.is_empty(),
-        "{} of {} acked messages lost, e.g. {:?}",
-        lost.len(),
-        acked.len(),
-        &lost[..lost.len().min(5)]
-    );
+    assert_none_lost("kill9", acked.iter().cloned(), &seen);
     eprintln!(
         "kill9: {} acked, {} distinct delivered, {} deliveries (duplicates {:.3}%)",
         acked.len(),
@@ -86,5 +79,4 @@ fn every_message_that_got_a_202_survives_sigkill() {
         deliveries,
         100.0 * (deliveries - seen.len()) as f64 / seen.len().max(1) as f64
     );
-    let _ = payload_bytes; // shared helper
 }

@@ -413,3 +413,21 @@ pub fn run_cli(args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> (i3
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Fails, naming a few, if any acknowledged id was never delivered: the
+/// one promise every crash test checks. `what` says where (a test, a child).
+pub fn assert_none_lost<T, I>(what: &str, acked: I, delivered: &std::collections::HashSet<T>)
+where
+    T: std::hash::Hash + Eq + std::fmt::Debug,
+    I: IntoIterator<Item = T>,
+{
+    let acked: Vec<T> = acked.into_iter().collect();
+    let lost: Vec<&T> = acked.iter().filter(|id| !delivered.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{what}: {} of {} acked messages lost, e.g. {:?}",
+        lost.len(),
+        acked.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
