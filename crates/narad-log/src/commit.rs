@@ -7,10 +7,15 @@
 //! A caller queues its batch and parks. If no cycle is running, it becomes
 //! the leader instead: it drains the queue (whole batches, oldest first, up
 //! to the drain bounds) and runs the cycle on its own thread. When the cycle
-//! ends it files every drained batch's outcome, wakes the callers of the
-//! finished cycle, and hands the lead to the caller of the oldest batch
-//! still queued (if any). A caller returns only with its own batch's
-//! outcome.
+//! ends it files every drained batch's outcome, hands the lead to the caller
+//! of the oldest batch still queued (if any), and wakes the waiting callers.
+//! A caller returns only with its own batch's outcome.
+//!
+//! Waiting callers sleep on one futex word, the combiner's epoch, which the
+//! end of every cycle bumps and wakes with a single `wake_all`: one system
+//! call per cycle instead of one `unpark` per caller, during which the
+//! leader was preempted by each caller it woke. A queued caller woken this
+//! way that neither has an outcome nor the lead goes back to sleep.
 //!
 //! Before draining, a new leader lingers while callers of the previous cycle
 //! have not yet collected their outcomes (at most
@@ -42,7 +47,7 @@
 //! retried).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -80,9 +85,6 @@ struct Queued {
     id: u64,
     records: Vec<CommitRecord>,
     bytes: u64,
-    /// The caller, parked until its outcome is filed or it is handed the
-    /// lead.
-    thread: Thread,
 }
 
 #[derive(Debug, Default)]
@@ -102,15 +104,17 @@ struct CombinerState {
 #[derive(Debug, Default)]
 pub(crate) struct Combiner {
     state: Mutex<CombinerState>,
+    /// The futex word waiting callers sleep on: bumped (under `state`'s
+    /// lock) and woken at the end of every cycle.
+    epoch: AtomicU32,
 }
 
 /// Ends a cycle, even one that panicked: files an outcome for every drained
 /// batch, hands the lead to the oldest queued batch's caller, and wakes the
-/// callers of the cycle, then the next leader. Only those threads are woken:
-/// no thundering herd.
+/// waiting callers with one `wake_all`.
 struct LeaderGuard<'a> {
     combiner: &'a Combiner,
-    callers: Vec<(u64, Thread)>,
+    callers: Vec<u64>,
     outcomes: Option<Vec<Outcome>>,
 }
 
@@ -120,29 +124,24 @@ impl Drop for LeaderGuard<'_> {
         let mut st = lock(&self.combiner.state);
         match outcomes {
             Some(outcomes) => {
-                for ((id, _), o) in self.callers.iter().zip(outcomes) {
+                for (id, o) in self.callers.iter().zip(outcomes) {
                     st.done.insert(*id, o);
                 }
             }
             None => {
-                for (id, _) in &self.callers {
+                for id in &self.callers {
                     st.done.insert(*id, Err(LogError::CyclePanicked));
                 }
             }
         }
-        let next = st.queue.front().map(|q| (q.id, q.thread.clone()));
-        st.handoff = next.as_ref().map(|(id, _)| *id);
+        let next = st.queue.front().map(|q| q.id);
+        st.handoff = next;
         st.leading = next.is_some();
+        // Bumped under the lock: a caller that read the epoch under the lock
+        // before this either sees the new value or is woken below.
+        self.combiner.epoch.fetch_add(1, Ordering::Release);
         drop(st);
-        let me = std::thread::current().id();
-        for (_, t) in &self.callers {
-            if t.id() != me {
-                t.unpark();
-            }
-        }
-        if let Some((_, t)) = next {
-            t.unpark();
-        }
+        atomic_wait::wake_all(&self.combiner.epoch);
     }
 }
 
@@ -253,17 +252,18 @@ impl PartitionLog {
         let mut st = lock(&c.state);
         let id = st.next_id;
         st.next_id += 1;
-        st.queue.push_back(Queued { id, records, bytes, thread: std::thread::current() });
+        st.queue.push_back(Queued { id, records, bytes });
         loop {
             if let Some(outcome) = take_outcome(&mut st, id) {
                 return outcome;
             }
             let my_turn = if st.leading { st.handoff == Some(id) } else { true };
             if !my_turn {
+                let epoch = c.epoch.load(Ordering::Acquire);
                 drop(st);
-                // Woken when our outcome is filed or the lead is handed to
-                // us; a spurious wake-up just loops.
-                std::thread::park();
+                // Returns when a cycle ends after the epoch was read (at once
+                // if one already has); a spurious wake-up just loops.
+                atomic_wait::wait(&c.epoch, epoch);
                 st = lock(&c.state);
                 continue;
             }
@@ -274,7 +274,7 @@ impl PartitionLog {
             drop(st);
             let mut guard = LeaderGuard {
                 combiner: c,
-                callers: drained.iter().map(|q| (q.id, q.thread.clone())).collect(),
+                callers: drained.iter().map(|q| q.id).collect(),
                 outcomes: None,
             };
             let (outcomes, advanced) = self.run_cycle(&drained);

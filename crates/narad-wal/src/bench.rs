@@ -7,6 +7,12 @@
 //!   `record_bytes`-byte payloads: appends/s, MB/s, records per sync and
 //!   append latency percentiles.
 //!
+//! The appenders are async tasks on a tokio runtime with one worker per
+//! core ([`Driver::Tasks`], the default), which is how the server drives the
+//! WAL: every produce handler is a task awaiting `append_async`. With
+//! [`Driver::Threads`] each appender is an OS thread blocked in `append`; on
+//! a small machine that measures mostly the cost of waking 64 threads.
+//!
 //! Figures, not assertions: nothing here fails because a disk is slow.
 
 use std::path::{Path, PathBuf};
@@ -19,6 +25,27 @@ use narad_fs::{Fs, OpenMode, RealFs};
 
 use crate::record::RecordRef;
 use crate::wal::Wal;
+
+/// What the concurrent appenders are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// Async tasks awaiting `append_async` on a tokio runtime with one
+    /// worker thread per core, as the server's produce handlers do.
+    #[default]
+    Tasks,
+    /// One OS thread per appender, blocked in `append`.
+    Threads,
+}
+
+impl Driver {
+    /// The driver's name, as `--driver` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Driver::Tasks => "tasks",
+            Driver::Threads => "threads",
+        }
+    }
+}
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -33,6 +60,8 @@ pub struct DiskBenchOptions {
     pub seconds: f64,
     /// Duration of each raw-disk probe.
     pub probe_seconds: f64,
+    /// What the appenders are.
+    pub driver: Driver,
 }
 
 /// The figures.
@@ -64,6 +93,9 @@ pub struct DiskBenchReport {
     pub appenders: usize,
     /// Payload bytes per record.
     pub record_bytes: usize,
+    /// OS threads the appenders ran on: the runtime's workers for
+    /// [`Driver::Tasks`], one per appender for [`Driver::Threads`].
+    pub appender_os_threads: usize,
 }
 
 impl DiskBenchReport {
@@ -83,6 +115,7 @@ impl DiskBenchReport {
             ("wal_sync_busy", self.wal_sync_busy),
             ("appenders", self.appenders as f64),
             ("record_bytes", self.record_bytes as f64),
+            ("appender_os_threads", self.appender_os_threads as f64),
         ]
     }
 }
@@ -145,45 +178,14 @@ fn run_in(
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
 
     let wal = Arc::new(Wal::open(fs.clone(), scratch.join("wal"))?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let payload = vec![b'x'; opts.record_bytes];
     let before = wal.stats();
     let start = Instant::now();
-    let mut handles = Vec::new();
-    for t in 0..opts.appenders.max(1) {
-        let (wal, stop, payload) = (wal.clone(), stop.clone(), payload.clone());
-        handles.push(std::thread::spawn(move || -> Result<(u64, Histogram<u64>), String> {
-            let mut hist =
-                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
-            let key = format!("k{t}");
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let rec = RecordRef {
-                    topic: "bench",
-                    incarnation: Some(1),
-                    key: Some(key.as_bytes()),
-                    partition: t as u32 % 3,
-                    accepted_at_ms: 0,
-                    payload: &payload,
-                };
-                let t0 = Instant::now();
-                wal.append(&rec).map_err(|e| e.to_string())?;
-                hist.saturating_record(t0.elapsed().as_micros() as u64);
-                n += 1;
-            }
-            Ok((n, hist))
-        }));
-    }
-    std::thread::sleep(Duration::from_secs_f64(opts.seconds));
-    stop.store(true, Ordering::Relaxed);
-    let mut total = 0u64;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    for h in handles {
-        let (n, part) = h.join().map_err(|_| "appender thread panicked")??;
-        total += n;
-        hist.add(part)?;
-    }
+    let outcome = match opts.driver {
+        Driver::Tasks => drive_tasks(&wal, opts),
+        Driver::Threads => drive_threads(&wal, opts),
+    };
     let elapsed = start.elapsed().as_secs_f64();
+    let (total, hist, os_threads) = outcome?;
     let after = wal.stats();
     wal.close()?;
     let appends_per_sec = total as f64 / elapsed;
@@ -202,5 +204,116 @@ fn run_in(
         wal_sync_busy: (after.io_nanos - before.io_nanos) as f64 / 1e9 / elapsed,
         appenders: opts.appenders,
         record_bytes: opts.record_bytes,
+        appender_os_threads: os_threads,
     })
+}
+
+/// Appends done and their latencies (µs).
+type Tally = (u64, Histogram<u64>);
+
+fn histogram() -> Result<Histogram<u64>, String> {
+    Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())
+}
+
+/// The record appender `t` writes: keyed, spread over three partitions.
+fn record<'a>(key: &'a str, t: usize, payload: &'a [u8]) -> RecordRef<'a> {
+    RecordRef {
+        topic: "bench",
+        incarnation: Some(1),
+        key: Some(key.as_bytes()),
+        partition: t as u32 % 3,
+        accepted_at_ms: 0,
+        payload,
+    }
+}
+
+/// Sums the appenders' counts and latency histograms.
+fn merge(parts: Vec<Result<Tally, String>>) -> Result<Tally, Box<dyn std::error::Error>> {
+    let mut total = 0u64;
+    let mut hist = histogram()?;
+    for part in parts {
+        let (n, h) = part?;
+        total += n;
+        hist.add(h)?;
+    }
+    Ok((total, hist))
+}
+
+/// One OS thread per appender, blocked in `append`. Returns the tally and
+/// the threads used.
+fn drive_threads(
+    wal: &Arc<Wal>,
+    opts: &DiskBenchOptions,
+) -> Result<(u64, Histogram<u64>, usize), Box<dyn std::error::Error>> {
+    let appenders = opts.appenders.max(1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let payload: Arc<[u8]> = vec![b'x'; opts.record_bytes].into();
+    let mut handles = Vec::new();
+    for t in 0..appenders {
+        let (wal, stop, payload) = (wal.clone(), stop.clone(), payload.clone());
+        handles.push(std::thread::spawn(move || -> Result<Tally, String> {
+            let mut hist = histogram()?;
+            let key = format!("k{t}");
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                wal.append(&record(&key, t, &payload)).map_err(|e| e.to_string())?;
+                hist.saturating_record(t0.elapsed().as_micros() as u64);
+                n += 1;
+            }
+            Ok((n, hist))
+        }));
+    }
+    std::thread::sleep(Duration::from_secs_f64(opts.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let parts = handles
+        .into_iter()
+        .map(|h| h.join().unwrap_or_else(|_| Err("appender thread panicked".to_string())))
+        .collect();
+    let (total, hist) = merge(parts)?;
+    Ok((total, hist, appenders))
+}
+
+/// Async tasks awaiting `append_async` on a runtime with one worker per
+/// core. Returns the tally and the worker threads used.
+fn drive_tasks(
+    wal: &Arc<Wal>,
+    opts: &DiskBenchOptions,
+) -> Result<(u64, Histogram<u64>, usize), Box<dyn std::error::Error>> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_time()
+        .build()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let payload: Arc<[u8]> = vec![b'x'; opts.record_bytes].into();
+    let parts = rt.block_on(async {
+        let mut handles = Vec::new();
+        for t in 0..opts.appenders.max(1) {
+            let (wal, stop, payload) = (wal.clone(), stop.clone(), payload.clone());
+            handles.push(tokio::spawn(async move {
+                let mut hist = histogram()?;
+                let key = format!("k{t}");
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    let pending =
+                        wal.append_async(&record(&key, t, &payload)).map_err(|e| e.to_string())?;
+                    pending.await.map_err(|e| e.to_string())?;
+                    hist.saturating_record(t0.elapsed().as_micros() as u64);
+                    n += 1;
+                }
+                Ok::<Tally, String>((n, hist))
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs_f64(opts.seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut parts = Vec::new();
+        for h in handles {
+            parts.push(h.await.unwrap_or_else(|e| Err(format!("appender task failed: {e}"))));
+        }
+        parts
+    });
+    let (total, hist) = merge(parts)?;
+    Ok((total, hist, workers))
 }

@@ -128,9 +128,22 @@ pub struct DiskArgs {
     /// Seconds of each raw-disk probe (fdatasync, dsync).
     #[arg(long, default_value_t = 2.0)]
     pub probe_seconds: f64,
+    /// What the appenders are: async tasks on one worker per core, as the
+    /// server's produce handlers (tasks), or one OS thread each (threads).
+    #[arg(long, value_enum, default_value_t = DiskDriver::Tasks)]
+    pub driver: DiskDriver,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--driver` of `narad bench disk`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiskDriver {
+    /// Async tasks awaiting `append_async`, one runtime worker per core.
+    Tasks,
+    /// One OS thread per appender, blocked in `append`.
+    Threads,
 }
 
 fn unsend(e: load::BoxError) -> Box<dyn std::error::Error> {
@@ -150,6 +163,10 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 record_bytes: a.record_bytes,
                 seconds: a.seconds,
                 probe_seconds: a.probe_seconds,
+                driver: match a.driver {
+                    DiskDriver::Tasks => narad_wal::bench::Driver::Tasks,
+                    DiskDriver::Threads => narad_wal::bench::Driver::Threads,
+                },
             })?;
             print_figures("narad bench disk", &report.fields(), a.json);
             Ok(())
