@@ -138,6 +138,9 @@ pub struct Broker {
     shutting_down: AtomicBool,
     /// Long polls return at once (the HTTP layer is draining).
     draining: AtomicBool,
+    /// WAL segment preparations found failed by the last scrape (they are
+    /// counted as `narad_errors{component="ingress_wal",kind="prepare"}`).
+    prep_failures_seen: std::sync::atomic::AtomicU64,
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -217,6 +220,7 @@ impl Broker {
             stop: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            prep_failures_seen: std::sync::atomic::AtomicU64::new(0),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -963,6 +967,11 @@ impl Broker {
         self.metrics.topics.set(snap.topic_count() as i64);
         self.metrics.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
         self.metrics.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
+        let failures = self.wal.stats().prep_failures;
+        let seen = self.prep_failures_seen.swap(failures, Ordering::Relaxed);
+        for _ in seen..failures {
+            self.metrics.error("ingress_wal", "prepare");
+        }
         self.metrics.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
         // One statvfs: cheap enough for every scrape.

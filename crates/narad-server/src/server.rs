@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub topic_defaults: TopicDefaults,
     /// Partition log settings.
     pub log: LogConfig,
+    /// Ingress WAL settings (`storage.ingress_wal_prealloc`).
+    pub wal: WalOptions,
     /// The long-poll ceiling.
     pub max_consume_wait: Duration,
     /// How long shutdown waits for in-flight requests.
@@ -91,6 +93,7 @@ impl ServerConfig {
             },
             topic_defaults: c.topic.clone(),
             log: c.log_config(),
+            wal: WalOptions { prealloc: c.storage.ingress_wal_prealloc, ..WalOptions::default() },
             max_consume_wait: c.http.max_consume_wait,
             shutdown_grace: c.http.shutdown_grace,
             security_enabled: c.security.enabled,
@@ -184,7 +187,7 @@ pub async fn run(
             advertised_addr: local.to_string(),
             topic_defaults: config.topic_defaults.clone(),
             log: config.log.clone(),
-            wal: WalOptions::default(),
+            wal: config.wal,
         },
         RealFs::shared(),
         SystemClock::shared(),

@@ -24,7 +24,7 @@ use hdrhistogram::Histogram;
 use narad_fs::{Fs, OpenMode, RealFs};
 
 use crate::record::RecordRef;
-use crate::wal::Wal;
+use crate::wal::{Wal, WalOptions};
 
 /// What the concurrent appenders are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,6 +62,8 @@ pub struct DiskBenchOptions {
     pub probe_seconds: f64,
     /// What the appenders are.
     pub driver: Driver,
+    /// Run the WAL with segment preparation (`storage.ingress_wal_prealloc`).
+    pub prealloc: bool,
 }
 
 /// The figures.
@@ -96,6 +98,10 @@ pub struct DiskBenchReport {
     /// OS threads the appenders ran on: the runtime's workers for
     /// [`Driver::Tasks`], one per appender for [`Driver::Threads`].
     pub appender_os_threads: usize,
+    /// Whether segment preparation was on.
+    pub prealloc: bool,
+    /// Segment rolls during the run that renamed in a prepared segment.
+    pub wal_prepared_rolls: u64,
 }
 
 impl DiskBenchReport {
@@ -116,6 +122,8 @@ impl DiskBenchReport {
             ("appenders", self.appenders as f64),
             ("record_bytes", self.record_bytes as f64),
             ("appender_os_threads", self.appender_os_threads as f64),
+            ("prealloc", if self.prealloc { 1.0 } else { 0.0 }),
+            ("wal_prepared_rolls", self.wal_prepared_rolls as f64),
         ]
     }
 }
@@ -177,7 +185,11 @@ fn run_in(
     let fdatasync = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
 
-    let wal = Arc::new(Wal::open(fs.clone(), scratch.join("wal"))?);
+    let wal = Arc::new(Wal::open_with(
+        fs.clone(),
+        scratch.join("wal"),
+        WalOptions { prealloc: opts.prealloc, ..WalOptions::default() },
+    )?);
     let before = wal.stats();
     let start = Instant::now();
     let outcome = match opts.driver {
@@ -205,6 +217,8 @@ fn run_in(
         appenders: opts.appenders,
         record_bytes: opts.record_bytes,
         appender_os_threads: os_threads,
+        prealloc: opts.prealloc,
+        wal_prepared_rolls: after.prepared_rolls - before.prepared_rolls,
     })
 }
 

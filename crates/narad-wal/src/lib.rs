@@ -22,6 +22,7 @@ mod error;
 pub mod frame;
 mod group;
 pub mod limits;
+pub mod prep;
 mod reader;
 pub mod record;
 pub mod recovery;

@@ -201,7 +201,8 @@ pub(crate) fn read_image(
     segment_bytes: u64,
 ) -> Result<Bytes, WalError> {
     let len = file.len().map_err(|e| WalError::io("stat segment", path, e))?;
-    let max = segment_bytes.max(SEGMENT_BYTES);
+    // A prepared last segment is a whole segment plus its trailer.
+    let max = segment_bytes.max(SEGMENT_BYTES) + crate::prep::PREP_TRAILER_BYTES;
     if len > max {
         return Err(WalError::Corrupt {
             path: path.to_path_buf(),

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use narad_fs::FileRef;
@@ -30,6 +30,9 @@ pub(crate) struct Segment {
     end_seq: AtomicU64,
     /// (seq, offset) pairs, ascending, at least `INDEX_STRIDE_BYTES` apart.
     index: Mutex<Vec<(u64, u64)>>,
+    /// The file is a prepared segment (zeros and a trailer past its frames,
+    /// see [`crate::prep`]): sealing it must cut it to its data.
+    prepared: AtomicBool,
 }
 
 impl Segment {
@@ -41,7 +44,18 @@ impl Segment {
             durable_len: AtomicU64::new(header_len),
             end_seq: AtomicU64::new(base),
             index: Mutex::new(Vec::new()),
+            prepared: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the file still extends past its frames with zeros and a
+    /// preparation trailer.
+    pub(crate) fn is_prepared(&self) -> bool {
+        self.prepared.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_prepared(&self, prepared: bool) {
+        self.prepared.store(prepared, Ordering::Release);
     }
 
     pub(crate) fn durable_len(&self) -> u64 {

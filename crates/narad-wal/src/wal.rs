@@ -12,6 +12,9 @@
 //!   appenders staged, writes it (one `pwrite` per segment touched), syncs
 //!   it, advances the durable frontier, and completes the group. It wakes on
 //!   every append (only when parked) and every 10 ms.
+//! * The *prep thread* (only with [`WalOptions::prealloc`]) writes out the
+//!   next segment in advance (see [`crate::prep`]) once the active one is
+//!   half full; the sync thread renames it in at the roll.
 //! * The *checkpoint thread* makes stored checkpoints durable within
 //!   250 ms (one `fdatasync` per burst), then compacts behind the synced
 //!   value: it deletes segments whose records are all below it, and asks for
@@ -45,6 +48,7 @@ use crate::limits::{
     GATHER_MIN_GROUP, MAX_RECORD_BYTES, ROTATE_DISPATCHED_ACTIVE_BYTES, SEGMENT_BYTES,
     SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
 };
+use crate::prep;
 use crate::reader::WalReader;
 use crate::record::RecordError;
 use crate::record::RecordRef;
@@ -73,6 +77,10 @@ pub struct WalOptions {
     pub checkpoint_sync_delay: Duration,
     /// How often the background looks for compaction work when idle.
     pub compaction_interval: Duration,
+    /// Prepare each next segment in advance, zero-filled to its full size
+    /// (`storage.ingress_wal_prealloc`, off by default): group commits then
+    /// overwrite allocated blocks instead of growing the file.
+    pub prealloc: bool,
 }
 
 impl Default for WalOptions {
@@ -83,6 +91,7 @@ impl Default for WalOptions {
             rotate_dispatched_active_bytes: ROTATE_DISPATCHED_ACTIVE_BYTES,
             checkpoint_sync_delay: CHECKPOINT_SYNC_DELAY,
             compaction_interval: COMPACTION_INTERVAL,
+            prealloc: false,
         }
     }
 }
@@ -119,6 +128,11 @@ pub struct WalStats {
     pub segments_compacted: u64,
     /// Nanoseconds the sync thread spent writing and fdatasyncing.
     pub io_nanos: u64,
+    /// Rolls that renamed in a prepared segment.
+    pub prepared_rolls: u64,
+    /// Segment preparations that failed (the roll then creates an empty
+    /// segment, as without preparation).
+    pub prep_failures: u64,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +142,21 @@ struct Counters {
     records: AtomicU64,
     bytes: AtomicU64,
     segments_compacted: AtomicU64,
+    prepared_rolls: AtomicU64,
+    prep_failures: AtomicU64,
+}
+
+/// The prepared next segment, between the prep thread and the sync thread.
+#[derive(Debug, Default)]
+struct Spare {
+    /// A durable prepared file, ready to be renamed in.
+    ready: Option<narad_fs::FileRef>,
+    /// The sync thread asked for one and the prep thread has not answered.
+    wanted: bool,
+    /// Asked once for the current active segment (reset at each roll), so
+    /// a failing disk is not asked again and again.
+    asked: bool,
+    closing: bool,
 }
 
 #[derive(Debug)]
@@ -157,6 +186,8 @@ pub(crate) struct Shared {
     pub(crate) segments: SegmentMap,
     checkpoint: Mutex<Checkpoint>,
     checkpoint_cv: Condvar,
+    spare: Mutex<Spare>,
+    spare_cv: Condvar,
     /// Serializes checkpoint flushes (background and explicit).
     checkpoint_sync: Mutex<()>,
     counters: Counters,
@@ -239,6 +270,8 @@ impl Wal {
                 closing: false,
             }),
             checkpoint_cv: Condvar::new(),
+            spare: Mutex::new(Spare::default()),
+            spare_cv: Condvar::new(),
             checkpoint_sync: Mutex::new(()),
             counters: Counters::default(),
             options,
@@ -253,7 +286,12 @@ impl Wal {
         };
         let t1 = spawn("wal-sync", Box::new(move || sync_loop(&s1)))?;
         let t2 = spawn("wal-checkpoint", Box::new(move || checkpoint_loop(&s2)))?;
-        Ok(Wal { shared, threads: Mutex::new(vec![t1, t2]) })
+        let mut threads = vec![t1, t2];
+        if shared.options.prealloc {
+            let s3 = shared.clone();
+            threads.push(spawn("wal-prep", Box::new(move || prep_loop(&s3)))?);
+        }
+        Ok(Wal { shared, threads: Mutex::new(threads) })
     }
 
     /// The WAL's directory.
@@ -480,7 +518,15 @@ impl Wal {
             bytes: c.bytes.load(Ordering::Relaxed),
             segments_compacted: c.segments_compacted.load(Ordering::Relaxed),
             io_nanos: c.io_nanos.load(Ordering::Relaxed),
+            prepared_rolls: c.prepared_rolls.load(Ordering::Relaxed),
+            prep_failures: c.prep_failures.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether a prepared next segment is ready to be renamed in at the
+    /// next roll (always false without [`WalOptions::prealloc`]).
+    pub fn spare_ready(&self) -> bool {
+        lock(&self.shared.spare).ready.is_some()
     }
 
     /// Runs one compaction pass now (it also runs in the background).
@@ -515,6 +561,11 @@ impl Wal {
             let mut ck = lock(&self.shared.checkpoint);
             ck.closing = true;
             self.shared.checkpoint_cv.notify_all();
+        }
+        {
+            let mut spare = lock(&self.shared.spare);
+            spare.closing = true;
+            self.shared.spare_cv.notify_all();
         }
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
@@ -553,6 +604,11 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         .filter_map(|e| parse_segment_file_name(&e.name))
         .collect();
     bases.sort_unstable();
+    let prep = prep::prep_path(dir);
+    if entries.iter().any(|e| !e.is_dir && e.name == prep::PREP_FILE_NAME) {
+        // Possibly half written; a fresh one is prepared when needed.
+        fs.remove_file(&prep).map_err(|e| WalError::io("remove prepared segment", &prep, e))?;
+    }
     let mut segments = BTreeMap::new();
     if bases.is_empty() {
         let start = match CheckpointFile::read(fs, dir) {
@@ -580,9 +636,34 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
             .open(&path, OpenMode::Existing)
             .map_err(|e| WalError::io("open segment", &path, e))?;
         let image = recovery::read_image(&*file, &path, options.segment_bytes)?;
+        // Only the last segment may be a prepared one (a sealed segment was
+        // cut to its data before its successor existed); its frames end
+        // before the trailer's limit.
+        let limit = if last { prep::prepared_limit(&image) } else { None };
+        let body = match limit {
+            Some(limit) => image.slice(..limit as usize),
+            None => image.clone(),
+        };
+        let image = body;
         let scan = recovery::scan(&image, base);
         let mut valid_len = scan.valid_len;
-        if let Some((offset, damage)) = scan.damage {
+        let mut prepared = limit.is_some();
+        let clean_prepared_tail = prepared
+            && scan
+                .damage
+                .is_some_and(|(offset, _)| image[offset as usize..].iter().all(|&b| b == 0));
+        if clean_prepared_tail {
+            // Zeros from the last good frame to the trailer: the normal state
+            // of a prepared active segment. If even the segment header is
+            // zeros, the roll renamed the file in but never synced a write:
+            // nothing in it was acked.
+            if let Some((0, recovery::Damage::SegmentHeader)) = scan.damage {
+                file.write_all_at(&segment_header(base), 0)
+                    .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
+                file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
+                valid_len = SEGMENT_HEADER_BYTES;
+            }
+        } else if let Some((offset, damage)) = scan.damage {
             let expected = scan.next_seq;
             let behind = if last {
                 recovery::look_behind(&image, offset, expected)
@@ -612,6 +693,10 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
                         dropped_bytes = scan.file_len - offset,
                         "truncating torn tail of the last ingress WAL segment (never acked)"
                     );
+                    // Cutting also drops a preparation trailer: the segment
+                    // is an ordinary one from now on, so no stale frame of
+                    // the torn write past the cut can ever be read as new.
+                    prepared = false;
                     if damage == recovery::Damage::SegmentHeader {
                         file.set_len(0).map_err(|e| WalError::io("truncate segment", &path, e))?;
                         file.write_all_at(&segment_header(base), 0)
@@ -627,6 +712,7 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
             }
         }
         let seg = Segment::new(base, path, file, valid_len);
+        seg.set_prepared(prepared);
         for &(seq, off) in &scan.index {
             seg.note_index(seq, off);
         }
@@ -765,12 +851,33 @@ fn sync_loop(shared: &Shared) {
 fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
     for chunk in chunks {
         let segment = if chunk.create {
+            seal_predecessor(shared, chunk.segment)?;
             let path = shared.dir.join(segment_file_name(chunk.segment));
-            let file = shared
-                .fs
-                .open(&path, OpenMode::CreateNew)
-                .map_err(|e| latched("create segment", &path, e))?;
+            let spare = {
+                let mut spare = lock(&shared.spare);
+                spare.asked = false;
+                spare.ready.take()
+            };
+            let (file, prepared) = match spare {
+                Some(file) => {
+                    // Durable when it returns (both directories synced).
+                    shared
+                        .fs
+                        .rename(&prep::prep_path(&shared.dir), &path)
+                        .map_err(|e| latched("rename prepared segment", &path, e))?;
+                    shared.counters.prepared_rolls.fetch_add(1, Ordering::Relaxed);
+                    (file, true)
+                }
+                None => {
+                    let file = shared
+                        .fs
+                        .open(&path, OpenMode::CreateNew)
+                        .map_err(|e| latched("create segment", &path, e))?;
+                    (file, false)
+                }
+            };
             let seg = Arc::new(Segment::new(chunk.segment, path, file, 0));
+            seg.set_prepared(prepared);
             shared
                 .segments
                 .write()
@@ -789,6 +896,7 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
         let frames_at = if chunk.create { SEGMENT_HEADER_BYTES } else { chunk.offset };
         let end = chunk.offset + chunk.bytes.len() as u64;
         segment.publish(chunk.first_seq, frames_at, chunk.end_seq, end);
+        want_spare(shared, end);
         let records = chunk.end_seq - chunk.first_seq;
         if records > 0 {
             let c = &shared.counters;
@@ -807,6 +915,66 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
         }
     }
     Ok(())
+}
+
+/// Before segment `next` is created: if its predecessor is a prepared
+/// segment, cut it to its frames and sync that, so a sealed segment never
+/// carries zeros or a trailer.
+fn seal_predecessor(shared: &Shared, next: u64) -> Result<(), WalError> {
+    let prev = {
+        let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
+        segs.range(..next).next_back().map(|(_, s)| s.clone())
+    };
+    if let Some(prev) = prev.filter(|s| s.is_prepared()) {
+        prev.file
+            .set_len(prev.durable_len())
+            .map_err(|e| latched("cut prepared segment", &prev.path, e))?;
+        prev.file.sync_data().map_err(|e| latched("fdatasync", &prev.path, e))?;
+        prev.set_prepared(false);
+    }
+    Ok(())
+}
+
+/// After a flush that left the active segment at `active_len` bytes: once it
+/// is half full, ask the prep thread (once per segment) for the next one.
+fn want_spare(shared: &Shared, active_len: u64) {
+    if !shared.options.prealloc || active_len < shared.options.segment_bytes / 2 {
+        return;
+    }
+    let mut spare = lock(&shared.spare);
+    if !spare.asked && spare.ready.is_none() {
+        spare.asked = true;
+        spare.wanted = true;
+        shared.spare_cv.notify_one();
+    }
+}
+
+/// The prep thread: writes a prepared segment whenever the sync thread asks.
+fn prep_loop(shared: &Shared) {
+    loop {
+        {
+            let mut spare = lock(&shared.spare);
+            while !spare.wanted && !spare.closing {
+                spare = shared.spare_cv.wait(spare).unwrap_or_else(|p| p.into_inner());
+            }
+            if spare.closing {
+                return;
+            }
+        }
+        let outcome = prep::prepare(&*shared.fs, &shared.dir, shared.options.segment_bytes);
+        let mut spare = lock(&shared.spare);
+        spare.wanted = false;
+        match outcome {
+            Ok(file) => spare.ready = Some(file),
+            Err(e) => {
+                shared.counters.prep_failures.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    dir = %shared.dir.display(), error = %e,
+                    "preparing the next ingress WAL segment failed; the roll creates an empty one"
+                );
+            }
+        }
+    }
 }
 
 fn latched(op: &'static str, path: &Path, e: std::io::Error) -> WalError {

@@ -12,6 +12,7 @@ fn options(dir: &std::path::Path, driver: Driver) -> DiskBenchOptions {
         seconds: 0.3,
         probe_seconds: 0.1,
         driver,
+        prealloc: driver == Driver::Tasks,
     }
 }
 

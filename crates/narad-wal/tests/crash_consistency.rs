@@ -11,6 +11,8 @@
 //! * every record found was appended by someone (nothing invented);
 //! * the recovered checkpoint never passes a value that was stored.
 //!
+//! Half of the seeds run with segment preparation (`WalOptions::prealloc`).
+//!
 //! `NARAD_SEEDS=N` runs N seeds instead of the default 1,000.
 
 use std::collections::HashMap;
@@ -20,11 +22,15 @@ use std::sync::{Arc, Mutex};
 use narad_fs::{CrashMode, SimFs, SimRng};
 use narad_wal::{RecordRef, Wal, WalOptions};
 
-fn options() -> WalOptions {
+/// Half of the seeds run with segment preparation, so crashes also land
+/// around renames of prepared segments, overwrites of their zeros and the
+/// cut that seals them.
+fn options(seed: u64) -> WalOptions {
     WalOptions {
         segment_bytes: 16 << 10,
         max_record_bytes: 4 << 10,
         rotate_dispatched_active_bytes: 4 << 10,
+        prealloc: seed % 4 >= 2,
         ..WalOptions::default()
     }
 }
@@ -70,6 +76,10 @@ fn as_ref(e: &Expect) -> RecordRef<'_> {
     }
 }
 
+/// Rolls onto a prepared segment over every seed: the preparation half of
+/// the seeds must actually reach them.
+static PREPARED_ROLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn run_seed(seed: u64) {
     let mode = match seed % 3 {
         0 => CrashMode::DropUnsynced,
@@ -85,7 +95,7 @@ fn run_seed(seed: u64) {
     // a WAL that already recovered once.
     for life in 0..2 {
         let wal = Arc::new(
-            Wal::open_with(fs.shared(), &dir, options())
+            Wal::open_with(fs.shared(), &dir, options(seed))
                 .unwrap_or_else(|e| panic!("seed {seed} life {life}: reopen failed: {e}")),
         );
         if life > 0 {
@@ -153,11 +163,12 @@ fn run_seed(seed: u64) {
         for h in handles {
             h.join().unwrap_or_else(|_| panic!("seed {seed}: workload thread panicked"));
         }
+        PREPARED_ROLLS.fetch_add(wal.stats().prepared_rolls, std::sync::atomic::Ordering::Relaxed);
         let _ = wal.close();
         drop(wal);
         fs.crash(mode);
     }
-    let wal = Wal::open_with(fs.shared(), &dir, options())
+    let wal = Wal::open_with(fs.shared(), &dir, options(seed))
         .unwrap_or_else(|e| panic!("seed {seed}: final reopen failed: {e}"));
     verify(seed, &wal, &ledger.lock().unwrap());
     // The WAL keeps working after recovery.
@@ -206,5 +217,10 @@ fn every_acked_append_survives_a_power_cut_and_nothing_is_invented() {
     let seeds: u64 = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     for seed in 0..seeds {
         run_seed(seed);
+    }
+    let prepared = PREPARED_ROLLS.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("{seeds} seeds, {prepared} rolls onto a prepared segment");
+    if seeds >= 100 {
+        assert!(prepared > 0, "no seed rolled onto a prepared segment");
     }
 }

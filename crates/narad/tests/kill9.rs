@@ -7,12 +7,23 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Server, assert_none_lost};
+use common::{Opts, Server, assert_none_lost};
 use serde_json::json;
 
 #[test]
 fn every_message_that_got_a_202_survives_sigkill() {
-    let mut s = Server::start("kill9");
+    run(Server::start("kill9"), "kill9");
+}
+
+/// The same with `storage.ingress_wal_prealloc`: the WAL overwrites a
+/// prepared segment's zeros instead of growing the file.
+#[test]
+fn every_message_that_got_a_202_survives_sigkill_with_wal_preparation() {
+    let opts = Opts::dev().env("NARAD_STORAGE_INGRESS_WAL_PREALLOC", "true");
+    run(Server::start_opts("kill9-prealloc", opts), "kill9-prealloc");
+}
+
+fn run(mut s: Server, name: &str) {
     s.create_topic(r#"{"name":"k9","partitions":4}"#);
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
     let attempted = Arc::new(AtomicUsize::new(0));
@@ -71,9 +82,9 @@ fn every_message_that_got_a_202_survives_sigkill() {
         seen.insert(v["id"].as_str().unwrap().to_owned());
         deliveries += 1;
     }
-    assert_none_lost("kill9", acked.iter().cloned(), &seen);
+    assert_none_lost(name, acked.iter().cloned(), &seen);
     eprintln!(
-        "kill9: {} acked, {} distinct delivered, {} deliveries (duplicates {:.3}%)",
+        "{name}: {} acked, {} distinct delivered, {} deliveries (duplicates {:.3}%)",
         acked.len(),
         seen.len(),
         deliveries,

@@ -132,6 +132,10 @@ pub struct DiskArgs {
     /// server's produce handlers (tasks), or one OS thread each (threads).
     #[arg(long, value_enum, default_value_t = DiskDriver::Tasks)]
     pub driver: DiskDriver,
+    /// Run the WAL with segment preparation, as `storage.ingress_wal_prealloc`
+    /// does (off by default, like the server).
+    #[arg(long)]
+    pub prealloc: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -167,6 +171,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                     DiskDriver::Tasks => narad_wal::bench::Driver::Tasks,
                     DiskDriver::Threads => narad_wal::bench::Driver::Threads,
                 },
+                prealloc: a.prealloc,
             })?;
             print_figures("narad bench disk", &report.fields(), a.json);
             Ok(())
