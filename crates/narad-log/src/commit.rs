@@ -391,7 +391,10 @@ impl PartitionLog {
         let target = self.config.effective_frame_target() as usize;
         let codec = self.config.codec;
         let mut frames = Vec::new();
-        let mut payload = PayloadBuilder::new();
+        // Each frame's buffer is allocated once, at the size it will reach.
+        let wire = |r: &CommitRecord| PayloadBuilder::wire_len(r.key.as_deref(), r.payload.len());
+        let mut left: usize = batches.iter().flat_map(|q| &q.records).map(wire).sum();
+        let mut payload = PayloadBuilder::with_capacity(left.min(target));
         let mut records = Vec::new();
         let mut frame_base = base;
         let finish = |payload: PayloadBuilder, records: Vec<DecodedRecord>, frame_base: u64| {
@@ -401,11 +404,15 @@ impl PartitionLog {
             Ok::<_, LogError>(BuiltFrame { base: frame_base, count, bytes, records })
         };
         for r in batches.iter().flat_map(|q| &q.records) {
-            let wire = PayloadBuilder::wire_len(r.key.as_deref(), r.payload.len());
+            let wire = wire(r);
             let full =
                 payload.count() >= MAX_FRAME_RECORDS_WRITTEN || payload.len() + wire > target;
             if !payload.is_empty() && full {
-                let done = std::mem::take(&mut payload);
+                left -= payload.len();
+                let done = std::mem::replace(
+                    &mut payload,
+                    PayloadBuilder::with_capacity(left.min(target)),
+                );
                 let n = u64::from(done.count());
                 frames.push(finish(done, std::mem::take(&mut records), frame_base)?);
                 frame_base += n;

@@ -231,8 +231,13 @@ pub fn crc_start(header: &[u8; FRAME_HEADER_LEN]) -> u32 {
 }
 
 /// Builds the uncompressed payload of one frame, record by record.
+///
+/// The buffer starts with room for the frame header, so an uncompressed
+/// frame is finished in place: no second buffer, no copy of the payload.
 #[derive(Debug, Default)]
 pub struct PayloadBuilder {
+    /// `FRAME_HEADER_LEN` bytes for the header (once a record is pushed),
+    /// then the payload.
     buf: Vec<u8>,
     count: u32,
 }
@@ -241,6 +246,12 @@ impl PayloadBuilder {
     /// An empty payload.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty payload with room for `payload_bytes` of records (sum their
+    /// [`PayloadBuilder::wire_len`]) and the header, allocated once.
+    pub fn with_capacity(payload_bytes: usize) -> Self {
+        PayloadBuilder { buf: Vec::with_capacity(FRAME_HEADER_LEN + payload_bytes), count: 0 }
     }
 
     /// The bytes one record adds to the payload (length prefix included).
@@ -252,6 +263,10 @@ impl PayloadBuilder {
     pub fn push(&mut self, key: Option<&[u8]>, commit_time_ms: u64, payload: &[u8]) {
         let len = envelope::encoded_len(key, payload.len());
         assert!(len as u64 <= MAX_ENVELOPE_LEN, "envelope of {len} bytes passed the commit checks");
+        if self.buf.is_empty() {
+            self.buf.reserve(FRAME_HEADER_LEN + 4 + len);
+            self.buf.resize(FRAME_HEADER_LEN, 0);
+        }
         self.buf.reserve(4 + len);
         self.buf.put_u32(len as u32);
         envelope::encode_into(&mut self.buf, key, commit_time_ms, payload);
@@ -265,7 +280,11 @@ impl PayloadBuilder {
 
     /// Payload bytes so far.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.len().saturating_sub(FRAME_HEADER_LEN)
+    }
+
+    fn payload(&self) -> &[u8] {
+        self.buf.get(FRAME_HEADER_LEN..).unwrap_or(&[])
     }
 
     /// Whether no record was pushed.
@@ -273,10 +292,45 @@ impl PayloadBuilder {
         self.count == 0
     }
 
-    /// Encodes the frame (header and stored payload) at `base_offset`.
-    pub fn finish(self, base_offset: u64, codec: Codec) -> Result<Vec<u8>, FrameError> {
-        encode_frame(base_offset, self.count, &self.buf, codec)
+    /// Encodes the frame (header and stored payload) at `base_offset`:
+    /// the same bytes as [`encode_frame`] of the payload. Uncompressed, the
+    /// header is written into the room kept for it.
+    pub fn finish(mut self, base_offset: u64, codec: Codec) -> Result<Vec<u8>, FrameError> {
+        if codec != Codec::None {
+            return encode_frame(base_offset, self.count, self.payload(), codec);
+        }
+        let len = self.len();
+        check_frame(base_offset, self.count, len)?;
+        let mut header = [0u8; FRAME_HEADER_LEN];
+        {
+            let mut w = &mut header[..];
+            w.put_slice(&FRAME_MAGIC);
+            w.put_u8(codec.flag());
+            w.put_i32(self.count as i32);
+            w.put_i64(base_offset as i64);
+            w.put_i32(len as i32);
+            w.put_i32(len as i32);
+        }
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&header[2..23]), self.payload());
+        header[23..27].copy_from_slice(&crc.to_be_bytes());
+        self.buf[..FRAME_HEADER_LEN].copy_from_slice(&header);
+        Ok(self.buf)
     }
+}
+
+/// The checks [`encode_frame`] makes before encoding anything.
+fn check_frame(base_offset: u64, count: u32, payload_len: usize) -> Result<(), FrameError> {
+    if payload_len as u64 > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge {
+            what: "uncompressed",
+            len: payload_len as u64,
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    if count == 0 || base_offset > i64::MAX as u64 {
+        return Err(FrameError::BadHeader(format!("count {count}, base offset {base_offset}")));
+    }
+    Ok(())
 }
 
 /// Encodes a frame from an uncompressed payload of `count` records. Refuses
@@ -288,16 +342,7 @@ pub fn encode_frame(
     payload: &[u8],
     codec: Codec,
 ) -> Result<Vec<u8>, FrameError> {
-    if payload.len() as u64 > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge {
-            what: "uncompressed",
-            len: payload.len() as u64,
-            max: MAX_FRAME_BYTES,
-        });
-    }
-    if count == 0 || base_offset > i64::MAX as u64 {
-        return Err(FrameError::BadHeader(format!("count {count}, base offset {base_offset}")));
-    }
+    check_frame(base_offset, count, payload.len())?;
     let compressed;
     let stored: &[u8] = match codec {
         Codec::None => payload,
@@ -587,18 +632,46 @@ mod tests {
     }
 
     #[test]
+    fn finishing_in_place_gives_the_bytes_of_encode_frame() {
+        for (n, capacity) in [(1usize, 0usize), (3, 10), (40, 1 << 16)] {
+            let mut p = PayloadBuilder::with_capacity(capacity);
+            for i in 0..n {
+                let key = (i % 3 == 1).then_some(&b"key"[..]);
+                p.push(key, 1_700_000_000_000 + i as u64, format!("payload {i}").as_bytes());
+            }
+            assert_eq!(p.count(), n as u32);
+            let expected = encode_frame(7, n as u32, p.payload(), Codec::None).unwrap();
+            assert_eq!(p.len() + FRAME_HEADER_LEN, expected.len());
+            let zstd = encode_frame(7, n as u32, p.payload(), Codec::Zstd { level: 1 }).unwrap();
+            let mut q = PayloadBuilder::new();
+            for i in 0..n {
+                let key = (i % 3 == 1).then_some(&b"key"[..]);
+                q.push(key, 1_700_000_000_000 + i as u64, format!("payload {i}").as_bytes());
+            }
+            assert_eq!(p.finish(7, Codec::None).unwrap(), expected, "{n} records");
+            assert_eq!(q.finish(7, Codec::Zstd { level: 1 }).unwrap(), zstd, "{n} records");
+        }
+        // The same refusals as encode_frame.
+        let p = PayloadBuilder::new();
+        assert!(matches!(p.finish(0, Codec::None), Err(FrameError::BadHeader(_))));
+        let mut p = PayloadBuilder::new();
+        p.push(None, 1, b"x");
+        assert!(matches!(p.finish(u64::MAX, Codec::None), Err(FrameError::BadHeader(_))));
+    }
+
+    #[test]
     fn records_must_add_up_to_the_payload_exactly() {
         // One record claimed, two present: the lengths do not add up.
         let mut p = PayloadBuilder::new();
         p.push(None, 1, &[b'a'; 50]);
         p.push(None, 1, &[b'b'; 50]);
-        let frame = encode_frame(0, 1, &p.buf, Codec::None).unwrap();
+        let frame = encode_frame(0, 1, p.payload(), Codec::None).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));
         // Three claimed, two present.
-        let frame = encode_frame(0, 3, &p.buf, Codec::None).unwrap();
+        let frame = encode_frame(0, 3, p.payload(), Codec::None).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));
         // A record length that overruns the payload.
-        let mut raw = p.buf.clone();
+        let mut raw = p.payload().to_vec();
         raw[3] = 0x7f;
         let frame = encode_frame(0, 2, &raw, Codec::None).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));

@@ -1,6 +1,14 @@
 //! HTTP metrics (SPEC §9): requests, durations, bytes in and out, in
 //! flight; `route` is the matched pattern or `unmatched`.
+//!
+//! The label sets a request touches are resolved once per (method, route,
+//! status) and their handles kept in a small map, so a request does one
+//! foldhash lookup instead of four SipHash lookups in the metric families
+//! and the label strings it would allocate for them (about 2% of the
+//! instructions of a durable produce, by callgrind).
 
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -40,6 +48,22 @@ fn duration_histogram() -> Histogram {
 }
 
 /// The HTTP metrics.
+/// The series of one (method, route): shared handles into the families.
+#[derive(Debug)]
+struct RouteSeries {
+    method_key: axum::http::Method,
+    /// `"{method} {route}"`, the `route` label.
+    label: String,
+    method: String,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    /// (status, requests, durations), a handful per route.
+    by_status: RwLock<Vec<(u16, Counter, Histogram)>>,
+}
+
+/// Route pattern -> the series of each method seen on it.
+type Routes = HashMap<Box<str>, Vec<Arc<RouteSeries>>, foldhash::fast::RandomState>;
+
 #[derive(Debug, Clone)]
 pub struct HttpMetrics {
     requests: Family<RequestLabels, Counter>,
@@ -47,6 +71,7 @@ pub struct HttpMetrics {
     bytes_in: Family<RouteLabels, Counter>,
     bytes_out: Family<RouteLabels, Counter>,
     in_flight: Gauge,
+    routes: Arc<RwLock<Routes>>,
 }
 
 impl HttpMetrics {
@@ -58,6 +83,7 @@ impl HttpMetrics {
             bytes_in: Family::default(),
             bytes_out: Family::default(),
             in_flight: Gauge::default(),
+            routes: Arc::default(),
         };
         registry.register("http_requests", "HTTP requests", m.requests.clone());
         registry.register(
@@ -72,6 +98,55 @@ impl HttpMetrics {
     }
 }
 
+impl HttpMetrics {
+    /// The series of `method` on `route`, created on first use.
+    fn route(&self, method: &axum::http::Method, route: &str) -> Arc<RouteSeries> {
+        let find =
+            |routes: &Routes| routes.get(route)?.iter().find(|s| s.method_key == *method).cloned();
+        if let Some(s) = find(&self.routes.read().unwrap_or_else(|p| p.into_inner())) {
+            return s;
+        }
+        let label = format!("{method} {route}");
+        let series = Arc::new(RouteSeries {
+            method_key: method.clone(),
+            bytes_in: self.bytes_in.get_or_create(&RouteLabels { route: label.clone() }).clone(),
+            bytes_out: self.bytes_out.get_or_create(&RouteLabels { route: label.clone() }).clone(),
+            method: method.as_str().to_owned(),
+            label,
+            by_status: RwLock::default(),
+        });
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = find(&routes) {
+            return s;
+        }
+        routes.entry(route.into()).or_default().push(series.clone());
+        series
+    }
+
+    /// The request counter and duration histogram of `series` at `status`.
+    fn status(&self, series: &RouteSeries, status: u16) -> (Counter, Histogram) {
+        let find = |v: &Vec<(u16, Counter, Histogram)>| {
+            v.iter().find(|(s, _, _)| *s == status).map(|(_, c, h)| (c.clone(), h.clone()))
+        };
+        if let Some(found) = find(&series.by_status.read().unwrap_or_else(|p| p.into_inner())) {
+            return found;
+        }
+        let labels = RequestLabels {
+            route: series.label.clone(),
+            method: series.method.clone(),
+            status: status.to_string(),
+        };
+        let counter = self.requests.get_or_create(&labels).clone();
+        let histogram = self.durations.get_or_create(&labels).clone();
+        let mut v = series.by_status.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = find(&v) {
+            return found;
+        }
+        v.push((status, counter.clone(), histogram.clone()));
+        (counter, histogram)
+    }
+}
+
 fn content_length(h: &axum::http::HeaderMap) -> u64 {
     h.get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -81,25 +156,20 @@ fn content_length(h: &axum::http::HeaderMap) -> u64 {
 
 /// The middleware.
 pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = req.method().as_str().to_owned();
-    let route = format!("{method} {route}");
     let m = &state.http;
-    m.bytes_in
-        .get_or_create(&RouteLabels { route: route.clone() })
-        .inc_by(content_length(req.headers()));
+    let series = m.route(
+        req.method(),
+        req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()),
+    );
+    series.bytes_in.inc_by(content_length(req.headers()));
     m.in_flight.inc();
     let start = Instant::now();
     let resp = next.run(req).await;
     m.in_flight.dec();
-    let labels =
-        RequestLabels { route: route.clone(), method, status: resp.status().as_u16().to_string() };
-    m.requests.get_or_create(&labels).inc();
-    m.durations.get_or_create(&labels).observe(start.elapsed().as_secs_f64());
-    m.bytes_out.get_or_create(&RouteLabels { route }).inc_by(content_length(resp.headers()));
+    let (requests, durations) = m.status(&series, resp.status().as_u16());
+    requests.inc();
+    durations.observe(start.elapsed().as_secs_f64());
+    series.bytes_out.inc_by(content_length(resp.headers()));
     if resp.status().is_server_error() {
         state.broker.metrics().error("http", "5xx");
     }

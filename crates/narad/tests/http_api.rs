@@ -340,3 +340,39 @@ fn health_metrics_and_unknown_routes() {
     let r = s.client.put(s.url("/v1/topics")).send().unwrap();
     assert_eq!(r.status(), 405);
 }
+
+#[test]
+fn http_metrics_count_each_route_method_and_status() {
+    let s = Server::start("http-metrics");
+    s.create_topic(r#"{"name":"hm"}"#);
+    for body in [&b"abc"[..], b"de", b"fghij"] {
+        assert_eq!(s.produce("hm", "", body), 202);
+    }
+    assert_eq!(s.produce("missing", "", b"zz"), 404);
+    assert_eq!(s.get("/nope").status(), 404);
+    let m = s.get("/metrics").text().unwrap();
+    let value = |series: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {series} in\n{m}"))
+            .parse()
+            .unwrap()
+    };
+    let produce = r#"route="POST /v1/topics/{topic}/produce",method="POST""#;
+    assert_eq!(value(&format!("narad_http_requests_total{{{produce},status=\"202\"}}")), 3.0);
+    assert_eq!(value(&format!("narad_http_requests_total{{{produce},status=\"404\"}}")), 1.0);
+    assert_eq!(
+        value(&format!("narad_http_request_duration_seconds_count{{{produce},status=\"202\"}}")),
+        3.0
+    );
+    // 3 + 2 + 5 bytes accepted, 2 refused: all read off the wire.
+    assert_eq!(
+        value(r#"narad_http_request_bytes_in_total{route="POST /v1/topics/{topic}/produce"}"#),
+        12.0
+    );
+    assert_eq!(
+        value(r#"narad_http_requests_total{route="GET unmatched",method="GET",status="404"}"#),
+        1.0
+    );
+    assert!(value("narad_http_requests_in_flight") >= 1.0, "the scrape itself is in flight");
+}
