@@ -972,6 +972,9 @@ fn prep_loop(shared: &Shared) {
                     dir = %shared.dir.display(), error = %e,
                     "preparing the next ingress WAL segment failed; the roll creates an empty one"
                 );
+                // A half-written file would hold up to a segment of a disk
+                // that may be full: give the space back to the WAL.
+                let _ = shared.fs.remove_file(&prep::prep_path(&shared.dir));
             }
         }
     }

@@ -185,3 +185,43 @@ fn a_leftover_prepared_file_is_removed_on_open() {
     assert!(!fs.exists(&prep::prep_path(&dir())).unwrap());
     drop(wal);
 }
+
+/// Bytes held by every file in the WAL directory.
+fn used(fs: &SimFs) -> u64 {
+    fs.list_dir(&dir())
+        .unwrap()
+        .iter()
+        .filter(|e| !e.is_dir)
+        .map(|e| fs.open(&dir().join(&e.name), OpenMode::Existing).unwrap().len().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_failed_preparation_gives_its_space_back_and_the_roll_creates_an_empty_segment() {
+    let fs = SimFs::new(5);
+    let wal = Wal::open_with(fs.shared(), dir(), options()).unwrap();
+    // Room for the rest of this segment and a small next one, never for a
+    // whole prepared segment next to them.
+    fs.set_capacity(Some(used(&fs) + SEGMENT + (4 << 10)));
+    let mut written = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while wal.stats().prep_failures == 0 {
+        assert!(Instant::now() < deadline, "{:?}", wal.stats());
+        let payload = format!("r{}-", written.len()).into_bytes().repeat(40);
+        let seq = wal.append(&rec(&payload)).unwrap();
+        written.push((seq, payload));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!fs.exists(&prep::prep_path(&dir())).unwrap(), "the half-written file was removed");
+    // The WAL is not latched, and the next roll creates an ordinary segment.
+    let segments_before = segments(&fs).len();
+    while segments(&fs).len() == segments_before {
+        let payload = format!("r{}-", written.len()).into_bytes().repeat(40);
+        let seq = wal.append(&rec(&payload)).unwrap();
+        written.push((seq, payload));
+    }
+    assert!(!wal.is_latched());
+    assert_eq!(wal.stats().prepared_rolls, 0);
+    assert_eq!(prepared_limit(&segments(&fs).last().unwrap().1), None);
+    assert_eq!(payloads(&wal), written);
+}
