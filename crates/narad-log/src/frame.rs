@@ -299,23 +299,33 @@ impl PayloadBuilder {
         if codec != Codec::None {
             return encode_frame(base_offset, self.count, self.payload(), codec);
         }
-        let len = self.len();
-        check_frame(base_offset, self.count, len)?;
-        let mut header = [0u8; FRAME_HEADER_LEN];
-        {
-            let mut w = &mut header[..];
-            w.put_slice(&FRAME_MAGIC);
-            w.put_u8(codec.flag());
-            w.put_i32(self.count as i32);
-            w.put_i64(base_offset as i64);
-            w.put_i32(len as i32);
-            w.put_i32(len as i32);
-        }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&header[2..23]), self.payload());
-        header[23..27].copy_from_slice(&crc.to_be_bytes());
+        check_frame(base_offset, self.count, self.len())?;
+        let header = frame_header(codec, self.count, base_offset, self.len(), self.payload());
         self.buf[..FRAME_HEADER_LEN].copy_from_slice(&header);
         Ok(self.buf)
     }
+}
+
+/// The header of a frame of `count` records at `base_offset` whose payload
+/// is `uncompressed` bytes before the codec and `stored` after it.
+fn frame_header(
+    codec: Codec,
+    count: u32,
+    base_offset: u64,
+    uncompressed: usize,
+    stored: &[u8],
+) -> [u8; FRAME_HEADER_LEN] {
+    let mut header = [0u8; FRAME_HEADER_LEN];
+    let mut w = &mut header[..];
+    w.put_slice(&FRAME_MAGIC);
+    w.put_u8(codec.flag());
+    w.put_i32(count as i32);
+    w.put_i64(base_offset as i64);
+    w.put_i32(uncompressed as i32);
+    w.put_i32(stored.len() as i32);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[2..23]), stored);
+    header[23..27].copy_from_slice(&crc.to_be_bytes());
+    header
 }
 
 /// The checks [`encode_frame`] makes before encoding anything.
@@ -360,15 +370,8 @@ pub fn encode_frame(
         });
     }
     let mut out = Vec::with_capacity(FRAME_HEADER_LEN + stored.len());
-    out.put_slice(&FRAME_MAGIC);
-    out.put_u8(codec.flag());
-    out.put_i32(count as i32);
-    out.put_i64(base_offset as i64);
-    out.put_i32(payload.len() as i32);
-    out.put_i32(stored.len() as i32);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[2..23]), stored);
-    out.put_u32(crc);
-    out.put_slice(stored);
+    out.extend_from_slice(&frame_header(codec, count, base_offset, payload.len(), stored));
+    out.extend_from_slice(stored);
     Ok(out)
 }
 

@@ -54,7 +54,6 @@ struct RouteSeries {
     method_key: axum::http::Method,
     /// `"{method} {route}"`, the `route` label.
     label: String,
-    method: String,
     bytes_in: Counter,
     bytes_out: Counter,
     /// (status, requests, durations), a handful per route.
@@ -111,7 +110,6 @@ impl HttpMetrics {
             method_key: method.clone(),
             bytes_in: self.bytes_in.get_or_create(&RouteLabels { route: label.clone() }).clone(),
             bytes_out: self.bytes_out.get_or_create(&RouteLabels { route: label.clone() }).clone(),
-            method: method.as_str().to_owned(),
             label,
             by_status: RwLock::default(),
         });
@@ -133,7 +131,7 @@ impl HttpMetrics {
         }
         let labels = RequestLabels {
             route: series.label.clone(),
-            method: series.method.clone(),
+            method: series.method_key.as_str().to_owned(),
             status: status.to_string(),
         };
         let counter = self.requests.get_or_create(&labels).clone();

@@ -640,11 +640,10 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         // cut to its data before its successor existed); its frames end
         // before the trailer's limit.
         let limit = if last { prep::prepared_limit(&image) } else { None };
-        let body = match limit {
+        let image = match limit {
             Some(limit) => image.slice(..limit as usize),
-            None => image.clone(),
+            None => image,
         };
-        let image = body;
         let scan = recovery::scan(&image, base);
         let mut valid_len = scan.valid_len;
         let mut prepared = limit.is_some();

@@ -2,7 +2,6 @@
 //! renamed in at the roll, sealed segments are cut back to their frames,
 //! and recovery keeps a prepared last segment only when its tail is clean.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use narad_fs::{Fs, OpenMode, SimFs};
@@ -10,20 +9,16 @@ use narad_wal::frame::{parse_segment_file_name, segment_file_name};
 use narad_wal::prep::{self, PREP_TRAILER_BYTES, prepared_limit};
 use narad_wal::{RecordRef, Wal, WalOptions, recovery};
 
+mod common;
+
+use common::dir;
+
 const SEGMENT: u64 = 16 << 10;
 
 fn options() -> WalOptions {
-    WalOptions {
-        segment_bytes: SEGMENT,
-        max_record_bytes: 4 << 10,
-        rotate_dispatched_active_bytes: 4 << 10,
-        prealloc: true,
-        ..WalOptions::default()
-    }
-}
-
-fn dir() -> PathBuf {
-    PathBuf::from("/data/ingress/produce")
+    let options = WalOptions { prealloc: true, ..common::small() };
+    assert_eq!(options.segment_bytes, SEGMENT);
+    options
 }
 
 fn rec(payload: &[u8]) -> RecordRef<'_> {
@@ -65,6 +60,13 @@ fn segments(fs: &SimFs) -> Vec<(u64, Vec<u8>)> {
     out
 }
 
+/// Appends the next numbered record and remembers it.
+fn append_next(wal: &Wal, written: &mut Vec<(u64, Vec<u8>)>) {
+    let payload = format!("record-{}-", written.len()).into_bytes().repeat(12);
+    let seq = wal.append(&rec(&payload)).unwrap();
+    written.push((seq, payload));
+}
+
 /// Appends records of about 200 bytes until `rolls` prepared segments were
 /// renamed in. After each append it gives the prep thread a moment (it is
 /// asked once the active segment is half full and writes 16 KiB), so rolls
@@ -73,9 +75,7 @@ fn fill(wal: &Wal, rolls: u64, written: &mut Vec<(u64, Vec<u8>)>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while wal.stats().prepared_rolls < rolls {
         assert!(Instant::now() < deadline, "{:?} after 60 s", wal.stats());
-        let payload = format!("record-{}-", written.len()).into_bytes().repeat(12);
-        let seq = wal.append(&rec(&payload)).unwrap();
-        written.push((seq, payload));
+        append_next(wal, written);
         let wait = Instant::now() + Duration::from_millis(3);
         while !wal.spare_ready() && Instant::now() < wait {
             std::thread::sleep(Duration::from_micros(200));
@@ -207,18 +207,14 @@ fn a_failed_preparation_gives_its_space_back_and_the_roll_creates_an_empty_segme
     let deadline = Instant::now() + Duration::from_secs(60);
     while wal.stats().prep_failures == 0 {
         assert!(Instant::now() < deadline, "{:?}", wal.stats());
-        let payload = format!("r{}-", written.len()).into_bytes().repeat(40);
-        let seq = wal.append(&rec(&payload)).unwrap();
-        written.push((seq, payload));
+        append_next(&wal, &mut written);
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(!fs.exists(&prep::prep_path(&dir())).unwrap(), "the half-written file was removed");
     // The WAL is not latched, and the next roll creates an ordinary segment.
     let segments_before = segments(&fs).len();
     while segments(&fs).len() == segments_before {
-        let payload = format!("r{}-", written.len()).into_bytes().repeat(40);
-        let seq = wal.append(&rec(&payload)).unwrap();
-        written.push((seq, payload));
+        append_next(&wal, &mut written);
     }
     assert!(!wal.is_latched());
     assert_eq!(wal.stats().prepared_rolls, 0);

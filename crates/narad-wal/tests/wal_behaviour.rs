@@ -9,20 +9,11 @@ use std::time::Duration;
 
 use narad_fs::{CrashMode, FaultKind, Fs, OpenMode, SimFs};
 use narad_wal::frame::{begin_frame, seal_frame, segment_file_name, segment_header};
-use narad_wal::{RecordRef, Wal, WalError, WalOptions};
+use narad_wal::{RecordRef, Wal, WalError};
 
-fn small() -> WalOptions {
-    WalOptions {
-        segment_bytes: 16 << 10,
-        max_record_bytes: 4 << 10,
-        rotate_dispatched_active_bytes: 4 << 10,
-        ..WalOptions::default()
-    }
-}
+mod common;
 
-fn dir() -> PathBuf {
-    PathBuf::from("/data/ingress/produce")
-}
+use common::{dir, small};
 
 fn rec(payload: &[u8]) -> RecordRef<'_> {
     RecordRef {
