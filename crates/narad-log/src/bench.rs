@@ -9,6 +9,13 @@
 //!    and fdatasyncs it, serially, for half of `probe_seconds`: the disk's
 //!    limit for a committer that syncs on its own. The other half runs after
 //!    phase 2; the figure is the mean of the two (both are reported).
+//!    A second probe, split the same way, appends one *whole cycle* (the
+//!    frame holding one batch from every committer) per fdatasync: times
+//!    the records in it, that is `ceiling_records_per_sec`, what the log
+//!    could reach if every cycle carried every committer's batch and cost
+//!    nothing but its write and fdatasync. On a disk whose fdatasync time
+//!    grows with the bytes synced, that ceiling, not the committer count,
+//!    bounds `records_per_fdatasync`.
 //! 2. *commits*: `committers` threads each commit batches of `batch` records
 //!    of `record_bytes` bytes to one [`PartitionLog`] for `seconds`.
 //! 3. *read*: the log is reopened (so the decoded-frame cache is cold; the
@@ -26,6 +33,8 @@ use bytes::Bytes;
 use narad_clock::SystemClock;
 use narad_fs::{Fs, OpenMode, RealFs, SimRng};
 
+use crate::frame::PayloadBuilder;
+use crate::limits::{FRAME_HEADER_LEN, MAX_FRAME_RECORDS_WRITTEN};
 use crate::{Codec, CommitRecord, LogConfig, LogError, PartitionLog};
 
 /// What to run.
@@ -114,6 +123,16 @@ pub struct BenchReport {
     pub read_records_per_sec: f64,
     /// `records_per_sec / fdatasync_per_sec`.
     pub records_per_fdatasync: f64,
+    /// Serial append + fdatasync per second of one whole cycle's bytes
+    /// (mean of the runs before and after the commit phase).
+    pub cycle_fdatasync_per_sec: f64,
+    /// `cycle_fdatasync_per_sec ×` the records of a whole cycle: the log's
+    /// bound on this disk for this committer count and batch.
+    pub ceiling_records_per_sec: f64,
+    /// `ceiling_records_per_sec / fdatasync_per_sec`.
+    pub ceiling_records_per_fdatasync: f64,
+    /// `records_per_sec / ceiling_records_per_sec`.
+    pub of_ceiling: f64,
     /// The 1-minute load average when the run ended (Linux), if known.
     pub load_avg_1m: Option<f64>,
 }
@@ -176,6 +195,8 @@ fn run_in(
     // The probe runs half before and half after the commit phase, so a
     // change of load on a shared machine shows (and averages out).
     let before = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
+    let (cycle_bytes, cycle_records) = whole_cycle(opts);
+    let cycle_before = probe_fdatasync(&*fs, scratch, cycle_bytes, opts.probe_seconds / 2.0)?;
 
     let config =
         LogConfig { codec: opts.codec, segment_bytes: opts.segment_bytes, ..LogConfig::default() };
@@ -218,7 +239,10 @@ fn run_in(
     log.close();
     drop(log);
     let after = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
+    let cycle_after = probe_fdatasync(&*fs, scratch, cycle_bytes, opts.probe_seconds / 2.0)?;
     let fdatasync_per_sec = (before + after) / 2.0;
+    let cycle_fdatasync_per_sec = (cycle_before + cycle_after) / 2.0;
+    let ceiling = cycle_fdatasync_per_sec * cycle_records as f64;
     lat.sort_unstable();
     let pct = |p: f64| {
         lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
@@ -272,8 +296,30 @@ fn run_in(
         } else {
             0.0
         },
+        cycle_fdatasync_per_sec,
+        ceiling_records_per_sec: ceiling,
+        ceiling_records_per_fdatasync: ceiling / fdatasync_per_sec.max(1.0),
+        of_ceiling: records_per_sec / ceiling.max(1.0),
         load_avg_1m: load_avg(),
     })
+}
+
+/// The file bytes and records of one whole cycle: a batch from every
+/// committer, split into frames at the frame target as a cycle is. Capped
+/// at 16 MiB (a bigger cycle's ceiling is its bandwidth, which a 16 MiB
+/// probe already measures).
+fn whole_cycle(opts: &BenchOptions) -> (usize, usize) {
+    const CAP: usize = 16 << 20;
+    let wire = PayloadBuilder::wire_len(None, opts.record_bytes);
+    let config = LogConfig { segment_bytes: opts.segment_bytes, ..LogConfig::default() };
+    let per_frame = (config.effective_frame_target() as usize / wire)
+        .clamp(1, MAX_FRAME_RECORDS_WRITTEN as usize);
+    let frame_bytes = |records: usize| FRAME_HEADER_LEN + records * wire;
+    let records = (opts.committers * opts.batch).min((CAP / wire).max(1));
+    let full = records / per_frame;
+    let rest = records % per_frame;
+    let bytes = full * frame_bytes(per_frame) + if rest > 0 { frame_bytes(rest) } else { 0 };
+    (bytes, records)
 }
 
 /// Serial append + fdatasync of `block` bytes for `seconds`.
@@ -332,6 +378,10 @@ impl BenchReport {
             ("records_per_sec", self.records_per_sec),
             ("syncs_per_sec", self.syncs_per_sec),
             ("records_per_fdatasync", self.records_per_fdatasync),
+            ("cycle_fdatasync_per_sec", self.cycle_fdatasync_per_sec),
+            ("ceiling_records_per_sec", self.ceiling_records_per_sec),
+            ("ceiling_records_per_fdatasync", self.ceiling_records_per_fdatasync),
+            ("of_ceiling", self.of_ceiling),
             ("write_mb_per_sec", self.write_mb_per_sec),
             ("commit_p50_us", self.commit_p50_us as f64),
             ("commit_p99_us", self.commit_p99_us as f64),
@@ -366,6 +416,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_whole_cycle_is_one_batch_per_committer_in_frames_of_the_target() {
+        let wire = PayloadBuilder::wire_len(None, 1024);
+        let opts = BenchOptions { committers: 16, ..BenchOptions::default() };
+        assert_eq!(whole_cycle(&opts), (FRAME_HEADER_LEN + 16 * wire, 16));
+        // 16 x 100 records of 1 KiB: more than one 1 MiB frame.
+        let opts = BenchOptions { committers: 16, batch: 100, ..BenchOptions::default() };
+        let per_frame = (1usize << 20) / wire;
+        let (bytes, records) = whole_cycle(&opts);
+        assert_eq!(records, 1600);
+        let frames = 1600usize.div_ceil(per_frame);
+        assert_eq!(bytes, frames * FRAME_HEADER_LEN + 1600 * wire);
+        // Capped at 16 MiB of records.
+        let opts = BenchOptions { committers: 64, batch: 1000, ..BenchOptions::default() };
+        let (bytes, records) = whole_cycle(&opts);
+        assert_eq!(records, (16 << 20) / wire);
+        assert!(bytes <= (16 << 20) + 64 * FRAME_HEADER_LEN, "{bytes}");
+    }
+
+    #[test]
     fn bench_runs_against_a_real_directory_and_reports_json() {
         let dir = std::env::temp_dir().join(format!("narad-log-bench-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -381,6 +450,7 @@ mod tests {
         assert!(r.commits > 0 && r.records == r.commits * 8);
         assert!(r.syncs > 0 && r.syncs <= r.commits);
         assert!(r.fdatasync_per_sec > 0.0 && r.read_mb_per_sec > 0.0);
+        assert!(r.cycle_fdatasync_per_sec > 0.0 && r.ceiling_records_per_sec > 0.0);
         let json = r.to_json();
         for key in [
             "fdatasync_per_sec",
@@ -390,6 +460,8 @@ mod tests {
             "commit_p50_us",
             "commit_p99_us",
             "read_mb_per_sec",
+            "ceiling_records_per_sec",
+            "of_ceiling",
         ] {
             assert!(json.contains(&format!("\"{key}\":")), "{key} missing from {json}");
         }

@@ -3,6 +3,14 @@
 //! Measures, in one run, in a scratch directory it removes afterwards:
 //! * `fdatasync_per_sec`: serial 4 KiB appends, each followed by fdatasync;
 //! * `dsync_mb_per_sec`: sequential 1 MiB writes, each followed by fdatasync;
+//! * `group_fdatasync_per_sec`: serial appends of one whole group (the
+//!   bytes of one frame from every appender), each followed by fdatasync,
+//!   into a zero-filled file when the WAL prepares its segments. Times the
+//!   number of appenders it is `ceiling_appends_per_sec`: what the WAL
+//!   could reach if every sync carried every appender's record and cost
+//!   nothing but its write and fdatasync. On a disk whose fdatasync time
+//!   grows with the bytes synced, that ceiling, not the appender count,
+//!   bounds `wal_vs_fdatasync`;
 //! * the WAL itself under `appenders` concurrent appenders of
 //!   `record_bytes`-byte payloads: appends/s, MB/s, records per sync and
 //!   append latency percentiles.
@@ -23,6 +31,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use narad_fs::{Fs, OpenMode, RealFs};
 
+use crate::limits::FRAME_HEADER_BYTES;
 use crate::record::RecordRef;
 use crate::wal::{Wal, WalOptions};
 
@@ -98,6 +107,16 @@ pub struct DiskBenchReport {
     /// OS threads the appenders ran on: the runtime's workers for
     /// [`Driver::Tasks`], one per appender for [`Driver::Threads`].
     pub appender_os_threads: usize,
+    /// Serial append + fdatasync per second of one whole group's bytes
+    /// (`appenders` frames of `record_bytes`), into a zero-filled file when
+    /// `prealloc` is on.
+    pub group_fdatasync_per_sec: f64,
+    /// `group_fdatasync_per_sec × appenders`: the WAL's bound on this disk.
+    pub ceiling_appends_per_sec: f64,
+    /// `ceiling_appends_per_sec / fdatasync_per_sec`.
+    pub ceiling_vs_fdatasync: f64,
+    /// `wal_appends_per_sec / ceiling_appends_per_sec`.
+    pub wal_of_ceiling: f64,
     /// Whether segment preparation was on.
     pub prealloc: bool,
     /// Segment rolls during the run that renamed in a prepared segment.
@@ -119,6 +138,10 @@ impl DiskBenchReport {
             ("wal_vs_fdatasync", self.wal_vs_fdatasync),
             ("wal_sync_us", self.wal_sync_us),
             ("wal_sync_busy", self.wal_sync_busy),
+            ("group_fdatasync_per_sec", self.group_fdatasync_per_sec),
+            ("ceiling_appends_per_sec", self.ceiling_appends_per_sec),
+            ("ceiling_vs_fdatasync", self.ceiling_vs_fdatasync),
+            ("wal_of_ceiling", self.wal_of_ceiling),
             ("appenders", self.appenders as f64),
             ("record_bytes", self.record_bytes as f64),
             ("appender_os_threads", self.appender_os_threads as f64),
@@ -130,13 +153,38 @@ impl DiskBenchReport {
 
 /// Serial fdatasyncs per second of 4 KiB appends to one file in `dir`.
 pub fn fdatasync_per_sec(fs: &dyn Fs, dir: &Path, seconds: f64) -> std::io::Result<f64> {
+    append_sync_per_sec(fs, dir, 4096, seconds, false)
+}
+
+/// Serial appends of `block` bytes per second, each followed by fdatasync,
+/// to one file in `dir`. With `prezeroed` the appends overwrite a file
+/// already filled with synced zeros (as in a prepared WAL segment), so no
+/// fdatasync changes the file's size.
+pub fn append_sync_per_sec(
+    fs: &dyn Fs,
+    dir: &Path,
+    block: usize,
+    seconds: f64,
+    prezeroed: bool,
+) -> std::io::Result<f64> {
     let path = dir.join("fdatasync.probe");
     let f = fs.open(&path, OpenMode::CreateOrTruncate)?;
-    let block = vec![0xA5u8; 4096];
+    let data = vec![0xA5u8; block];
+    // A prezeroed probe cycles through 16 MiB (at least one block) of
+    // synced zeros: every append overwrites allocated blocks.
+    let slots = ((16u64 << 20) / block as u64).max(1);
+    if prezeroed {
+        let zeros = vec![0u8; block];
+        for i in 0..slots {
+            f.write_all_at(&zeros, i * block as u64)?;
+        }
+        f.sync_data()?;
+    }
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < seconds {
-        f.write_all_at(&block, n * 4096)?;
+        let slot = if prezeroed { n % slots } else { n };
+        f.write_all_at(&data, slot * block as u64)?;
         f.sync_data()?;
         n += 1;
     }
@@ -184,6 +232,10 @@ fn run_in(
     let fs = RealFs::shared();
     let fdatasync = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
+    let appenders = opts.appenders.max(1);
+    let group_bytes = appenders * frame_bytes(opts.record_bytes);
+    let group = append_sync_per_sec(&*fs, scratch, group_bytes, opts.probe_seconds, opts.prealloc)?;
+    let ceiling = group * appenders as f64;
 
     let wal = Arc::new(Wal::open_with(
         fs.clone(),
@@ -217,9 +269,20 @@ fn run_in(
         appenders: opts.appenders,
         record_bytes: opts.record_bytes,
         appender_os_threads: os_threads,
+        group_fdatasync_per_sec: group,
+        ceiling_appends_per_sec: ceiling,
+        ceiling_vs_fdatasync: ceiling / fdatasync.max(1.0),
+        wal_of_ceiling: appends_per_sec / ceiling.max(1.0),
         prealloc: opts.prealloc,
         wal_prepared_rolls: after.prepared_rolls - before.prepared_rolls,
     })
+}
+
+/// The bytes one bench record takes in the WAL (frame header included).
+fn frame_bytes(record_bytes: usize) -> usize {
+    let payload = vec![b'x'; record_bytes];
+    let body = record("k0", 0, &payload).encoded_len().map_or(record_bytes, |n| n as usize);
+    FRAME_HEADER_BYTES as usize + body
 }
 
 /// Appends done and their latencies (µs).

@@ -38,6 +38,15 @@ fn both_drivers_report_consistent_figures_and_clean_up() {
             "{driver:?}: {r:?}"
         );
         assert!(r.wal_p50_us <= r.wal_p99_us && r.wal_p99_us <= r.wal_max_us, "{r:?}");
+        // The ceiling is the whole-group probe times the appenders, and the
+        // ratios are taken against the figures they name.
+        assert!(r.group_fdatasync_per_sec > 0.0, "{r:?}");
+        let ceiling = r.group_fdatasync_per_sec * 8.0;
+        assert!((r.ceiling_appends_per_sec - ceiling).abs() < 1e-6 * ceiling, "{r:?}");
+        let of = r.wal_appends_per_sec / r.ceiling_appends_per_sec;
+        assert!((r.wal_of_ceiling - of).abs() < 1e-9 * of.max(1.0), "{r:?}");
+        let vs = r.ceiling_appends_per_sec / r.fdatasync_per_sec;
+        assert!((r.ceiling_vs_fdatasync - vs).abs() < 1e-9 * vs, "{r:?}");
         let mb = r.wal_appends_per_sec * 512.0 / 1e6;
         assert!((r.wal_mb_per_sec - mb).abs() < 1e-6 * mb.max(1.0), "{r:?}");
         match expect_threads {
