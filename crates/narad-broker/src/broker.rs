@@ -163,7 +163,8 @@ impl Broker {
         clock: ClockRef,
         metrics: Arc<BrokerMetrics>,
     ) -> Result<Arc<Broker>, BrokerError> {
-        let (cfg, fs2, clock2) = (config.clone(), fs.clone(), clock.clone());
+        let (cfg, fs2, clock2, metrics2) =
+            (config.clone(), fs.clone(), clock.clone(), metrics.clone());
         let (meta, topics, wal) = blocking(move || {
             fs2.create_dir_all(&cfg.data_dir).map_err(|e| {
                 BrokerError::internal(
@@ -188,7 +189,8 @@ impl Broker {
                 status: MemberStatus::Alive,
                 last_heartbeat: now_s,
             })?;
-            let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone());
+            let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone())
+                .with_metrics(metrics2);
             let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
             topics.open_at_startup(&live)?;
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
@@ -902,7 +904,14 @@ impl Broker {
                 continue;
             };
             for part in rt.open_partitions() {
-                match part.log.enforce_retention(now, t.retention_ms()) {
+                let started = std::time::Instant::now();
+                let pass = part.log.enforce_retention(now, t.retention_ms());
+                self.metrics
+                    .storage_retention_run_duration_seconds
+                    .0
+                    .get_or_create(&PartitionLabels::new(&rt.name, part.index))
+                    .observe(started.elapsed().as_secs_f64());
+                match pass {
                     Ok(r) if r.segments_deleted > 0 => {
                         let l = PartitionLabels::new(&rt.name, part.index);
                         self.metrics
@@ -1042,7 +1051,17 @@ fn persist_frontiers(topics: &Topics, metrics: &BrokerMetrics) -> usize {
     let mut failed = 0;
     for rt in topics.all() {
         for part in rt.open_partitions() {
-            if let Err(e) = part.persist_frontier() {
+            let started = std::time::Instant::now();
+            let persisted = part.persist_frontier();
+            if !matches!(persisted, Ok(false)) {
+                metrics.frontier_persisted(
+                    &rt.name,
+                    part.index,
+                    persisted.is_ok(),
+                    started.elapsed(),
+                );
+            }
+            if let Err(e) = persisted {
                 failed += 1;
                 metrics.error("storage", "consumer_frontier");
                 warn!(topic = %rt.name, partition = part.index, error = %e, "cannot persist the consumer frontier");

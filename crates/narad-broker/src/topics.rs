@@ -32,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::consume::shard::{Shard, ShardLimits};
 use crate::error::BrokerError;
+use crate::metrics::BrokerMetrics;
 
 const MARKER_FILE: &str = "incarnation";
 const MARKER_MAGIC: &[u8; 8] = b"NTOPINC1";
@@ -171,6 +172,8 @@ pub struct Topics {
     /// Serializes opening and removing (both do I/O).
     open_lock: Mutex<()>,
     open_logs: AtomicUsize,
+    /// Where commit cycles are reported, if anywhere.
+    metrics: Option<Arc<BrokerMetrics>>,
 }
 
 fn partition_dir(topic_dir: &Path, p: u32) -> PathBuf {
@@ -188,7 +191,15 @@ impl Topics {
             map: RwLock::new(BTreeMap::new()),
             open_lock: Mutex::new(()),
             open_logs: AtomicUsize::new(0),
+            metrics: None,
         }
+    }
+
+    /// Reports every log's commit cycles to `metrics` (the storage flush
+    /// and fsync histograms).
+    pub fn with_metrics(mut self, metrics: Arc<BrokerMetrics>) -> Topics {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// How many partition logs are open.
@@ -231,6 +242,9 @@ impl Topics {
         .map_err(|e| BrokerError::internal("open partition log", e))?;
         let notify = rt.notify.clone();
         log.set_commit_listener(Some(Box::new(move |_hwm| notify.notify_waiters())));
+        if let Some(m) = &self.metrics {
+            log.set_cycle_observer(Some(m.cycle_observer(&rt.name, p)));
+        }
         let part = Arc::new(PartitionRt {
             index: p,
             log: Arc::new(log),

@@ -65,7 +65,7 @@ use crate::limits::{
 use crate::log::{Active, PartitionLog, SegFile, SegState, Writer, lock};
 use crate::metrics::Counters;
 use crate::segment::{self, IndexBuilder};
-use crate::{CommitOutcome, CommitRecord};
+use crate::{CommitOutcome, CommitRecord, CycleTimings};
 
 /// The largest read-back buffer a committing thread keeps between cycles.
 const READ_BACK_KEEP_BYTES: usize = 4 << 20;
@@ -217,6 +217,9 @@ struct Cycle {
     touched: Vec<Touched>,
     /// A segment whose creation was attempted and failed: it may exist.
     failed_create: Option<std::path::PathBuf>,
+    /// Time spent in `write` calls and in `fdatasync` calls.
+    write_time: Duration,
+    sync_time: Duration,
 }
 
 impl PartitionLog {
@@ -333,7 +336,10 @@ impl PartitionLog {
             Err(_) => Err(LogError::Poisoned { source: Arc::new(LogError::CyclePanicked) }),
         };
         match result {
-            Ok(outcomes) => (outcomes.into_iter().map(Ok).collect(), true),
+            Ok((outcomes, timings)) => {
+                self.observe_cycle(&timings);
+                (outcomes.into_iter().map(Ok).collect(), true)
+            }
             Err(e) => (batches.iter().map(|_| Err(e.clone())).collect(), false),
         }
     }
@@ -342,7 +348,7 @@ impl PartitionLog {
         &self,
         w: &mut Writer,
         batches: &[Queued],
-    ) -> Result<Vec<CommitOutcome>, LogError> {
+    ) -> Result<(Vec<CommitOutcome>, CycleTimings), LogError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(LogError::Closed);
         }
@@ -366,8 +372,14 @@ impl PartitionLog {
             })
             .collect();
         let frames = self.build_frames(batches, base, time)?;
-        let mut cycle =
-            Cycle { prior_active: w.active.clone(), touched: Vec::new(), failed_create: None };
+        let mut cycle = Cycle {
+            prior_active: w.active.clone(),
+            touched: Vec::new(),
+            failed_create: None,
+            write_time: Duration::ZERO,
+            sync_time: Duration::ZERO,
+        };
+        let flush_start = Instant::now();
         if let Err(e) = self.write_sync_verify(w, &frames, &mut cycle) {
             error!(
                 dir = %self.dir.display(), error = %e, records = next - base,
@@ -376,10 +388,17 @@ impl PartitionLog {
             self.rollback(w, cycle);
             return Err(e);
         }
+        let timings = CycleTimings {
+            flush: flush_start.elapsed(),
+            write: cycle.write_time,
+            fsync: cycle.sync_time,
+            bytes: frames.iter().map(|f| f.bytes.len() as u64).sum(),
+            records: next - base,
+        };
         self.publish(w, &frames, cycle, time);
         Counters::add(&self.counters.commit_cycles, 1);
         Counters::add(&self.counters.records_committed, next - base);
-        Ok(outcomes)
+        Ok((outcomes, timings))
     }
 
     fn build_frames(
@@ -461,15 +480,16 @@ impl PartitionLog {
             }
             let t = cycle.touched.last_mut().expect("pushed above");
             t.dirty = true;
-            t.file
-                .write_all_at(&f.bytes, t.len)
-                .map_err(|e| LogError::io("write", &t.seg.path, e))?;
+            let started = Instant::now();
+            let written = t.file.write_all_at(&f.bytes, t.len);
+            cycle.write_time += started.elapsed();
+            written.map_err(|e| LogError::io("write", &t.seg.path, e))?;
             t.frames.push((i, t.len));
             t.len += len;
             a.len = t.len;
         }
         if let Some(t) = cycle.touched.last_mut() {
-            self.sync(t)?;
+            self.sync(t, &mut cycle.sync_time)?;
         }
         READ_BACK.with_borrow_mut(|buf| self.read_back(cycle, frames, buf))
     }
@@ -519,9 +539,14 @@ impl PartitionLog {
         Ok(())
     }
 
-    fn sync(&self, t: &mut Touched) -> Result<(), LogError> {
+    /// Fdatasyncs a segment the cycle wrote to, once; adds the time taken
+    /// to `spent`.
+    fn sync(&self, t: &mut Touched, spent: &mut Duration) -> Result<(), LogError> {
         if t.dirty && !t.synced {
-            t.file.sync_data().map_err(|e| LogError::io("fdatasync", &t.seg.path, e))?;
+            let started = Instant::now();
+            let synced = t.file.sync_data();
+            *spent += started.elapsed();
+            synced.map_err(|e| LogError::io("fdatasync", &t.seg.path, e))?;
             Counters::add(&self.counters.syncs, 1);
             t.synced = true;
         }
@@ -532,7 +557,7 @@ impl PartitionLog {
     /// sealed segment is always complete on disk before its successor exists.
     fn roll(&self, w: &mut Writer, base: u64, cycle: &mut Cycle) -> Result<(), LogError> {
         if let Some(t) = cycle.touched.last_mut() {
-            self.sync(t)?;
+            self.sync(t, &mut cycle.sync_time)?;
         }
         let path = segment::segment_path(&self.dir, base);
         cycle.failed_create = Some(path.clone());

@@ -54,6 +54,7 @@ pub mod segment;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -62,7 +63,7 @@ pub use config::{LogConfig, SealedCheck};
 pub use error::{FrontierError, LogError, ReadError};
 pub use frame::Codec;
 pub use frontier::ConsumerOffset;
-pub use log::{CommitListener, PartitionLog};
+pub use log::{CommitListener, CycleObserver, PartitionLog};
 pub use metrics::LogMetrics;
 pub use recovery::RecoveryReport;
 pub use retention::RetentionReport;
@@ -114,6 +115,23 @@ pub struct CommitOutcome {
     pub count: u64,
     /// The commit time of every record of the batch, in ms since the epoch.
     pub commit_time_ms: u64,
+}
+
+/// What one successful commit cycle spent (for the storage histograms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CycleTimings {
+    /// The durable-commit I/O: from the cycle's first write to the end of
+    /// its read-back, segment rolls included.
+    pub flush: Duration,
+    /// Time inside `write` calls.
+    pub write: Duration,
+    /// Time inside `fdatasync` calls (the roll's sync of the sealed segment
+    /// included).
+    pub fsync: Duration,
+    /// Frame bytes written.
+    pub bytes: u64,
+    /// Records made visible.
+    pub records: u64,
 }
 
 impl CommitOutcome {

@@ -36,7 +36,6 @@ use std::time::{Duration, Instant};
 use narad_clock::ClockRef;
 use narad_fs::{FileRef, FsRef, OpenMode};
 
-use crate::LogStats;
 use crate::cache::FrameCache;
 use crate::commit::Combiner;
 use crate::config::LogConfig;
@@ -45,6 +44,7 @@ use crate::limits::MAX_OPEN_SEALED_FILES;
 use crate::metrics::{Counters, LogMetrics};
 use crate::recovery::{self, RecoveryReport};
 use crate::segment::IndexEntry;
+use crate::{CycleTimings, LogStats};
 
 /// Called with the new high watermark after every commit cycle that
 /// advanced it, on the thread that led the cycle, outside the log's locks.
@@ -52,6 +52,12 @@ use crate::segment::IndexEntry;
 pub type CommitListener = Box<dyn Fn(u64) + Send + Sync>;
 
 type SharedListener = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Called once per successful commit cycle, by the thread that ran it,
+/// after the writer lock is released (see [`PartitionLog::set_cycle_observer`]).
+pub type CycleObserver = Box<dyn Fn(&CycleTimings) + Send + Sync>;
+
+type SharedObserver = Arc<dyn Fn(&CycleTimings) + Send + Sync>;
 
 /// A segment file, shared by the view, the writer and readers.
 #[derive(Debug)]
@@ -166,6 +172,7 @@ pub struct PartitionLog {
     pub(crate) cache: Mutex<FrameCache>,
     pub(crate) open_sealed: Mutex<VecDeque<Arc<SegFile>>>,
     listener: RwLock<Option<SharedListener>>,
+    observer: RwLock<Option<SharedObserver>>,
     hwm_lock: Mutex<()>,
     hwm_changed: Condvar,
     pub(crate) retention_lock: Mutex<()>,
@@ -248,6 +255,7 @@ impl PartitionLog {
             closed: AtomicBool::new(false),
             open_sealed: Mutex::new(VecDeque::new()),
             listener: RwLock::new(None),
+            observer: RwLock::new(None),
             hwm_lock: Mutex::new(()),
             hwm_changed: Condvar::new(),
             retention_lock: Mutex::new(()),
@@ -331,6 +339,21 @@ impl PartitionLog {
     /// Installs (or with `None` removes) the commit listener.
     pub fn set_commit_listener(&self, listener: Option<CommitListener>) {
         *self.listener.write().unwrap_or_else(PoisonError::into_inner) = listener.map(Arc::from);
+    }
+
+    /// Installs (or with `None` removes) the cycle observer: it gets the
+    /// timings of every successful commit cycle (for the storage flush and
+    /// fsync histograms). It runs on the committing thread, outside the
+    /// log's locks, so it must be cheap.
+    pub fn set_cycle_observer(&self, observer: Option<CycleObserver>) {
+        *self.observer.write().unwrap_or_else(PoisonError::into_inner) = observer.map(Arc::from);
+    }
+
+    pub(crate) fn observe_cycle(&self, timings: &CycleTimings) {
+        let observer = self.observer.read().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(o) = observer {
+            o(timings);
+        }
     }
 
     /// Blocks until the high watermark is above `offset`, the timeout

@@ -389,3 +389,26 @@ fn codec_can_change_between_opens_and_readers_follow_each_frame() {
         assert_eq!((&g.key, &g.payload), (&w.key, &w.payload));
     }
 }
+
+#[test]
+fn the_cycle_observer_sees_each_successful_cycle_once_and_no_failed_one() {
+    let fs = SimFs::new(12);
+    let log = open_sim(&fs, &small_config(), &ManualClock::new(T0)).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    log.set_cycle_observer(Some(Box::new(move |t| s.lock().unwrap().push(*t))));
+    log.commit(recs("a", 1)).unwrap();
+    log.commit(recs("b", 3)).unwrap();
+    // A failed cycle (its fdatasync fails) is not observed.
+    fs.inject(fs.op_count() + 1, FaultKind::SyncError);
+    assert!(log.commit(recs("c", 2)).is_err());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.iter().map(|t| t.records).collect::<Vec<_>>(), vec![1, 3]);
+    let m = log.metrics();
+    assert_eq!(seen.iter().map(|t| t.bytes).sum::<u64>(), m.bytes_written);
+    for t in &seen {
+        // The write and the fdatasync both run inside the flush.
+        assert!(t.write + t.fsync <= t.flush, "{t:?}");
+    }
+    log.set_cycle_observer(None);
+}

@@ -341,6 +341,75 @@ fn health_metrics_and_unknown_routes() {
     assert_eq!(r.status(), 405);
 }
 
+/// The value of the first series of `m` that starts with `prefix` (the
+/// name and the start of its labels) and contains every one of `labels`.
+fn series(m: &str, prefix: &str, labels: &[&str]) -> Option<f64> {
+    m.lines()
+        .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
+#[test]
+fn storage_metrics_time_every_commit_cycle_and_frontier_write() {
+    let s = Server::start("storage-metrics");
+    s.create_topic(r#"{"name":"sm"}"#);
+    for body in [&b"one"[..], b"two", b"three"] {
+        assert_eq!(s.produce("sm", "partition=1", body), 202);
+    }
+    // Consumed and acked: the frontier moves and is persisted (every
+    // 100 ms in the background).
+    let mut acked = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while acked < 3 && std::time::Instant::now() < deadline {
+        if let Some(m) = s.consume("sm", "partition=1&wait=1s") {
+            let h = m["receipt_handle"].as_str().unwrap().to_owned();
+            assert_eq!(
+                s.post(&format!("/v1/topics/sm/ack?receipt_handle={h}"), Vec::new()).status(),
+                204
+            );
+            acked += 1;
+        }
+    }
+    assert_eq!(acked, 3, "the three messages were consumed");
+    let p1 = ["topic=\"sm\"", "partition=\"1\""];
+    let mut m = String::new();
+    while std::time::Instant::now() < deadline {
+        m = s.get("/metrics").text().unwrap();
+        if series(&m, "narad_storage_high_watermark_persist_duration_seconds_count{", &p1).is_some()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let get = |prefix: &str, extra: &[&str]| {
+        let labels: Vec<&str> = p1.iter().chain(extra).copied().collect();
+        series(&m, prefix, &labels).unwrap_or_else(|| panic!("no {prefix} {labels:?} in\n{m}"))
+    };
+    let cycles = get("narad_storage_flush_duration_seconds_count{", &[]);
+    assert!((1.0..=3.0).contains(&cycles), "1 to 3 commit cycles for 3 records: {cycles}");
+    // One fsync histogram sample per cycle, and both take time.
+    assert_eq!(get("narad_storage_fsync_duration_seconds_count{", &[]), cycles);
+    assert!(get("narad_storage_fsync_duration_seconds_sum{", &[]) > 0.0);
+    assert!(
+        get("narad_storage_flush_duration_seconds_sum{", &[])
+            >= get("narad_storage_fsync_duration_seconds_sum{", &[])
+    );
+    // Frames hold the payloads plus headers and envelopes.
+    assert!(get("narad_storage_flush_bytes_total{", &[]) > 11.0);
+    assert!(
+        get("narad_storage_high_watermark_persist_duration_seconds_count{", &["outcome=\"ok\""])
+            >= 1.0
+    );
+    // Partitions that committed nothing have no series.
+    let p0 = ["topic=\"sm\"", "partition=\"0\""];
+    assert_eq!(series(&m, "narad_storage_flush_duration_seconds_count{", &p0), None);
+    // Deleting the topic removes its series.
+    assert_eq!(s.client.delete(s.url("/v1/topics/sm")).send().unwrap().status(), 204);
+    let m = s.get("/metrics").text().unwrap();
+    assert_eq!(series(&m, "narad_storage_flush_duration_seconds_count{", &p1), None, "{m}");
+    assert_eq!(series(&m, "narad_storage_flush_bytes_total{", &p1), None, "{m}");
+}
+
 #[test]
 fn http_metrics_count_each_route_method_and_status() {
     let s = Server::start("http-metrics");
