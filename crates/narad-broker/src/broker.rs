@@ -874,7 +874,7 @@ impl Broker {
             let me = me.clone();
             async move {
                 if let Some(b) = me.upgrade() {
-                    b.poll_metrics();
+                    let _ = tokio::task::spawn_blocking(move || b.poll_metrics()).await;
                 }
             }
         })));
@@ -934,19 +934,28 @@ impl Broker {
         }
     }
 
-    /// Refreshes the gauges (every 5 s in the background).
+    /// Refreshes the gauges (every 5 s in the background; blocking: it
+    /// may read a frame header and walks the data directory).
     pub fn poll_metrics(&self) {
         self.poll_cheap_gauges();
         let m = &self.metrics;
+        let now_ms = self.clock.wall_ms();
         for rt in self.topics.all() {
+            let mut topic_bytes = 0u64;
             for part in rt.open_partitions() {
                 let l = PartitionLabels::new(&rt.name, part.index);
                 let stats = part.log.stats();
+                topic_bytes += stats.size_bytes;
                 m.partition_size_bytes.get_or_create(&l).set(stats.size_bytes as i64);
                 m.segments.get_or_create(&l).set(stats.segments as i64);
                 if let Ok(mut g) = part.shard()
                     && let Some(s) = g.as_mut()
                 {
+                    let written = part.log.segment_written_at_ms(s.next());
+                    let age = written.map_or(0, |t| now_ms.saturating_sub(t));
+                    m.oldest_unconsumed_message_age_seconds
+                        .get_or_create(&l)
+                        .set(age as f64 / 1000.0);
                     m.consumer_lag_messages
                         .get_or_create(&l)
                         .set(stats.next_offset.saturating_sub(s.next()) as i64);
@@ -959,6 +968,15 @@ impl Broker {
                         .set((s.acked_ahead() + s.corrupt_ahead()) as i64);
                 }
             }
+            m.topic_bytes
+                .get_or_create(&TopicLabels { topic: rt.name.to_string() })
+                .set(i64::try_from(topic_bytes).unwrap_or(i64::MAX));
+        }
+        match dir_size(&self.config.data_dir) {
+            Ok(bytes) => {
+                m.data_dir_size_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+            Err(_) => m.error("metrics", "snapshot"),
         }
     }
 
@@ -1044,6 +1062,30 @@ impl Broker {
         })
         .await
     }
+}
+
+/// The bytes of the files under `dir` (apparent sizes; files that vanish
+/// during the walk are skipped). A metrics walk: it reads no file, so it
+/// goes to the file system directly, as the free-space gauge does.
+fn dir_size(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && d != dir => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Persists every moved consumer frontier; returns how many failed.

@@ -7,6 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 
 /// `{topic, partition}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -111,6 +112,11 @@ pub struct BrokerMetrics {
     pub acked_ahead_size: Family<PartitionLabels, Gauge>,
     /// Bytes of a partition's log.
     pub partition_size_bytes: Family<PartitionLabels, Gauge>,
+    /// Bytes of all of a topic's partition logs on this node.
+    pub topic_bytes: Family<TopicLabels, Gauge>,
+    /// Now minus when the segment holding the consumer frontier was last
+    /// written (0 when nothing is unconsumed), per partition.
+    pub oldest_unconsumed_message_age_seconds: Family<PartitionLabels, Gauge<f64, AtomicU64>>,
     /// Segments of a partition's log.
     pub segments: Family<PartitionLabels, Gauge>,
     /// Segments and bytes deleted by retention.
@@ -148,6 +154,8 @@ pub struct BrokerMetrics {
     pub dispatch_commit_failures: Counter,
     /// Bytes free on the data directory's file system.
     pub data_dir_available_bytes: Gauge,
+    /// Bytes of the files under the data directory.
+    pub data_dir_size_bytes: Gauge,
     /// Parent records a fan-out cursor has not sent yet.
     pub fanout_lag_messages: Family<crate::fanout::FanoutPartitionLabels, Gauge>,
     /// How late (s) the oldest unsent record of a cursor is past its due time.
@@ -252,6 +260,12 @@ impl BrokerMetrics {
         reg!("inflight_size", "Live leases", inflight_size);
         reg!("acked_ahead_size", "Acked-ahead and corrupt offsets", acked_ahead_size);
         reg!("partition_size_bytes", "Bytes of a partition log", partition_size_bytes);
+        reg!("topic_bytes", "Bytes of a topic's partition logs on this node", topic_bytes);
+        reg!(
+            "oldest_unconsumed_message_age_seconds",
+            "Now minus when the segment holding the consumer frontier was last written",
+            oldest_unconsumed_message_age_seconds
+        );
         reg!("segments", "Segments of a partition log", segments);
         reg!(
             "storage_retention_bytes_deleted",
@@ -285,8 +299,8 @@ impl BrokerMetrics {
             m.storage_high_watermark_persist_duration_seconds.0.clone(),
         );
         reg!("errors", "Errors by component and kind", errors);
-        reg!("topics", "Topics", topics);
-        reg!("partitions", "Partitions of all topics", partitions);
+        reg!("topics_total", "Topics", topics);
+        reg!("partitions_total", "Partitions of all topics", partitions);
         reg!("open_partition_logs", "Partition logs open on this node", open_partition_logs);
         reg!("ingress_wal_failed", "1 once the ingress WAL latched a failure", ingress_wal_failed);
         reg!(
@@ -300,6 +314,11 @@ impl BrokerMetrics {
             "dispatch_commit_failures",
             "Dispatcher commits that failed",
             dispatch_commit_failures
+        );
+        reg!(
+            "data_dir_size_bytes",
+            "Bytes of the files under the data directory",
+            data_dir_size_bytes
         );
         reg!(
             "data_dir_available_bytes",
@@ -365,6 +384,7 @@ impl BrokerMetrics {
 
     /// Removes every per-partition series of a deleted topic.
     pub fn forget_topic(&self, topic: &str, partitions: u32) {
+        self.topic_bytes.remove(&TopicLabels { topic: topic.to_owned() });
         for p in 0..partitions {
             let l = PartitionLabels::new(topic, p);
             for fam in [
@@ -377,6 +397,7 @@ impl BrokerMetrics {
             ] {
                 fam.remove(&l);
             }
+            self.oldest_unconsumed_message_age_seconds.remove(&l);
             for fam in [
                 &self.messages_produced,
                 &self.bytes_produced,

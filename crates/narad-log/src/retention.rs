@@ -151,3 +151,30 @@ impl PartitionLog {
         }
     }
 }
+
+impl PartitionLog {
+    /// The commit time (ms) of the newest record of the segment holding
+    /// `offset`: when that segment was last written, the "mtime of the
+    /// frontier segment" of SPEC §9's `oldest_unconsumed_message_age_seconds`.
+    /// `None` if `offset` is not a committed, retained offset, or the
+    /// segment's last frame cannot be read. Known for segments written since
+    /// open; read once from the last frame (then remembered) otherwise.
+    pub fn segment_written_at_ms(&self, offset: u64) -> Option<u64> {
+        let (file, known, last_frame_pos) = {
+            let v = self.view_read();
+            if offset < v.oldest || offset >= v.hwm {
+                return None;
+            }
+            let s = v.segment_of(offset)?;
+            (s.file.clone(), s.newest_time_ms, s.last_frame_pos)
+        };
+        if known.is_some() {
+            return known;
+        }
+        let (_, newest) = self.frame_times(&file, last_frame_pos?).ok()?;
+        if let Some(s) = self.view_write().segment_by_base(file.base) {
+            s.newest_time_ms.get_or_insert(newest);
+        }
+        Some(newest)
+    }
+}

@@ -153,3 +153,27 @@ fn a_reader_racing_retention_keeps_reading_or_gets_gone_on_a_real_directory() {
     readers_race_retention(Arc::new(RealFs), root.join("p00000"));
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+#[test]
+fn a_segment_is_dated_by_its_newest_record_before_and_after_a_reopen() {
+    let fs = SimFs::new(3);
+    let config = small_config();
+    let clock = ManualClock::new(T0);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    commit_minutes(&log, &clock, 7); // three records per segment: [0,3) [3,6) [6,7)
+    let want =
+        |log: &PartitionLog| (0..8).map(|o| log.segment_written_at_ms(o)).collect::<Vec<_>>();
+    let at = |m: u64| Some(T0 + m * MIN);
+    let expected = vec![at(2), at(2), at(2), at(5), at(5), at(5), at(6), None];
+    assert_eq!(want(&log), expected, "offset 7 is not committed yet");
+    // A reopened log reads the sealed segments' times from their last frame.
+    log.close();
+    drop(log);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    assert_eq!(want(&log), expected);
+    // Offsets retention removed have no segment.
+    log.enforce_retention(T0 + 10 * MIN, 6 * MIN).unwrap();
+    assert_eq!(log.oldest_offset(), 3);
+    assert_eq!(log.segment_written_at_ms(2), None);
+    assert_eq!(log.segment_written_at_ms(3), at(5));
+}

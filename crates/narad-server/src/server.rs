@@ -4,7 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +16,7 @@ use narad_fs::RealFs;
 use narad_log::LogConfig;
 use narad_meta::TopicDefaults;
 use narad_wal::WalOptions;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{error, info};
@@ -166,6 +167,7 @@ pub async fn run(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
+    let boot_started = std::time::Instant::now();
     let tls = match &config.tls {
         Some(f) => Some(
             crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
@@ -208,6 +210,11 @@ pub async fn run(
         None
     };
     let security = Security::new(auth, RateLimiter::new(config.limits.clone()), &mut registry);
+    // From the start of `run` (TLS, bind, metastore, WAL and partition
+    // recovery, security) to serving.
+    let boot = Gauge::<f64, AtomicU64>::default();
+    boot.set(boot_started.elapsed().as_secs_f64());
+    registry.register("boot_duration_seconds", "Time the node took to start serving", boot);
     let state = Arc::new(AppState {
         broker: broker.clone(),
         registry,
