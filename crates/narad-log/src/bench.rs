@@ -10,7 +10,9 @@
 //!    limit for a committer that syncs on its own. The other half runs after
 //!    phase 2; the figure is the mean of the two (both are reported).
 //!    A second probe, split the same way, appends one *whole cycle* (the
-//!    frame holding one batch from every committer) per fdatasync: times
+//!    frame holding one batch from every committer) per fdatasync (over
+//!    synced zeros when the cycle is one frame, as the log's zero runway
+//!    makes it): times
 //!    the records in it, that is `ceiling_records_per_sec`, what the log
 //!    could reach if every cycle carried every committer's batch and cost
 //!    nothing but its write and fdatasync. On a disk whose fdatasync time
@@ -194,9 +196,14 @@ fn run_in(
 ) -> Result<BenchReport, BenchError> {
     // The probe runs half before and half after the commit phase, so a
     // change of load on a shared machine shows (and averages out).
-    let before = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
+    let half = opts.probe_seconds / 2.0;
+    let before = probe_fdatasync(&*fs, scratch, opts.record_bytes, half, false)?;
     let (cycle_bytes, cycle_records) = whole_cycle(opts);
-    let cycle_before = probe_fdatasync(&*fs, scratch, cycle_bytes, opts.probe_seconds / 2.0)?;
+    // The log keeps a zero runway ahead of one-frame cycles, so their probe
+    // overwrites synced zeros too.
+    let prezeroed = cycle_bytes <= LogConfig::default().effective_frame_target() as usize
+        && LogConfig::default().runway_bytes > 0;
+    let cycle_before = probe_fdatasync(&*fs, scratch, cycle_bytes, half, prezeroed)?;
 
     let config =
         LogConfig { codec: opts.codec, segment_bytes: opts.segment_bytes, ..LogConfig::default() };
@@ -238,8 +245,8 @@ fn run_in(
     let m = log.metrics();
     log.close();
     drop(log);
-    let after = probe_fdatasync(&*fs, scratch, opts.record_bytes, opts.probe_seconds / 2.0)?;
-    let cycle_after = probe_fdatasync(&*fs, scratch, cycle_bytes, opts.probe_seconds / 2.0)?;
+    let after = probe_fdatasync(&*fs, scratch, opts.record_bytes, half, false)?;
+    let cycle_after = probe_fdatasync(&*fs, scratch, cycle_bytes, half, prezeroed)?;
     let fdatasync_per_sec = (before + after) / 2.0;
     let cycle_fdatasync_per_sec = (cycle_before + cycle_after) / 2.0;
     let ceiling = cycle_fdatasync_per_sec * cycle_records as f64;
@@ -322,12 +329,15 @@ fn whole_cycle(opts: &BenchOptions) -> (usize, usize) {
     (bytes, records)
 }
 
-/// Serial append + fdatasync of `block` bytes for `seconds`.
+/// Serial append + fdatasync of `block` bytes for `seconds`; with
+/// `prezeroed`, into a file of synced zeros (cycling through 16 MiB of it),
+/// so no fdatasync changes the file's size.
 fn probe_fdatasync(
     fs: &dyn Fs,
     dir: &std::path::Path,
     block: usize,
     seconds: f64,
+    prezeroed: bool,
 ) -> Result<f64, BenchError> {
     let path = dir.join("fdatasync-probe");
     let io = |op| {
@@ -336,11 +346,20 @@ fn probe_fdatasync(
     };
     let file = fs.open(&path, OpenMode::CreateNew).map_err(io("create"))?;
     let buf = vec![0x5au8; block];
+    let slots = ((16u64 << 20) / block as u64).max(1);
+    if prezeroed {
+        let zeros = vec![0u8; block];
+        for i in 0..slots {
+            file.write_all_at(&zeros, i * block as u64).map_err(io("write"))?;
+        }
+        file.sync_data().map_err(io("fdatasync"))?;
+    }
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
     let mut n = 0u64;
     while Instant::now() < deadline {
-        file.write_all_at(&buf, n * block as u64).map_err(io("write"))?;
+        let slot = if prezeroed { n % slots } else { n };
+        file.write_all_at(&buf, slot * block as u64).map_err(io("write"))?;
         file.sync_data().map_err(io("fdatasync"))?;
         n += 1;
     }

@@ -32,8 +32,11 @@
 //!    watermark, contiguous in queue order.
 //! 3. Encode frames (split at the frame target), write each with its own
 //!    `write_all_at`, rolling to a new segment before a frame that would
-//!    overflow the active one (the old segment is fdatasynced first, so a
-//!    sealed segment is always complete on disk).
+//!    overflow the active one (the old segment is fdatasynced and trimmed
+//!    to its frames first, so a sealed segment is always complete on disk
+//!    and exactly its frames).
+//!    A cycle of one frame then tops up the zero runway after it (see
+//!    `extend_runway`); a cycle of several frames trims the runway first.
 //! 4. `fdatasync` the active segment.
 //! 5. Read every frame back and check its header and CRC.
 //! 6. Publish: extend the view and its sparse index, advance the high
@@ -217,6 +220,10 @@ struct Cycle {
     touched: Vec<Touched>,
     /// A segment whose creation was attempted and failed: it may exist.
     failed_create: Option<std::path::PathBuf>,
+    /// A trim of the runway failed after its `set_len`: what the disk holds
+    /// past the frames is unknown (a failed fdatasync is never retried), so
+    /// the rollback poisons the log; reopening cuts the tail.
+    trim_failed: bool,
     /// Time spent in `write` calls and in `fdatasync` calls.
     write_time: Duration,
     sync_time: Duration,
@@ -376,6 +383,7 @@ impl PartitionLog {
             prior_active: w.active.clone(),
             touched: Vec::new(),
             failed_create: None,
+            trim_failed: false,
             write_time: Duration::ZERO,
             sync_time: Duration::ZERO,
         };
@@ -456,6 +464,11 @@ impl PartitionLog {
         cycle: &mut Cycle,
     ) -> Result<(), LogError> {
         let segment_bytes = self.config.segment_bytes;
+        if frames.len() > 1 {
+            // Several frames are never written over the zero runway: see
+            // `extend_runway`.
+            self.trim_runway(w, cycle)?;
+        }
         for (i, f) in frames.iter().enumerate() {
             let len = f.bytes.len() as u64;
             let roll = match &w.active {
@@ -487,6 +500,9 @@ impl PartitionLog {
             t.frames.push((i, t.len));
             t.len += len;
             a.len = t.len;
+        }
+        if frames.len() == 1 {
+            self.extend_runway(w, cycle)?;
         }
         if let Some(t) = cycle.touched.last_mut() {
             self.sync(t, &mut cycle.sync_time)?;
@@ -553,12 +569,67 @@ impl PartitionLog {
         Ok(())
     }
 
-    /// Starts a new segment at `base`. The current one is synced first, so a
-    /// sealed segment is always complete on disk before its successor exists.
+    /// After the write of a cycle of one frame, before its fdatasync: tops
+    /// the zero runway after the active segment's data up to
+    /// `min(runway_bytes, data in the segment, room left in the segment)`
+    /// once less than half of that is left. The cycle's fdatasync makes the
+    /// zeros durable with the frame; later one-frame cycles then overwrite
+    /// blocks the file has, and their fdatasync does not change its size.
+    ///
+    /// Why only one-frame cycles overwrite the runway: a crash may keep any
+    /// subset of an unsynced overwrite's pages (an append is cut by the
+    /// file size the journal commits). A torn frame followed by zeros is a
+    /// torn tail recovery truncates; a torn frame followed by a whole frame
+    /// of the same write would read as damage before valid frames. So a
+    /// cycle of several frames first trims the runway, durably, and
+    /// appends.
+    fn extend_runway(&self, w: &mut Writer, cycle: &mut Cycle) -> Result<(), LogError> {
+        let Some(a) = w.active.as_mut() else { return Ok(()) };
+        let room = self.config.segment_bytes.saturating_sub(a.len);
+        let want = self.config.runway_bytes.min(a.len).min(room);
+        if want == 0 || a.alloc >= a.len + want / 2 {
+            return Ok(());
+        }
+        let from = a.alloc.max(a.len);
+        let to = a.len + want;
+        let zeros = vec![0u8; (to - from) as usize];
+        let started = Instant::now();
+        let written = a.file.write_all_at(&zeros, from);
+        cycle.write_time += started.elapsed();
+        written.map_err(|e| LogError::io("write", &a.seg.path, e))?;
+        a.alloc = to;
+        Ok(())
+    }
+
+    /// Cuts the active segment's file back to its frames, durably, if it is
+    /// longer (its size is asked of the file, not taken from the hint):
+    /// before a cycle of several frames and before the segment is sealed.
+    fn trim_runway(&self, w: &mut Writer, cycle: &mut Cycle) -> Result<(), LogError> {
+        let Some(a) = w.active.as_mut() else { return Ok(()) };
+        let path = &a.seg.path;
+        let size = a.file.len().map_err(|e| LogError::io("stat", path, e))?;
+        if size > a.len {
+            cycle.trim_failed = true;
+            a.file.set_len(a.len).map_err(|e| LogError::io("truncate", path, e))?;
+            let started = Instant::now();
+            let synced = a.file.sync_data();
+            cycle.sync_time += started.elapsed();
+            synced.map_err(|e| LogError::io("fdatasync", path, e))?;
+            Counters::add(&self.counters.syncs, 1);
+            cycle.trim_failed = false;
+        }
+        a.alloc = a.len;
+        Ok(())
+    }
+
+    /// Starts a new segment at `base`. The current one is synced and cut to
+    /// its frames first, so a sealed segment is always complete on disk, and
+    /// exactly its frames, before its successor exists.
     fn roll(&self, w: &mut Writer, base: u64, cycle: &mut Cycle) -> Result<(), LogError> {
         if let Some(t) = cycle.touched.last_mut() {
             self.sync(t, &mut cycle.sync_time)?;
         }
+        self.trim_runway(w, cycle)?;
         let path = segment::segment_path(&self.dir, base);
         cycle.failed_create = Some(path.clone());
         let file = self
@@ -577,7 +648,7 @@ impl PartitionLog {
             synced: false,
             frames: Vec::new(),
         });
-        w.active = Some(Active { seg, file, len: 0 });
+        w.active = Some(Active { seg, file, len: 0, alloc: 0 });
         Counters::add(&self.counters.segments_rolled, 1);
         Ok(())
     }
@@ -596,6 +667,13 @@ impl PartitionLog {
             if let Some(path) = &cycle.failed_create {
                 remove(path)?;
             }
+            if cycle.trim_failed {
+                return Err(LogError::io(
+                    "trim the zero runway",
+                    &self.dir,
+                    std::io::Error::other("the segment's size on disk is unknown"),
+                ));
+            }
             for t in cycle.touched.iter().rev() {
                 if t.created {
                     *lock(&t.seg.handle) = None;
@@ -611,6 +689,13 @@ impl PartitionLog {
             Ok::<(), LogError>(())
         })();
         w.active = cycle.prior_active;
+        if let Some(a) = w.active.as_mut() {
+            // Truncated back (or never written): the file is its frames,
+            // unless the truncation failed, which poisons the log below.
+            if cycle.touched.iter().any(|t| Arc::ptr_eq(&t.seg, &a.seg) && t.dirty) {
+                a.alloc = a.len;
+            }
+        }
         if let Err(e) = result {
             error!(
                 dir = %self.dir.display(), error = %e,

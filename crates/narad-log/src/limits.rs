@@ -107,6 +107,13 @@ pub const DEFAULT_COMMIT_LINGER_US: u64 = 200;
 /// The largest allowed linger, in µs.
 pub const MAX_COMMIT_LINGER_US: u64 = 10_000;
 
+/// The default zero runway kept after the active segment's data (see
+/// [`LogConfig::runway_bytes`](crate::LogConfig)).
+pub const DEFAULT_RUNWAY_BYTES: u64 = 256 << 10;
+
+/// The largest allowed runway.
+pub const MAX_RUNWAY_BYTES: u64 = 16 << 20;
+
 /// The highest zstd level accepted in the config.
 pub const MAX_ZSTD_LEVEL: i32 = 22;
 

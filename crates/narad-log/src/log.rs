@@ -141,8 +141,13 @@ impl View {
 pub(crate) struct Active {
     pub seg: Arc<SegFile>,
     pub file: FileRef,
-    /// Bytes in the file (verified, between cycles).
+    /// Bytes of verified frames (between cycles).
     pub len: u64,
+    /// What the cycles have made the file's size: `len` plus the zero
+    /// runway written after it. A hint for extending the runway only:
+    /// decisions that need the true size (trimming before a seal or before
+    /// a cycle of several frames) ask the file.
+    pub alloc: u64,
 }
 
 /// The writer's state, under the produce lock.
@@ -222,7 +227,7 @@ impl PartitionLog {
         for s in rec.segments {
             let seg = SegFile::new(s.base, s.path, s.file.clone());
             if let Some(file) = s.file {
-                active = Some(Active { seg: seg.clone(), file, len: s.end_pos });
+                active = Some(Active { seg: seg.clone(), file, len: s.end_pos, alloc: s.end_pos });
             }
             segments.push(SegState {
                 file: seg,

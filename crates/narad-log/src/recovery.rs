@@ -11,11 +11,12 @@
 //! |--------|--------------------------------|-------------------------------|-----------|
 //! | any    | clean                          | `CleanSegment`                | keep      |
 //! | last   | empty file                     | `EmptyActiveSegment`          | keep      |
+//! | last   | only zero bytes after the frames | `ZeroRunwayOfLastSegment`   | truncate  |
 //! | last   | file ends inside a frame       | `TornTailOfLastSegment`       | truncate  |
 //! | last   | bad frame, nothing valid after | `GarbageTailOfLastSegment`    | truncate  |
 //! | last   | bad frame, valid frame after   | `CorruptionBeforeValidFrames` | fail open |
 //! | sealed | empty file                     | `EmptySealedSegment`          | fail open |
-//! | sealed | ends inside a frame / bad frame| `DamagedSealedSegment`        | fail open |
+//! | sealed | ends inside a frame / bad frame / zero bytes | `DamagedSealedSegment` | fail open |
 //! | any    | CRC-valid frame, wrong offsets | `FrameOutOfSequence`          | fail open |
 //! | any    | name ≠ end of previous segment | `SegmentGap`                  | fail open |
 //!
@@ -72,6 +73,9 @@ pub enum Finding {
     Clean,
     /// The file is empty.
     Empty,
+    /// After the last good frame there are only zero bytes (the writer's
+    /// zero runway, or the start of one a crash left).
+    ZeroTail,
     /// The file ends inside a frame header or payload.
     EndsInsideFrame,
     /// A frame fails its checks, and no valid frame follows it.
@@ -91,6 +95,9 @@ pub enum Case {
     CleanSegment,
     /// A last segment with no frames (just rolled, or truncated to nothing).
     EmptyActiveSegment,
+    /// The last segment's zero runway (see `LogConfig::runway_bytes`):
+    /// never data; cut off so the file is its frames again.
+    ZeroRunwayOfLastSegment,
     /// The last segment ends in a cut-off frame: never acked, truncated.
     TornTailOfLastSegment,
     /// The last segment ends in frames that fail their checks, with nothing
@@ -127,13 +134,17 @@ pub fn classify(place: Place, finding: Finding) -> Case {
         (_, F::OutOfSequence) => Case::FrameOutOfSequence,
         (_, F::OffsetGap) => Case::SegmentGap,
         (Place::Last, F::Empty) => Case::EmptyActiveSegment,
+        (Place::Last, F::ZeroTail) => Case::ZeroRunwayOfLastSegment,
         (Place::Last, F::EndsInsideFrame) => Case::TornTailOfLastSegment,
         (Place::Last, F::BadFrameThenNothingValid) => Case::GarbageTailOfLastSegment,
         (Place::Last, F::BadFrameThenValidFrame) => Case::CorruptionBeforeValidFrames,
         (Place::Sealed, F::Empty) => Case::EmptySealedSegment,
         (
             Place::Sealed,
-            F::EndsInsideFrame | F::BadFrameThenNothingValid | F::BadFrameThenValidFrame,
+            F::EndsInsideFrame
+            | F::BadFrameThenNothingValid
+            | F::BadFrameThenValidFrame
+            | F::ZeroTail,
         ) => Case::DamagedSealedSegment,
     }
 }
@@ -143,7 +154,9 @@ impl Case {
     pub fn decision(self) -> Decision {
         match self {
             Case::CleanSegment | Case::EmptyActiveSegment => Decision::Keep,
-            Case::TornTailOfLastSegment | Case::GarbageTailOfLastSegment => Decision::Truncate,
+            Case::ZeroRunwayOfLastSegment
+            | Case::TornTailOfLastSegment
+            | Case::GarbageTailOfLastSegment => Decision::Truncate,
             Case::CorruptionBeforeValidFrames
             | Case::EmptySealedSegment
             | Case::DamagedSealedSegment
@@ -158,6 +171,7 @@ impl fmt::Display for Case {
         f.write_str(match self {
             Case::CleanSegment => "clean segment",
             Case::EmptyActiveSegment => "empty active segment",
+            Case::ZeroRunwayOfLastSegment => "zero runway of the last segment",
             Case::TornTailOfLastSegment => "torn tail of the last segment",
             Case::GarbageTailOfLastSegment => "unverifiable tail of the last segment",
             Case::CorruptionBeforeValidFrames => "a bad frame followed by valid frames",
@@ -174,8 +188,10 @@ fn finding_of(scan: &SegmentScan) -> Finding {
         None if scan.file_len == 0 => Finding::Empty,
         None => Finding::Clean,
         Some(d) => match d.kind {
+            DefectKind::ShortHeader | DefectKind::BadHeader(_) if d.zero_tail => Finding::ZeroTail,
             DefectKind::ShortHeader | DefectKind::ShortPayload => Finding::EndsInsideFrame,
             DefectKind::OutOfSequence { .. } => Finding::OutOfSequence,
+
             DefectKind::BadHeader(_) | DefectKind::BadCrc(_) if d.valid_frame_after.is_some() => {
                 Finding::BadFrameThenValidFrame
             }
@@ -283,11 +299,18 @@ pub(crate) fn recover(fs: &FsRef, dir: &Path, config: &LogConfig) -> Result<Reco
             Decision::Keep => {}
             Decision::Truncate => {
                 let dropped = scan.file_len - defect_at;
-                warn!(
-                    file = %path.display(), at = defect_at, dropped_bytes = dropped,
-                    reason = %scan.defect.as_ref().map(|d| d.kind.to_string()).unwrap_or_default(),
-                    "recovery: truncating the {case} (these bytes were never acknowledged)"
-                );
+                if case == Case::ZeroRunwayOfLastSegment {
+                    info!(
+                        file = %path.display(), at = defect_at, dropped_bytes = dropped,
+                        "recovery: cutting the zero runway after the last frame"
+                    );
+                } else {
+                    warn!(
+                        file = %path.display(), at = defect_at, dropped_bytes = dropped,
+                        reason = %scan.defect.as_ref().map(|d| d.kind.to_string()).unwrap_or_default(),
+                        "recovery: truncating the {case} (these bytes were never acknowledged)"
+                    );
+                }
                 file.set_len(defect_at).map_err(io_err("truncate", &path))?;
                 file.sync_data().map_err(io_err("fdatasync", &path))?;
                 out.report.truncation = Some(Truncation {
@@ -371,9 +394,10 @@ mod tests {
     use super::*;
 
     const PLACES: [Place; 2] = [Place::Last, Place::Sealed];
-    const FINDINGS: [Finding; 7] = [
+    const FINDINGS: [Finding; 8] = [
         Finding::Clean,
         Finding::Empty,
+        Finding::ZeroTail,
         Finding::EndsInsideFrame,
         Finding::BadFrameThenNothingValid,
         Finding::BadFrameThenValidFrame,
@@ -390,6 +414,7 @@ mod tests {
             match (p, f) {
                 (_, Finding::Clean) => (Case::CleanSegment, Keep),
                 (Place::Last, Finding::Empty) => (Case::EmptyActiveSegment, Keep),
+                (Place::Last, Finding::ZeroTail) => (Case::ZeroRunwayOfLastSegment, Truncate),
                 (Place::Last, Finding::EndsInsideFrame) => (Case::TornTailOfLastSegment, Truncate),
                 (Place::Last, Finding::BadFrameThenNothingValid) => {
                     (Case::GarbageTailOfLastSegment, Truncate)
@@ -402,7 +427,8 @@ mod tests {
                     Place::Sealed,
                     Finding::EndsInsideFrame
                     | Finding::BadFrameThenNothingValid
-                    | Finding::BadFrameThenValidFrame,
+                    | Finding::BadFrameThenValidFrame
+                    | Finding::ZeroTail,
                 ) => (Case::DamagedSealedSegment, FailOpen),
                 (_, Finding::OutOfSequence) => (Case::FrameOutOfSequence, FailOpen),
                 (_, Finding::OffsetGap) => (Case::SegmentGap, FailOpen),
@@ -417,7 +443,7 @@ mod tests {
             }
         }
         // Every case is reachable from some input.
-        assert_eq!(seen.len(), 9);
+        assert_eq!(seen.len(), 10);
         // Only the last segment is ever truncated.
         for f in FINDINGS {
             assert_ne!(classify(Place::Sealed, f).decision(), Truncate, "{f:?}");

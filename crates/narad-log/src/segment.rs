@@ -135,6 +135,9 @@ pub struct Defect {
     /// The position of a frame after `pos` that passes its header checks and
     /// its CRC, if there is one: evidence that the damage is not a torn tail.
     pub valid_frame_after: Option<u64>,
+    /// Every byte from `pos` to the end of the file is zero: the zero runway
+    /// the writer keeps after the active segment's data, not damage.
+    pub zero_tail: bool,
 }
 
 /// The result of walking a segment's frames.
@@ -213,6 +216,18 @@ impl<'a> ChunkReader<'a> {
         Ok(crc == h.crc)
     }
 
+    /// Whether every byte from `from` to the end of the file is zero.
+    fn all_zero(&mut self, mut from: u64) -> io::Result<bool> {
+        while from < self.len {
+            let n = (self.len - from).min(SCAN_CHUNK_BYTES as u64) as usize;
+            if self.bytes(from, n)?.iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+            from += n as u64;
+        }
+        Ok(true)
+    }
+
     /// The first position after `from` where a valid frame starts.
     fn find_valid_frame(&mut self, from: u64) -> io::Result<Option<u64>> {
         let mut q = from;
@@ -272,8 +287,10 @@ pub fn scan_segment(
             }
             Err(kind) => kind,
         };
-        let valid_frame_after = if kind.is_short() { None } else { r.find_valid_frame(pos + 1)? };
-        scan.defect = Some(Defect { pos, kind, valid_frame_after });
+        let zero_tail = r.all_zero(pos)?;
+        let valid_frame_after =
+            if kind.is_short() || zero_tail { None } else { r.find_valid_frame(pos + 1)? };
+        scan.defect = Some(Defect { pos, kind, valid_frame_after, zero_tail });
         break;
     }
     Ok(scan)

@@ -14,9 +14,15 @@ use narad_log::limits::FRAME_HEADER_LEN;
 use narad_log::recovery::Case;
 use narad_log::{Codec, CommitRecord, LogConfig, LogError, SealedCheck};
 
+/// `small_config` without the zero runway: these tests damage files at
+/// positions computed from their frames, so a file must be its frames.
+fn exact_config() -> LogConfig {
+    LogConfig { runway_bytes: 0, ..small_config() }
+}
+
 /// A config with one big segment and small frames.
 fn one_segment() -> LogConfig {
-    LogConfig { segment_bytes: 1 << 20, ..small_config() }
+    LogConfig { segment_bytes: 1 << 20, ..exact_config() }
 }
 
 /// The byte positions of the frames of a segment file.
@@ -76,7 +82,7 @@ fn a_frame(base: u64) -> Vec<u8> {
 #[test]
 fn clean_log_reopens_with_the_same_high_watermark_and_records() {
     let fs = SimFs::new(1);
-    let config = small_config();
+    let config = exact_config();
     let records = log_with_frames(&fs, &config, 60);
     assert!(segment_paths(&fs).len() > 3, "small segments roll");
     let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
@@ -115,29 +121,127 @@ fn torn_tail_of_last_segment_is_truncated() {
 
 #[test]
 fn garbage_tail_of_last_segment_without_valid_frames_is_truncated() {
-    // Zeros (a torn write with holes), and a whole last frame whose payload
-    // does not match its CRC, with nothing valid after either.
-    for damage in ["zeros", "bad last frame"] {
+    // Only zeros (the writer's zero runway, or a torn write that reached
+    // none of its bytes); a frame cut short by zeros (a torn overwrite of
+    // the runway); and a whole last frame whose payload does not match its
+    // CRC: nothing valid after any of them.
+    for damage in ["zeros", "frame then zeros", "bad last frame"] {
         let fs = SimFs::new(3);
         let config = one_segment();
         let records = log_with_frames(&fs, &config, 5);
         let seg = only_segment(&fs);
         let good_len = fs.durable_len(&seg).unwrap();
-        match damage {
-            "zeros" => append_raw(&fs, &seg, &[0u8; 700]),
+        let case = match damage {
+            "zeros" => {
+                append_raw(&fs, &seg, &[0u8; 700]);
+                Case::ZeroRunwayOfLastSegment
+            }
+            "frame then zeros" => {
+                let mut bytes = a_frame(5);
+                let half = bytes.len() / 2;
+                bytes[half..].fill(0);
+                bytes.extend_from_slice(&[0u8; 300]);
+                append_raw(&fs, &seg, &bytes);
+                Case::GarbageTailOfLastSegment
+            }
             _ => {
                 let mut frame = a_frame(5);
                 let last = frame.len() - 1;
                 frame[last] ^= 0xff;
                 append_raw(&fs, &seg, &frame);
+                Case::GarbageTailOfLastSegment
             }
-        }
+        };
         let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
         let t = log.recovery_report().truncation.clone().expect("a truncation");
-        assert_eq!((t.case, t.at), (Case::GarbageTailOfLastSegment, good_len), "{damage}");
+        assert_eq!((t.case, t.at), (case, good_len), "{damage}");
         assert_eq!(log.high_watermark(), 5);
         drop(log);
+        assert_eq!(fs.durable_len(&seg).unwrap(), good_len, "{damage}: cut durably");
         assert_records(&fs, &config, &records);
+    }
+}
+
+/// A record of about 250 bytes.
+fn big_record(tag: &str, i: usize) -> CommitRecord {
+    CommitRecord::keyless(format!("{tag}-{i}-{}", "x".repeat(240)))
+}
+
+#[test]
+fn the_zero_runway_is_kept_ahead_of_small_commits_and_trimmed_before_a_seal() {
+    let fs = SimFs::new(21);
+    // 4 KiB segments, 1 KiB runway at most, small frames.
+    let config = LogConfig { segment_bytes: 4096, runway_bytes: 1024, ..small_config() };
+    let clock = ManualClock::new(T0);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    let file_len = |p: &Path| fs.open(p, OpenMode::Existing).unwrap().len().unwrap();
+    let mut committed = Vec::new();
+    let mut saw_runway = false;
+    for i in 0..40 {
+        let batch = vec![big_record("r", i)];
+        committed.extend(batch.clone());
+        log.commit(batch).unwrap();
+        let segs = segment_paths(&fs);
+        let (last, sealed) = segs.split_last().unwrap();
+        let data = log.stats().size_bytes - sealed.iter().map(|p| file_len(p)).sum::<u64>();
+        let len = file_len(last);
+        // The runway: at most the configured bytes, at most the data, never
+        // past the segment size, and durable with the frame it followed.
+        assert!(len >= data && len - data <= 1024.min(data), "{i}: {len} vs {data}");
+        assert!(len <= 4096, "{i}");
+        assert_eq!(fs.durable_len(last).unwrap(), len, "{i}: the runway is synced");
+        saw_runway |= len > data;
+        // Sealed segments are exactly their frames.
+        for p in sealed {
+            let f = fs.open(p, OpenMode::Existing).unwrap();
+            let scan_end: u64 = frame_positions(&fs, p)
+                .last()
+                .map(|&pos| {
+                    let mut raw = [0u8; FRAME_HEADER_LEN];
+                    f.read_exact_at(&mut raw, pos).unwrap();
+                    pos + FrameHeader::parse(&raw).unwrap().frame_len()
+                })
+                .unwrap();
+            assert_eq!(scan_end, file_len(p), "{i}: a sealed segment ends with its last frame");
+        }
+    }
+    assert!(saw_runway, "small commits ran ahead of a runway");
+    assert!(segment_paths(&fs).len() >= 3, "segments rolled");
+    // A batch of several frames trims the runway first and appends.
+    let big: Vec<_> = (0..12).map(|i| big_record("big", i)).collect();
+    committed.extend(big.clone());
+    log.commit(big).unwrap();
+    // Reopen: the runway is cut, as a runway, and every record is there.
+    drop(log);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    if let Some(t) = &log.recovery_report().truncation {
+        assert_eq!(t.case, Case::ZeroRunwayOfLastSegment);
+    }
+    let got = read_all(&log);
+    assert_eq!(got.len(), committed.len());
+    for (g, e) in got.iter().zip(&committed) {
+        assert_eq!(&g.payload, &e.payload);
+    }
+}
+
+#[test]
+fn a_sealed_segment_ending_in_zeros_fails_open() {
+    let fs = SimFs::new(22);
+    let config = LogConfig { segment_bytes: 1024, ..exact_config() };
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    for i in 0..8 {
+        log.commit(vec![big_record("s", i)]).unwrap();
+    }
+    drop(log);
+    let segs = segment_paths(&fs);
+    assert!(segs.len() >= 2);
+    append_raw(&fs, &segs[0], &[0u8; 100]);
+    match open_sim(&fs, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, segs[0]);
+            assert!(reason.contains("damage in a sealed segment"), "{reason}");
+        }
+        other => panic!("expected a corruption error, got {other:?}"),
     }
 }
 
@@ -174,7 +278,7 @@ fn bad_frame_followed_by_valid_frames_fails_open_naming_file_and_offset() {
 
 #[test]
 fn damage_in_a_sealed_segment_fails_open() {
-    let config = small_config();
+    let config = exact_config();
     // A flipped payload byte, a cut-off end, and a damaged last frame: in a
     // sealed segment, each fails the open.
     for damage in ["flip", "cut", "last frame"] {
@@ -214,7 +318,7 @@ fn damage_in_a_sealed_segment_fails_open() {
 #[test]
 fn with_header_checks_only_sealed_payload_damage_is_found_at_read_time() {
     let fs = SimFs::new(6);
-    let config = LogConfig { sealed_check: SealedCheck::Headers, cache_bytes: 0, ..small_config() };
+    let config = LogConfig { sealed_check: SealedCheck::Headers, cache_bytes: 0, ..exact_config() };
     let records = log_with_frames(&fs, &config, 30);
     let sealed = segment_paths(&fs)[0].clone();
     let pos = frame_positions(&fs, &sealed)[1];
@@ -250,7 +354,7 @@ fn frame_with_the_wrong_offsets_fails_open() {
 #[test]
 fn offset_gap_between_segments_fails_open() {
     let fs = SimFs::new(8);
-    let config = small_config();
+    let config = exact_config();
     log_with_frames(&fs, &config, 60);
     let segs = segment_paths(&fs);
     assert!(segs.len() >= 3);
@@ -312,7 +416,7 @@ fn sparse_index_is_rebuilt_on_open_and_finds_every_offset() {
     let fs = SimFs::new(11);
     // Many small frames per index stride, cache off: every read walks from
     // an index entry.
-    let config = LogConfig { segment_bytes: 64 << 10, cache_bytes: 0, ..small_config() };
+    let config = LogConfig { segment_bytes: 64 << 10, cache_bytes: 0, ..exact_config() };
     let records = log_with_frames(&fs, &config, 600);
     let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
     for offset in [0u64, 1, 17, 255, 256, 411, 598, 599] {
@@ -326,7 +430,7 @@ fn sparse_index_is_rebuilt_on_open_and_finds_every_offset() {
 #[test]
 fn open_creates_a_missing_directory_and_ignores_foreign_files() {
     let fs = SimFs::new(12);
-    let config = small_config();
+    let config = exact_config();
     let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
     assert!(fs.exists(&dir()).unwrap());
     // No segment exists before the first commit.
@@ -348,7 +452,7 @@ fn recovery_after_a_torn_crash_in_the_middle_of_a_commit_keeps_every_acked_recor
     // earlier commits are intact.
     for seed in 0..40 {
         let fs = SimFs::new(seed);
-        let config = small_config();
+        let config = exact_config();
         let clock = ManualClock::new(T0);
         let log = open_sim(&fs, &config, &clock).unwrap();
         let acked = recs("acked", 12);
