@@ -235,17 +235,17 @@ impl BrokerMetrics {
             ($name:literal, $help:literal, $field:ident) => {
                 registry.register($name, $help, m.$field.clone());
             };
+            // A histogram (family) behind a newtype that gives its buckets.
+            ($name:literal, $help:literal, $field:ident.0) => {
+                registry.register($name, $help, m.$field.0.clone());
+            };
         }
         reg!("messages_produced", "Records committed on this owner", messages_produced);
         reg!("bytes_produced", "Payload bytes committed on this owner", bytes_produced);
         reg!("messages_consumed", "Messages delivered (queue and replay)", messages_consumed);
         reg!("bytes_consumed", "Payload bytes delivered", bytes_consumed);
         reg!("produce_rejections", "Produces refused (schema, delayed_child)", produce_rejections);
-        registry.register(
-            "consume_wait_seconds",
-            "Time consumes waited, by outcome",
-            m.consume_wait_seconds.0.clone(),
-        );
+        reg!("consume_wait_seconds", "Time consumes waited, by outcome", consume_wait_seconds.0);
         reg!("consume_empty", "Consumes that returned no message", consume_empty);
         reg!("consumer_corrupt_skipped", "Offsets skipped as unreadable", consumer_corrupt_skipped);
         reg!("ack_rejected", "Acks refused, by reason", ack_rejected);
@@ -277,26 +277,26 @@ impl BrokerMetrics {
             "Records deleted by retention",
             storage_retention_messages_deleted
         );
-        registry.register(
+        reg!(
             "storage_retention_run_duration_seconds",
             "How long one retention pass over a partition took",
-            m.storage_retention_run_duration_seconds.0.clone(),
+            storage_retention_run_duration_seconds.0
         );
-        registry.register(
+        reg!(
             "storage_flush_duration_seconds",
             "A durable commit cycle's I/O: write, fdatasync and read-back",
-            m.storage_flush_duration_seconds.0.clone(),
+            storage_flush_duration_seconds.0
         );
-        registry.register(
+        reg!(
             "storage_fsync_duration_seconds",
             "The fdatasync calls of a durable commit cycle",
-            m.storage_fsync_duration_seconds.0.clone(),
+            storage_fsync_duration_seconds.0
         );
         reg!("storage_flush_bytes", "Frame bytes written by commit cycles", storage_flush_bytes);
-        registry.register(
+        reg!(
             "storage_high_watermark_persist_duration_seconds",
             "Writing the consumer frontier (temp file, fdatasync, rename, directory fsync)",
-            m.storage_high_watermark_persist_duration_seconds.0.clone(),
+            storage_high_watermark_persist_duration_seconds.0
         );
         reg!("errors", "Errors by component and kind", errors);
         reg!("topics_total", "Topics", topics);
@@ -346,15 +346,15 @@ impl BrokerMetrics {
             "Times a delayed child's cursor waited for its next record to be due",
             fanout_delay_gate_holds
         );
-        registry.register(
+        reg!(
             "fanout_batch_records",
             "Records per slab committed into a child",
-            m.fanout_batch_records.0.clone(),
+            fanout_batch_records.0
         );
-        registry.register(
+        reg!(
             "fanout_batch_bytes",
             "Payload bytes per slab committed into a child",
-            m.fanout_batch_bytes.0.clone(),
+            fanout_batch_bytes.0
         );
         m
     }

@@ -4,31 +4,22 @@
 //! disk works again.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::{AckAction, Broker, BrokerConfig, ProduceRecord};
+use narad_broker::{AckAction, Broker, ProduceRecord};
 use narad_clock::SystemClock;
 use narad_fs::{FaultFs, FaultRule, SimFs};
-use narad_log::LogConfig;
-use narad_meta::{CreateTopicRequest, TopicDefaults};
-use narad_wal::WalOptions;
+use narad_meta::CreateTopicRequest;
 use prometheus_client::registry::Registry;
 
+mod common;
+
 async fn broker(fs: narad_fs::FsRef) -> Arc<Broker> {
-    let config = BrokerConfig {
-        data_dir: PathBuf::from("/data"),
-        node_id: "n1".into(),
-        advertised_addr: "127.0.0.1:0".into(),
-        topic_defaults: TopicDefaults::default(),
-        log: LogConfig::default(),
-        wal: WalOptions::default(),
-    };
     let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
-    Broker::open(config, fs, SystemClock::shared(), metrics).await.unwrap()
+    Broker::open(common::config(), fs, SystemClock::shared(), metrics).await.unwrap()
 }
 
 async fn create(b: &Broker, name: &str, parent: &str, delay: i64) {

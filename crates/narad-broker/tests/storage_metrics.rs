@@ -3,20 +3,19 @@
 //! partition that committed (the black-box test in `narad/tests/http_api.rs`
 //! covers the cycle and frontier series over HTTP).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::{Broker, BrokerConfig, ProduceRecord};
+use narad_broker::{Broker, ProduceRecord};
 use narad_clock::SystemClock;
 use narad_fs::SimFs;
-use narad_log::LogConfig;
-use narad_meta::{CreateTopicRequest, TopicDefaults};
-use narad_wal::WalOptions;
+use narad_meta::CreateTopicRequest;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
+
+mod common;
 
 fn count(text: &str, family: &str, topic: &str, partition: u32) -> Option<f64> {
     let prefix = format!("{family}_count{{topic=\"{topic}\",partition=\"{partition}\"}} ");
@@ -26,14 +25,7 @@ fn count(text: &str, family: &str, topic: &str, partition: u32) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_passes_and_commit_cycles_are_timed_per_partition() {
     let fs = SimFs::new(7);
-    let config = BrokerConfig {
-        data_dir: PathBuf::from("/data"),
-        node_id: "n1".into(),
-        advertised_addr: "127.0.0.1:0".into(),
-        topic_defaults: TopicDefaults::default(),
-        log: LogConfig::default(),
-        wal: WalOptions::default(),
-    };
+    let config = common::config();
     let mut registry = Registry::with_prefix("narad");
     let metrics = Arc::new(BrokerMetrics::new(&mut registry));
     let b = Broker::open(config, fs.shared(), SystemClock::shared(), metrics).await.unwrap();

@@ -27,6 +27,7 @@
 //!   durable.
 
 mod fault;
+pub mod probe;
 mod real;
 mod rng;
 mod sim;

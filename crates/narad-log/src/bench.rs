@@ -33,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use narad_clock::SystemClock;
-use narad_fs::{Fs, OpenMode, RealFs, SimRng};
+use narad_fs::probe::append_sync_per_sec;
+use narad_fs::{Fs, RealFs, SimRng};
 
 use crate::frame::PayloadBuilder;
 use crate::limits::{FRAME_HEADER_LEN, MAX_FRAME_RECORDS_WRITTEN};
@@ -329,9 +330,8 @@ fn whole_cycle(opts: &BenchOptions) -> (usize, usize) {
     (bytes, records)
 }
 
-/// Serial append + fdatasync of `block` bytes for `seconds`; with
-/// `prezeroed`, into a file of synced zeros (cycling through 16 MiB of it),
-/// so no fdatasync changes the file's size.
+/// Serial append + fdatasync of `block` bytes for `seconds` (over synced
+/// zeros with `prezeroed`): [`append_sync_per_sec`] in the scratch dir.
 fn probe_fdatasync(
     fs: &dyn Fs,
     dir: &std::path::Path,
@@ -340,33 +340,11 @@ fn probe_fdatasync(
     prezeroed: bool,
 ) -> Result<f64, BenchError> {
     let path = dir.join("fdatasync-probe");
-    let io = |op| {
-        let path = path.clone();
-        move |source| BenchError::Io { op, path, source }
-    };
-    let file = fs.open(&path, OpenMode::CreateNew).map_err(io("create"))?;
-    let buf = vec![0x5au8; block];
-    let slots = ((16u64 << 20) / block as u64).max(1);
-    if prezeroed {
-        let zeros = vec![0u8; block];
-        for i in 0..slots {
-            file.write_all_at(&zeros, i * block as u64).map_err(io("write"))?;
-        }
-        file.sync_data().map_err(io("fdatasync"))?;
-    }
-    let start = Instant::now();
-    let deadline = start + Duration::from_secs_f64(seconds);
-    let mut n = 0u64;
-    while Instant::now() < deadline {
-        let slot = if prezeroed { n % slots } else { n };
-        file.write_all_at(&buf, slot * block as u64).map_err(io("write"))?;
-        file.sync_data().map_err(io("fdatasync"))?;
-        n += 1;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    drop(file);
-    fs.remove_file(&path).map_err(io("remove"))?;
-    Ok(rate)
+    append_sync_per_sec(fs, &path, block, seconds, prezeroed).map_err(|source| BenchError::Io {
+        op: "probe",
+        path,
+        source,
+    })
 }
 
 fn load_avg() -> Option<f64> {

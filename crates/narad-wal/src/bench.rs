@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use narad_fs::probe::append_sync_per_sec;
 use narad_fs::{Fs, OpenMode, RealFs};
 
 use crate::limits::FRAME_HEADER_BYTES;
@@ -153,45 +154,7 @@ impl DiskBenchReport {
 
 /// Serial fdatasyncs per second of 4 KiB appends to one file in `dir`.
 pub fn fdatasync_per_sec(fs: &dyn Fs, dir: &Path, seconds: f64) -> std::io::Result<f64> {
-    append_sync_per_sec(fs, dir, 4096, seconds, false)
-}
-
-/// Serial appends of `block` bytes per second, each followed by fdatasync,
-/// to one file in `dir`. With `prezeroed` the appends overwrite a file
-/// already filled with synced zeros (as in a prepared WAL segment), so no
-/// fdatasync changes the file's size.
-pub fn append_sync_per_sec(
-    fs: &dyn Fs,
-    dir: &Path,
-    block: usize,
-    seconds: f64,
-    prezeroed: bool,
-) -> std::io::Result<f64> {
-    let path = dir.join("fdatasync.probe");
-    let f = fs.open(&path, OpenMode::CreateOrTruncate)?;
-    let data = vec![0xA5u8; block];
-    // A prezeroed probe cycles through 16 MiB (at least one block) of
-    // synced zeros: every append overwrites allocated blocks.
-    let slots = ((16u64 << 20) / block as u64).max(1);
-    if prezeroed {
-        let zeros = vec![0u8; block];
-        for i in 0..slots {
-            f.write_all_at(&zeros, i * block as u64)?;
-        }
-        f.sync_data()?;
-    }
-    let start = Instant::now();
-    let mut n = 0u64;
-    while start.elapsed().as_secs_f64() < seconds {
-        let slot = if prezeroed { n % slots } else { n };
-        f.write_all_at(&data, slot * block as u64)?;
-        f.sync_data()?;
-        n += 1;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    drop(f);
-    fs.remove_file(&path)?;
-    Ok(rate)
+    append_sync_per_sec(fs, &dir.join("fdatasync.probe"), 4096, seconds, false)
 }
 
 /// MB/s of sequential 1 MiB writes each followed by fdatasync.
@@ -234,7 +197,13 @@ fn run_in(
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let appenders = opts.appenders.max(1);
     let group_bytes = appenders * frame_bytes(opts.record_bytes);
-    let group = append_sync_per_sec(&*fs, scratch, group_bytes, opts.probe_seconds, opts.prealloc)?;
+    let group = append_sync_per_sec(
+        &*fs,
+        &scratch.join("group.probe"),
+        group_bytes,
+        opts.probe_seconds,
+        opts.prealloc,
+    )?;
     let ceiling = group * appenders as f64;
 
     let wal = Arc::new(Wal::open_with(
