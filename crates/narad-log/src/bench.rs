@@ -11,8 +11,8 @@
 //!    phase 2; the figure is the mean of the two (both are reported).
 //!    A second probe, split the same way, appends one *whole cycle* (the
 //!    frame holding one batch from every committer) per fdatasync (over
-//!    synced zeros when the cycle is one frame, as the log's zero runway
-//!    makes it): times
+//!    synced zeros when the cycle is small enough to use the log's zero
+//!    runway): times
 //!    the records in it, that is `ceiling_records_per_sec`, what the log
 //!    could reach if every cycle carried every committer's batch and cost
 //!    nothing but its write and fdatasync. On a disk whose fdatasync time
@@ -36,6 +36,7 @@ use narad_clock::SystemClock;
 use narad_fs::probe::append_sync_per_sec;
 use narad_fs::{Fs, RealFs, SimRng};
 
+use crate::commit::runway_frame_max;
 use crate::frame::PayloadBuilder;
 use crate::limits::{FRAME_HEADER_LEN, MAX_FRAME_RECORDS_WRITTEN};
 use crate::{Codec, CommitRecord, LogConfig, LogError, PartitionLog};
@@ -60,6 +61,9 @@ pub struct BenchOptions {
     pub codec: Codec,
     /// The log's segment size. Default 64 MiB.
     pub segment_bytes: u64,
+    /// The log's zero runway (`LogConfig::runway_bytes`; 0 = none).
+    /// Default the log's default.
+    pub runway_bytes: u64,
     /// Keep the scratch directory. Default false.
     pub keep: bool,
 }
@@ -75,6 +79,7 @@ impl Default for BenchOptions {
             probe_seconds: 2.0,
             codec: Codec::None,
             segment_bytes: crate::limits::DEFAULT_SEGMENT_BYTES,
+            runway_bytes: crate::limits::DEFAULT_RUNWAY_BYTES,
             keep: false,
         }
     }
@@ -202,12 +207,15 @@ fn run_in(
     let (cycle_bytes, cycle_records) = whole_cycle(opts);
     // The log keeps a zero runway ahead of one-frame cycles, so their probe
     // overwrites synced zeros too.
-    let prezeroed = cycle_bytes <= LogConfig::default().effective_frame_target() as usize
-        && LogConfig::default().runway_bytes > 0;
+    let prezeroed = cycle_bytes as u64 <= runway_frame_max(opts.runway_bytes);
     let cycle_before = probe_fdatasync(&*fs, scratch, cycle_bytes, half, prezeroed)?;
 
-    let config =
-        LogConfig { codec: opts.codec, segment_bytes: opts.segment_bytes, ..LogConfig::default() };
+    let config = LogConfig {
+        codec: opts.codec,
+        segment_bytes: opts.segment_bytes,
+        runway_bytes: opts.runway_bytes,
+        ..LogConfig::default()
+    };
     let log_dir = scratch.join("p00000");
     let clock = SystemClock::shared();
     let log = PartitionLog::open(fs.clone(), log_dir.clone(), config.clone(), clock.clone())?;

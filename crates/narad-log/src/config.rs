@@ -57,10 +57,12 @@ pub struct LogConfig {
     /// Zero-filled bytes kept written after the active segment's data, so
     /// that a commit cycle of one frame overwrites blocks the file already
     /// has and its fdatasync does not change the file's size (on ext4 and
-    /// XFS that saves a journal commit per cycle). At most the data already
-    /// in the segment (a small segment at most doubles), never past
-    /// `segment_bytes`; trimmed before the segment is sealed. Default
-    /// 256 KiB; 0 disables; at most 16 MiB.
+    /// XFS that saves a journal commit per cycle). Topped up only by cycles
+    /// of one frame of at most an eighth of it (32 KiB by default: bigger
+    /// cycles are dominated by their own bytes, and every runway byte is
+    /// written twice). At most the data already in the segment (a small
+    /// segment at most doubles), never past `segment_bytes`; trimmed before
+    /// the segment is sealed. Default 256 KiB; 0 disables; at most 16 MiB.
     pub runway_bytes: u64,
 }
 

@@ -104,6 +104,10 @@ pub struct LogArgs {
     /// Compress frames with zstd at this level (default: no compression).
     #[arg(long)]
     pub zstd_level: Option<i32>,
+    /// The log's zero runway in bytes (0 = none, so every commit cycle
+    /// appends).
+    #[arg(long, default_value_t = narad_log::limits::DEFAULT_RUNWAY_BYTES)]
+    pub runway_bytes: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -187,6 +191,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 codec: a
                     .zstd_level
                     .map_or(narad_log::Codec::None, |level| narad_log::Codec::Zstd { level }),
+                runway_bytes: a.runway_bytes,
                 ..narad_log::bench::BenchOptions::default()
             })?;
             print_figures("narad bench log", &report.fields(), a.json);
