@@ -114,17 +114,8 @@ impl PartitionLog {
     /// its last frame (then remembered), or bounded by the next segment's
     /// first record.
     fn newest_time(&self, c: &Candidate) -> Option<u64> {
-        if let Some(t) = c.newest_ms {
-            return Some(t);
-        }
-        let own = c.last_frame_pos.map(|pos| self.frame_times(&c.file, pos).map(|(_, last)| last));
-        match own {
-            Some(Ok(t)) => {
-                if let Some(s) = self.view_write().segment_by_base(c.file.base) {
-                    s.newest_time_ms = Some(t);
-                }
-                return Some(t);
-            }
+        match self.segment_newest_ms(&c.file, c.newest_ms, c.last_frame_pos) {
+            Some(Ok(t)) => return Some(t),
             Some(Err(e)) => warn!(
                 file = %c.file.path.display(), error = %e,
                 "retention: cannot read the newest record of a segment; using the next segment's first"
@@ -168,13 +159,27 @@ impl PartitionLog {
             let s = v.segment_of(offset)?;
             (s.file.clone(), s.newest_time_ms, s.last_frame_pos)
         };
-        if known.is_some() {
-            return known;
+        self.segment_newest_ms(&file, known, last_frame_pos)?.ok()
+    }
+
+    /// The commit time of a segment's newest record: `known`, or read from
+    /// its last frame (at `last_frame_pos`) and remembered in the view.
+    /// `None` for a segment without frames.
+    fn segment_newest_ms(
+        &self,
+        file: &Arc<SegFile>,
+        known: Option<u64>,
+        last_frame_pos: Option<u64>,
+    ) -> Option<Result<u64, LogError>> {
+        if let Some(t) = known {
+            return Some(Ok(t));
         }
-        let (_, newest) = self.frame_times(&file, last_frame_pos?).ok()?;
-        if let Some(s) = self.view_write().segment_by_base(file.base) {
-            s.newest_time_ms.get_or_insert(newest);
+        let read = self.frame_times(file, last_frame_pos?).map(|(_, newest)| newest);
+        if let Ok(t) = read
+            && let Some(s) = self.view_write().segment_by_base(file.base)
+        {
+            s.newest_time_ms.get_or_insert(t);
         }
-        Some(newest)
+        Some(read)
     }
 }

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use common::*;
 use narad_clock::ManualClock;
 use narad_fs::{CrashMode, FaultKind, Fs, OpenMode, SimFs};
-use narad_log::frame::FrameHeader;
 use narad_log::limits::{FRAME_HEADER_LEN, MAX_KEY_BYTES, MAX_RECORD_BYTES};
 use narad_log::{Codec, CommitRecord, LogConfig, LogError, ReadError, ReadRequest};
 
@@ -251,24 +250,6 @@ fn delay_gated_reads_stop_at_the_first_later_record_and_report_its_time() {
         })
         .unwrap();
     assert_eq!((b.records.len(), b.held_back_commit_time_ms), (3, None));
-}
-
-/// The byte positions of the frames of a segment file.
-fn frame_positions(fs: &SimFs, path: &std::path::Path) -> Vec<u64> {
-    let f = fs.open(path, OpenMode::Existing).unwrap();
-    let len = f.len().unwrap();
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < len {
-        let mut raw = [0u8; FRAME_HEADER_LEN];
-        f.read_exact_at(&mut raw, pos).unwrap();
-        if raw.iter().all(|&b| b == 0) {
-            break; // the zero runway after the last frame
-        }
-        out.push(pos);
-        pos += FrameHeader::parse(&raw).unwrap().frame_len();
-    }
-    out
 }
 
 #[test]

@@ -25,21 +25,6 @@ fn one_segment() -> LogConfig {
     LogConfig { segment_bytes: 1 << 20, ..exact_config() }
 }
 
-/// The byte positions of the frames of a segment file.
-fn frame_positions(fs: &SimFs, path: &Path) -> Vec<u64> {
-    let f = fs.open(path, OpenMode::Existing).unwrap();
-    let len = f.len().unwrap();
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < len {
-        let mut raw = [0u8; FRAME_HEADER_LEN];
-        f.read_exact_at(&mut raw, pos).unwrap();
-        out.push(pos);
-        pos += FrameHeader::parse(&raw).unwrap().frame_len();
-    }
-    out
-}
-
 fn append_raw(fs: &SimFs, path: &Path, bytes: &[u8]) {
     let f = fs.open(path, OpenMode::Existing).unwrap();
     let len = f.len().unwrap();

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{Opts, Server, run_cli, temp_dir};
+use common::{Opts, Server, metric, run_cli, temp_dir};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -452,11 +452,6 @@ fn deleting_a_child_or_a_parent_dissolves_the_link_and_its_cursors() {
     assert!(!s.data_dir.join("topics/p").exists());
 }
 
-/// The value of the first metric line starting with `prefix`.
-fn metric(text: &str, prefix: &str) -> Option<f64> {
-    text.lines().find(|l| l.starts_with(prefix))?.rsplit(' ').next()?.parse().ok()
-}
-
 #[test]
 fn fan_out_metrics_are_exported_per_child_and_removed_with_the_link() {
     let s = Server::start("children-metrics");
@@ -470,15 +465,15 @@ fn fan_out_metrics_are_exported_per_child_and_removed_with_the_link() {
     let text = s.get("/metrics").text().unwrap();
     let labels = r#"{parent="p",child="slow"}"#;
     assert_eq!(
-        metric(&text, &format!("narad_fanout_committed_total{labels}")),
+        metric(&text, &format!("narad_fanout_committed_total{labels}"), &[]),
         Some(5.0),
         "{text}"
     );
-    let holds = metric(&text, &format!("narad_fanout_delay_gate_holds_total{labels}"));
+    let holds = metric(&text, &format!("narad_fanout_delay_gate_holds_total{labels}"), &[]);
     assert!(holds.is_some_and(|h| h >= 1.0), "the delay gate held records back: {holds:?}");
     assert!(text.contains(r#"narad_fanout_lag_messages{parent="p",child="slow",partition="0"}"#));
     assert!(text.contains(r#"narad_fanout_due_lag_seconds{parent="p",child="slow""#));
-    assert!(metric(&text, "narad_fanout_batch_records_count").is_some_and(|n| n >= 1.0));
+    assert!(metric(&text, "narad_fanout_batch_records_count", &[]).is_some_and(|n| n >= 1.0));
     assert!(text.contains("narad_fanout_batch_bytes_bucket"));
 
     assert_eq!(detach(&s, "p", "slow").0, 204);

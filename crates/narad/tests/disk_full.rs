@@ -46,14 +46,9 @@ impl Drop for Mount {
     }
 }
 
-fn metric(s: &Server, name: &str) -> Option<f64> {
-    let text = s.get("/metrics").text().ok()?;
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
+/// A label-less metric's value.
+fn gauge(s: &Server, name: &str) -> Option<f64> {
+    common::metric(&s.get("/metrics").text().ok()?, &format!("{name} "), &[])
 }
 
 #[test]
@@ -85,7 +80,7 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
     }
     let failed_at = failed_at.expect("the disk never filled");
     assert!(!acked.is_empty());
-    assert_eq!(metric(&s, "narad_ingress_wal_failed"), Some(1.0));
+    assert_eq!(gauge(&s, "narad_ingress_wal_failed"), Some(1.0));
     // Every later produce fails fast, even a tiny one.
     let t = Instant::now();
     for _ in 0..5 {
@@ -105,7 +100,7 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
     s.kill9();
     mount.resize("256m");
     s.restart();
-    assert_eq!(metric(&s, "narad_ingress_wal_failed"), Some(0.0));
+    assert_eq!(gauge(&s, "narad_ingress_wal_failed"), Some(0.0));
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seen.len() < acked.len() && Instant::now() < deadline {

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{Server, payload_bytes};
+use std::time::{Duration, Instant};
+
+use common::{Server, metric, payload_bytes};
 use serde_json::{Value, json};
 
 /// Status and error of a POST that only *declares* a body of `len` bytes
@@ -341,12 +343,31 @@ fn health_metrics_and_unknown_routes() {
     assert_eq!(r.status(), 405);
 }
 
-/// The value of the first series of `m` that starts with `prefix` (the
-/// name and the start of its labels) and contains every one of `labels`.
-fn series(m: &str, prefix: &str, labels: &[&str]) -> Option<f64> {
-    m.lines()
-        .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
-        .find_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+/// Consumes (with `query`) and acks `n` messages of `topic`, waiting up to
+/// 20 s for the dispatcher to commit them.
+fn consume_and_ack(s: &Server, topic: &str, query: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut acked = 0;
+    while acked < n {
+        assert!(Instant::now() < deadline, "only {acked} of {n} messages of {topic} consumed");
+        if let Some(m) = s.consume(topic, query) {
+            assert_eq!(s.ack(topic, m["receipt_handle"].as_str().unwrap(), None), 204);
+            acked += 1;
+        }
+    }
+}
+
+/// `/metrics` once `done` holds for it (polled for at most 30 s).
+fn metrics_when(s: &Server, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = s.get("/metrics").text().unwrap();
+        if done(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "the metrics never got there:\n{m}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -358,32 +379,14 @@ fn storage_metrics_time_every_commit_cycle_and_frontier_write() {
     }
     // Consumed and acked: the frontier moves and is persisted (every
     // 100 ms in the background).
-    let mut acked = 0;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while acked < 3 && std::time::Instant::now() < deadline {
-        if let Some(m) = s.consume("sm", "partition=1&wait=1s") {
-            let h = m["receipt_handle"].as_str().unwrap().to_owned();
-            assert_eq!(
-                s.post(&format!("/v1/topics/sm/ack?receipt_handle={h}"), Vec::new()).status(),
-                204
-            );
-            acked += 1;
-        }
-    }
-    assert_eq!(acked, 3, "the three messages were consumed");
+    consume_and_ack(&s, "sm", "partition=1&wait=1s", 3);
     let p1 = ["topic=\"sm\"", "partition=\"1\""];
-    let mut m = String::new();
-    while std::time::Instant::now() < deadline {
-        m = s.get("/metrics").text().unwrap();
-        if series(&m, "narad_storage_high_watermark_persist_duration_seconds_count{", &p1).is_some()
-        {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let m = metrics_when(&s, |m| {
+        metric(m, "narad_storage_high_watermark_persist_duration_seconds_count{", &p1).is_some()
+    });
     let get = |prefix: &str, extra: &[&str]| {
         let labels: Vec<&str> = p1.iter().chain(extra).copied().collect();
-        series(&m, prefix, &labels).unwrap_or_else(|| panic!("no {prefix} {labels:?} in\n{m}"))
+        metric(&m, prefix, &labels).unwrap_or_else(|| panic!("no {prefix} {labels:?} in\n{m}"))
     };
     let cycles = get("narad_storage_flush_duration_seconds_count{", &[]);
     assert!((1.0..=3.0).contains(&cycles), "1 to 3 commit cycles for 3 records: {cycles}");
@@ -402,12 +405,12 @@ fn storage_metrics_time_every_commit_cycle_and_frontier_write() {
     );
     // Partitions that committed nothing have no series.
     let p0 = ["topic=\"sm\"", "partition=\"0\""];
-    assert_eq!(series(&m, "narad_storage_flush_duration_seconds_count{", &p0), None);
+    assert_eq!(metric(&m, "narad_storage_flush_duration_seconds_count{", &p0), None);
     // Deleting the topic removes its series.
     assert_eq!(s.client.delete(s.url("/v1/topics/sm")).send().unwrap().status(), 204);
     let m = s.get("/metrics").text().unwrap();
-    assert_eq!(series(&m, "narad_storage_flush_duration_seconds_count{", &p1), None, "{m}");
-    assert_eq!(series(&m, "narad_storage_flush_bytes_total{", &p1), None, "{m}");
+    assert_eq!(metric(&m, "narad_storage_flush_duration_seconds_count{", &p1), None, "{m}");
+    assert_eq!(metric(&m, "narad_storage_flush_bytes_total{", &p1), None, "{m}");
 }
 
 #[test]
@@ -420,37 +423,21 @@ fn inventory_and_age_gauges_follow_the_data() {
     let p1 = ["topic=\"inv\"", "partition=\"1\""];
     // The per-partition gauges come from a 5 s poller: wait for a poll that
     // saw all three records committed.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let poll_until = |done: &dyn Fn(&str) -> bool| loop {
-        let m = s.get("/metrics").text().unwrap();
-        if done(&m) {
-            return m;
-        }
-        assert!(std::time::Instant::now() < deadline, "gauges never got there:\n{m}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let m = poll_until(&|m| series(m, "narad_consumer_lag_messages{", &p1) == Some(3.0));
-    assert_eq!(series(&m, "narad_topics_total ", &[]), Some(1.0), "{m}");
-    assert_eq!(series(&m, "narad_partitions_total ", &[]), Some(3.0), "{m}");
-    assert!(series(&m, "narad_boot_duration_seconds ", &[]).is_some_and(|b| b > 0.0), "{m}");
-    let topic = series(&m, "narad_topic_bytes{", &["topic=\"inv\""]).unwrap();
-    let part = series(&m, "narad_partition_size_bytes{", &p1).unwrap();
+    let m = metrics_when(&s, |m| metric(m, "narad_consumer_lag_messages{", &p1) == Some(3.0));
+    assert_eq!(metric(&m, "narad_topics_total ", &[]), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "narad_partitions_total ", &[]), Some(3.0), "{m}");
+    assert!(metric(&m, "narad_boot_duration_seconds ", &[]).is_some_and(|b| b > 0.0), "{m}");
+    let topic = metric(&m, "narad_topic_bytes{", &["topic=\"inv\""]).unwrap();
+    let part = metric(&m, "narad_partition_size_bytes{", &p1).unwrap();
     assert!(topic >= part && part > 11.0, "{m}");
-    let dir = series(&m, "narad_data_dir_size_bytes ", &[]).unwrap();
+    let dir = metric(&m, "narad_data_dir_size_bytes ", &[]).unwrap();
     assert!(dir > topic, "the data dir holds the logs, the WAL and the metastore: {m}");
-    let age = series(&m, "narad_oldest_unconsumed_message_age_seconds{", &p1).unwrap();
+    let age = metric(&m, "narad_oldest_unconsumed_message_age_seconds{", &p1).unwrap();
     assert!((0.0..30.0).contains(&age), "{m}");
     // Consumed and acked: nothing is unconsumed, so the age is 0.
-    for _ in 0..3 {
-        let msg = s.consume("inv", "partition=1&wait=5s").expect("a message");
-        let h = msg["receipt_handle"].as_str().unwrap().to_owned();
-        assert_eq!(
-            s.post(&format!("/v1/topics/inv/ack?receipt_handle={h}"), Vec::new()).status(),
-            204
-        );
-    }
-    let m = poll_until(&|m| series(m, "narad_consumer_lag_messages{", &p1) == Some(0.0));
-    assert_eq!(series(&m, "narad_oldest_unconsumed_message_age_seconds{", &p1), Some(0.0), "{m}");
+    consume_and_ack(&s, "inv", "partition=1&wait=5s", 3);
+    let m = metrics_when(&s, |m| metric(m, "narad_consumer_lag_messages{", &p1) == Some(0.0));
+    assert_eq!(metric(&m, "narad_oldest_unconsumed_message_age_seconds{", &p1), Some(0.0), "{m}");
 }
 
 #[test]

@@ -10,6 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use narad_clock::ManualClock;
 use narad_fs::{DirEntry, File, FileRef, Fs, FsRef, OpenMode, SimFs};
+use narad_log::frame::FrameHeader;
+use narad_log::limits::FRAME_HEADER_LEN;
 use narad_log::{CommitRecord, LogConfig, LogError, LogRecord, PartitionLog, SealedCheck};
 
 /// The partition directory used by the tests.
@@ -195,4 +197,23 @@ impl File for GateFile {
         }
         self.inner.sync_data()
     }
+}
+
+/// The byte positions of the frames of a segment file (up to the zero
+/// runway after the last one, if any).
+pub fn frame_positions(fs: &SimFs, path: &Path) -> Vec<u64> {
+    let f = fs.open(path, OpenMode::Existing).unwrap();
+    let len = f.len().unwrap();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos < len {
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        f.read_exact_at(&mut raw, pos).unwrap();
+        if raw.iter().all(|&b| b == 0) {
+            break; // the zero runway after the last frame
+        }
+        out.push(pos);
+        pos += FrameHeader::parse(&raw).unwrap().frame_len();
+    }
+    out
 }

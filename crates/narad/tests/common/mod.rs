@@ -335,6 +335,15 @@ impl Server {
     }
 }
 
+/// The value of the first series of a `/metrics` text that starts with
+/// `prefix` (the name, and the start of its labels or a space) and contains
+/// every one of `labels`.
+pub fn metric(text: &str, prefix: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
 /// A message's payload as bytes: raw JSON text, a string's contents, or
 /// decoded base64.
 pub fn payload_bytes(m: &Value) -> Vec<u8> {
