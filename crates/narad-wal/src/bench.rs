@@ -1,7 +1,11 @@
 //! `narad bench disk`: can this disk carry the WAL?
 //!
 //! Measures, in one run, in a scratch directory it removes afterwards:
-//! * `fdatasync_per_sec`: serial 4 KiB appends, each followed by fdatasync;
+//! * `fdatasync_per_sec`: serial 4 KiB appends, each followed by fdatasync,
+//!   the mean of a probe before the WAL phase and one after it
+//!   (`fdatasync_before_per_sec`, `fdatasync_after_per_sec`): a shared
+//!   virtual disk's speed drifts by a factor of two within minutes, so one
+//!   probe on one side of the run makes `wal_vs_fdatasync` a coin toss;
 //! * `dsync_mb_per_sec`: sequential 1 MiB writes, each followed by fdatasync;
 //! * `group_fdatasync_per_sec`: serial appends of one whole group (the
 //!   bytes of one frame from every appender), each followed by fdatasync,
@@ -79,8 +83,13 @@ pub struct DiskBenchOptions {
 /// The figures.
 #[derive(Debug, Clone, Default)]
 pub struct DiskBenchReport {
-    /// Serial 4 KiB append + fdatasync per second.
+    /// Serial 4 KiB append + fdatasync per second: the mean of the probes
+    /// before and after the WAL phase.
     pub fdatasync_per_sec: f64,
+    /// The probe before the WAL phase.
+    pub fdatasync_before_per_sec: f64,
+    /// The probe after the WAL phase.
+    pub fdatasync_after_per_sec: f64,
     /// Sequential 1 MiB write + fdatasync throughput.
     pub dsync_mb_per_sec: f64,
     /// WAL appends completed per second.
@@ -129,6 +138,8 @@ impl DiskBenchReport {
     pub fn fields(&self) -> Vec<(&'static str, f64)> {
         vec![
             ("fdatasync_per_sec", self.fdatasync_per_sec),
+            ("fdatasync_before_per_sec", self.fdatasync_before_per_sec),
+            ("fdatasync_after_per_sec", self.fdatasync_after_per_sec),
             ("dsync_mb_per_sec", self.dsync_mb_per_sec),
             ("wal_appends_per_sec", self.wal_appends_per_sec),
             ("wal_mb_per_sec", self.wal_mb_per_sec),
@@ -193,7 +204,7 @@ fn run_in(
     opts: &DiskBenchOptions,
 ) -> Result<DiskBenchReport, Box<dyn std::error::Error>> {
     let fs = RealFs::shared();
-    let fdatasync = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
+    let fdatasync_before = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let appenders = opts.appenders.max(1);
     let group_bytes = appenders * frame_bytes(opts.record_bytes);
@@ -221,10 +232,14 @@ fn run_in(
     let (total, hist, os_threads) = outcome?;
     let after = wal.stats();
     wal.close()?;
+    let fdatasync_after = fdatasync_per_sec(&*fs, scratch, opts.probe_seconds)?;
+    let fdatasync = (fdatasync_before + fdatasync_after) / 2.0;
     let appends_per_sec = total as f64 / elapsed;
     let syncs = (after.syncs - before.syncs).max(1);
     Ok(DiskBenchReport {
         fdatasync_per_sec: fdatasync,
+        fdatasync_before_per_sec: fdatasync_before,
+        fdatasync_after_per_sec: fdatasync_after,
         dsync_mb_per_sec: dsync,
         wal_appends_per_sec: appends_per_sec,
         wal_mb_per_sec: appends_per_sec * opts.record_bytes as f64 / 1e6,

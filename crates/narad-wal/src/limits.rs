@@ -29,9 +29,9 @@ pub const SYNC_BACKSTOP: Duration = Duration::from_millis(10);
 /// waits briefly for its callers to come back before the next sync.
 pub const GATHER_MIN_GROUP: u64 = 8;
 
-/// The longest that gather wait (it is also at most a quarter of the last
-/// sync's duration).
-pub const GATHER_MAX_WAIT: Duration = Duration::from_micros(200);
+/// The longest that gather wait (it is also at most half the last sync's
+/// duration).
+pub const GATHER_MAX_WAIT: Duration = Duration::from_micros(400);
 
 /// A stored checkpoint is made durable within this delay (one fdatasync for
 /// every store in the burst).

@@ -30,6 +30,10 @@ fn both_drivers_report_consistent_figures_and_clean_up() {
             assert!(value.is_finite() && value >= 0.0, "{driver:?}: {name} = {value}");
         }
         assert!(r.fdatasync_per_sec > 0.0 && r.dsync_mb_per_sec > 0.0, "{r:?}");
+        // The serial figure is the mean of the probes on either side.
+        let mean = (r.fdatasync_before_per_sec + r.fdatasync_after_per_sec) / 2.0;
+        assert!(r.fdatasync_before_per_sec > 0.0 && r.fdatasync_after_per_sec > 0.0, "{r:?}");
+        assert!((r.fdatasync_per_sec - mean).abs() < 1e-9 * mean, "{r:?}");
         assert!(r.wal_appends_per_sec > 0.0, "{driver:?}: no append completed: {r:?}");
         // Every append waits for its own sync, so a sync holds at most one
         // record per appender.
