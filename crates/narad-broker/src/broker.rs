@@ -32,8 +32,8 @@ use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
-    CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, METRICS_POLL_INTERVAL,
-    RETENTION_INTERVAL,
+    CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
+    METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
 };
 use crate::metrics::{BrokerMetrics, PartitionLabels, RejectionLabels, TopicLabels, WaitLabels};
 use crate::owner::LocalOwner;
@@ -56,6 +56,9 @@ pub struct BrokerConfig {
     pub log: LogConfig,
     /// Ingress WAL sizes.
     pub wal: WalOptions,
+    /// Close partition logs unaccessed this long (ms; 0 = never; SPEC
+    /// §5.7, `storage.idle_log_eviction_ms`).
+    pub idle_log_eviction_ms: u64,
 }
 
 /// One message handed to a consumer.
@@ -439,8 +442,7 @@ impl Broker {
         };
         range
             .map(|p| {
-                let s =
-                    rt.as_ref().and_then(|rt| rt.partition_if_open(p)).map(|part| part.log.stats());
+                let s = rt.as_ref().and_then(|rt| rt.partition_stats(p));
                 let s = s.unwrap_or(LogStats {
                     segments: 0,
                     oldest_offset: 0,
@@ -736,12 +738,14 @@ impl Broker {
         if partition >= t.partitions() {
             return Err(BrokerError::Invalid("invalid partition".into()));
         }
-        let Some(part) = self
-            .topics
-            .get_open(t.name(), t.incarnation())
-            .and_then(|rt| rt.partition_if_open(partition))
-        else {
+        let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) else {
             return Ok(Vec::new()); // nothing was ever committed here
+        };
+        let part = match rt.partition_if_open(partition) {
+            Some(part) => part,
+            // Closed as idle: reopen (blocking, once per idle period).
+            None if rt.was_evicted(partition) => self.topics.partition(&t, partition)?,
+            None => return Ok(Vec::new()), // nothing was ever committed here
         };
         if offset >= part.log.high_watermark() {
             return Ok(Vec::new());
@@ -870,6 +874,19 @@ impl Broker {
                 }
             }
         })));
+        if self.config.idle_log_eviction_ms > 0 {
+            tasks.push(tokio::spawn(every(IDLE_EVICTION_INTERVAL, stop.clone(), {
+                let me = me.clone();
+                move || {
+                    let me = me.clone();
+                    async move {
+                        if let Some(b) = me.upgrade() {
+                            let _ = tokio::task::spawn_blocking(move || b.evict_idle_logs()).await;
+                        }
+                    }
+                }
+            })));
+        }
         tasks.push(tokio::spawn(every(METRICS_POLL_INTERVAL, stop, move || {
             let me = me.clone();
             async move {
@@ -893,6 +910,26 @@ impl Broker {
                 rt.notify.notify_waiters();
             }
         }
+    }
+
+    /// Closes the partition logs unaccessed for `storage.idle_log_eviction_ms`
+    /// whose closing loses nothing (see [`Topics::evict_idle`]); every minute
+    /// in the background unless the setting is 0. Blocking. Returns how many
+    /// it closed.
+    pub fn evict_idle_logs(&self) -> usize {
+        let idle_ms = self.config.idle_log_eviction_ms;
+        if idle_ms == 0 {
+            return 0;
+        }
+        let closed = self.topics.evict_idle(idle_ms, &|rt| {
+            self.meta
+                .topic(&rt.name)
+                .filter(|t| t.incarnation() == rt.incarnation)
+                .map(|t| t.retention_ms())
+        });
+        self.metrics.idle_logs_evicted.inc_by(closed as u64);
+        self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
+        closed
     }
 
     /// Runs retention on every open log (every minute in the background).
@@ -941,7 +978,7 @@ impl Broker {
         let m = &self.metrics;
         let now_ms = self.clock.wall_ms();
         for rt in self.topics.all() {
-            let mut topic_bytes = 0u64;
+            let mut topic_bytes = rt.evicted_bytes();
             for part in rt.open_partitions() {
                 let l = PartitionLabels::new(&rt.name, part.index);
                 let stats = part.log.stats();

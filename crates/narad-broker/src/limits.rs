@@ -47,6 +47,15 @@ pub const FRONTIER_PERSIST_INTERVAL: Duration = Duration::from_millis(100);
 pub const EXPIRY_PURGE_INTERVAL: Duration = Duration::from_secs(1);
 /// Retention runs this often.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How often partition logs are checked for idleness (SPEC §5.7).
+pub const IDLE_EVICTION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// The shortest non-zero `storage.idle_log_eviction_ms` (SPEC §5.7).
+pub const MIN_IDLE_LOG_EVICTION_MS: u64 = 60_000;
+
+/// The default `storage.idle_log_eviction_ms`: 30 minutes.
+pub const DEFAULT_IDLE_LOG_EVICTION_MS: u64 = 1_800_000;
 /// Per-partition gauges are refreshed this often.
 pub const METRICS_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// A batch consume returns at most this many payload bytes.

@@ -142,6 +142,8 @@ pub struct BrokerMetrics {
     pub partitions: Gauge,
     /// Partition logs open on this node.
     pub open_partition_logs: Gauge,
+    /// Partition logs closed as idle (SPEC §5.7).
+    pub idle_logs_evicted: Counter,
     /// 1 once the ingress WAL latched a write/fsync failure.
     pub ingress_wal_failed: Gauge,
     /// Records a restart would replay: durable WAL end − stored checkpoint.
@@ -302,6 +304,7 @@ impl BrokerMetrics {
         reg!("topics_total", "Topics", topics);
         reg!("partitions_total", "Partitions of all topics", partitions);
         reg!("open_partition_logs", "Partition logs open on this node", open_partition_logs);
+        reg!("idle_logs_evicted", "Partition logs closed as idle", idle_logs_evicted);
         reg!("ingress_wal_failed", "1 once the ingress WAL latched a failure", ingress_wal_failed);
         reg!(
             "ingress_dispatch_backlog_records",

@@ -20,12 +20,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use narad_clock::ClockRef;
 use narad_fs::FsRef;
-use narad_log::{ConsumerOffset, LogConfig, PartitionLog};
+use narad_log::{ConsumerOffset, LogConfig, LogStats, PartitionLog};
 use narad_meta::Topic;
 use tokio::sync::Notify;
 use tracing::{info, warn};
@@ -70,6 +70,9 @@ pub struct PartitionRt {
     pub log: Arc<PartitionLog>,
     frontier: ConsumerOffset,
     shard: Mutex<Option<Shard>>,
+    /// Wall-clock ms of the last access through [`Topics::partition`] or
+    /// [`TopicRt::partition_if_open`] (background passes do not count).
+    last_access_ms: AtomicU64,
 }
 
 impl PartitionRt {
@@ -88,6 +91,26 @@ impl PartitionRt {
             *g = Some(shard);
         }
         Ok(g)
+    }
+
+    fn touch(&self, now_ms: u64) {
+        self.last_access_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Whether the consumer state holds nothing that lives only in memory
+    /// and nothing is left to consume: no leases, no acks ahead of the
+    /// frontier, no skipped-corrupt offsets, the frontier persisted, and
+    /// the next offset to deliver at the high watermark.
+    /// (A frontier not yet persisted waits for the persister's next pass
+    /// rather than being synced here, under the partition table's lock.)
+    fn quiescent(&self) -> bool {
+        let Ok(g) = self.shard() else { return false };
+        let Some(s) = g.as_ref() else { return false };
+        !s.is_dirty()
+            && s.in_flight() == 0
+            && s.acked_ahead() == 0
+            && s.corrupt_ahead() == 0
+            && s.next() >= self.log.high_watermark()
     }
 
     /// Persists the consumer frontier if it moved (temp + fsync + rename).
@@ -122,6 +145,10 @@ pub struct TopicRt {
     pub incarnation: u64,
     dir: PathBuf,
     partitions: RwLock<Vec<Option<Arc<PartitionRt>>>>,
+    /// The shape of each partition whose log was closed as idle, as it was
+    /// when closed (nothing changes a closed log); removed on reopen.
+    evicted: Mutex<HashMap<u32, LogStats>>,
+    clock: ClockRef,
     /// Wakes long-polling consumers: commits, nacks, expiries.
     pub notify: Arc<Notify>,
     /// Rotation of queue-mode consumes over the partitions.
@@ -130,9 +157,41 @@ pub struct TopicRt {
 }
 
 impl TopicRt {
-    /// The partition if its log is open.
+    /// The partition if its log is open (an access: it keeps the log from
+    /// being closed as idle). A partition whose log is not open has nothing
+    /// to consume: it was never written since the start, or it was closed
+    /// as idle with its consumer frontier at its high watermark.
     pub fn partition_if_open(&self, p: u32) -> Option<Arc<PartitionRt>> {
+        let part =
+            self.partitions.read().unwrap_or_else(|e| e.into_inner()).get(p as usize)?.clone()?;
+        part.touch(self.clock.wall_ms());
+        Some(part)
+    }
+
+    /// The partition if its log is open, for background passes: not an
+    /// access, so it does not keep an idle log open.
+    pub fn peek_partition(&self, p: u32) -> Option<Arc<PartitionRt>> {
         self.partitions.read().unwrap_or_else(|e| e.into_inner()).get(p as usize)?.clone()
+    }
+
+    /// Bytes of the partitions whose logs were closed as idle.
+    pub fn evicted_bytes(&self) -> u64 {
+        self.evicted.lock().unwrap_or_else(|e| e.into_inner()).values().map(|s| s.size_bytes).sum()
+    }
+
+    /// Whether partition `p`'s log was closed as idle (and not reopened).
+    pub fn was_evicted(&self, p: u32) -> bool {
+        self.evicted.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&p)
+    }
+
+    /// The shape of partition `p`'s log: read from the log if it is open,
+    /// else as it was when it was closed as idle; `None` if it was not
+    /// opened since the start. Not an access.
+    pub fn partition_stats(&self, p: u32) -> Option<LogStats> {
+        match self.peek_partition(p) {
+            Some(part) => Some(part.log.stats()),
+            None => self.evicted.lock().unwrap_or_else(|e| e.into_inner()).get(&p).copied(),
+        }
     }
 
     /// The open partitions.
@@ -250,12 +309,14 @@ impl Topics {
             log: Arc::new(log),
             frontier: ConsumerOffset::new(self.fs.clone(), &dir),
             shard: Mutex::new(None),
+            last_access_ms: AtomicU64::new(self.clock.wall_ms()),
         });
         let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());
         if parts.len() <= p as usize {
             parts.resize(p as usize + 1, None);
         }
         parts[p as usize] = Some(part.clone());
+        rt.evicted.lock().unwrap_or_else(|e| e.into_inner()).remove(&p);
         self.open_logs.fetch_add(1, Ordering::Relaxed);
         Ok(part)
     }
@@ -282,6 +343,8 @@ impl Topics {
             incarnation: topic.incarnation(),
             dir,
             partitions: RwLock::new(Vec::new()),
+            evicted: Mutex::new(HashMap::new()),
+            clock: self.clock.clone(),
             notify: Arc::new(Notify::new()),
             consume_rr: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
@@ -339,6 +402,60 @@ impl Topics {
             self.open_logs.fetch_sub(1, Ordering::Relaxed);
         }
         rt.notify.notify_waiters();
+    }
+
+    /// Closes the logs unaccessed for `idle_ms` (SPEC §5.7, called every
+    /// minute), when closing loses nothing and nobody notices:
+    /// * `retention_ms(topic)` (the live topic's retention; `None` skips
+    ///   the topic) is 0 or the log has one segment, so no retention pass
+    ///   is owed to a closed log;
+    /// * nothing else holds the partition or its log (checked under the
+    ///   partition table's write lock, which every accessor needs to get
+    ///   one, so no commit, read or ack can start on it meanwhile);
+    /// * its consumer state is [quiescent](PartitionRt::quiescent), so a
+    ///   consume that skips unopened partitions misses nothing and no
+    ///   receipt handle points into it.
+    ///
+    /// The log reopens on its next commit or replay (its stats are kept
+    /// meanwhile). Runs under the open lock, so a reopen waits until the
+    /// close has finished. Returns the logs closed.
+    pub fn evict_idle(
+        &self,
+        idle_ms: u64,
+        retention_ms: &dyn Fn(&TopicRt) -> Option<u64>,
+    ) -> usize {
+        let now = self.clock.wall_ms();
+        let mut closed = 0;
+        for rt in self.all() {
+            let Some(retention) = retention_ms(&rt) else { continue };
+            let slots = rt.partitions.read().unwrap_or_else(|e| e.into_inner()).len();
+            for p in 0..slots {
+                let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+                if rt.is_closed() {
+                    break;
+                }
+                let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());
+                let Some(Some(part)) = parts.get(p) else { continue };
+                let idle =
+                    now.saturating_sub(part.last_access_ms.load(Ordering::Relaxed)) >= idle_ms;
+                let unshared = Arc::strong_count(part) == 1 && Arc::strong_count(&part.log) == 1;
+                if !idle || !unshared {
+                    continue;
+                }
+                let stats = part.log.stats();
+                if (retention != 0 && stats.segments > 1) || !part.quiescent() {
+                    continue;
+                }
+                let part = parts[p].take().expect("checked above");
+                drop(parts);
+                rt.evicted.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u32, stats);
+                part.log.close();
+                self.open_logs.fetch_sub(1, Ordering::Relaxed);
+                closed += 1;
+                info!(topic = %rt.name, partition = p, "closed an idle partition log");
+            }
+        }
+        closed
     }
 
     /// Closes the topic's logs (queued commits fail) and deletes its files.

@@ -112,6 +112,10 @@ pub struct StorageConfig {
     /// fdatasync never grows the file (v3.1; off by default). Costs up to
     /// two segments of extra disk.
     pub ingress_wal_prealloc: bool,
+    /// Close partition logs unaccessed this long (ms), when that loses
+    /// nothing (SPEC §5.7); reopened on demand. 0 = never; else at least
+    /// 60000.
+    pub idle_log_eviction_ms: u64,
 }
 
 /// `storage.codec`.
@@ -228,6 +232,7 @@ impl Default for StorageConfig {
             codec: CodecName::None,
             compression_level: 3,
             ingress_wal_prealloc: false,
+            idle_log_eviction_ms: narad_broker::limits::DEFAULT_IDLE_LOG_EVICTION_MS,
         }
     }
 }
@@ -264,6 +269,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_STORAGE_CODEC", "storage.codec"),
     ("NARAD_STORAGE_COMPRESSION_LEVEL", "storage.compression_level"),
     ("NARAD_STORAGE_INGRESS_WAL_PREALLOC", "storage.ingress_wal_prealloc"),
+    ("NARAD_STORAGE_IDLE_LOG_EVICTION_MS", "storage.idle_log_eviction_ms"),
     ("NARAD_TOPIC_DEFAULT_PARTITIONS", "topic.default_partitions"),
     ("NARAD_TOPIC_MAX_PARTITIONS", "topic.max_partitions"),
     ("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS", "topic.default_retention_age_ms"),
@@ -405,6 +411,13 @@ impl Config {
             return Err("storage.data_dir must not be empty".into());
         }
         self.log_config().validate().map_err(|e| format!("storage: {e}"))?;
+        let idle = self.storage.idle_log_eviction_ms;
+        let min = narad_broker::limits::MIN_IDLE_LOG_EVICTION_MS;
+        if idle != 0 && idle < min {
+            return Err(format!(
+                "storage.idle_log_eviction_ms ({idle}) must be 0 (never) or at least {min}"
+            ));
+        }
         self.topic.validate()?;
         tracing_subscriber::EnvFilter::try_new(&self.log.level)
             .map_err(|e| format!("log.level ({:?}): {e}", self.log.level))?;
@@ -673,6 +686,22 @@ mod tests {
         assert_eq!(c.topic.default_partitions, 4);
         assert_eq!(c.storage.segment_bytes, 1 << 20);
         assert_eq!(c.topic.max_partitions, 108, "untouched keys keep their defaults");
+    }
+
+    #[test]
+    fn idle_log_eviction_is_a_storage_key_defaulting_to_30_minutes_0_or_at_least_a_minute() {
+        let load = |pairs: &[(&str, &str)]| {
+            Config::load(Sources { env: env(pairs), ..Default::default() })
+                .map(|c| c.storage.idle_log_eviction_ms)
+        };
+        assert_eq!(load(&[]), Ok(1_800_000));
+        assert_eq!(load(&[("NARAD_STORAGE_IDLE_LOG_EVICTION_MS", "0")]), Ok(0));
+        assert_eq!(load(&[("NARAD_STORAGE_IDLE_LOG_EVICTION_MS", "60000")]), Ok(60_000));
+        let e = load(&[("NARAD_STORAGE_IDLE_LOG_EVICTION_MS", "59999")]).unwrap_err();
+        assert!(e.contains("storage.idle_log_eviction_ms"), "{e}");
+        let file = write("idle.toml", "[storage]\nidle_log_eviction_ms = 120000\n");
+        let c = Config::load(Sources { file: Some(&file), ..Default::default() }).unwrap();
+        assert_eq!(c.storage.idle_log_eviction_ms, 120_000, "SPEC §8's key is accepted");
     }
 
     #[test]

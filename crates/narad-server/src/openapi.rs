@@ -217,6 +217,7 @@ mod tests {
                 topic_defaults: Default::default(),
                 log: Default::default(),
                 wal: Default::default(),
+                idle_log_eviction_ms: 0,
             },
             narad_fs::RealFs::shared(),
             narad_clock::SystemClock::shared(),

@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// Ingress WAL settings (`storage.ingress_wal_prealloc`).
     pub wal: WalOptions,
+    /// `storage.idle_log_eviction_ms` (0 = never).
+    pub idle_log_eviction_ms: u64,
     /// The long-poll ceiling.
     pub max_consume_wait: Duration,
     /// How long shutdown waits for in-flight requests.
@@ -95,6 +97,7 @@ impl ServerConfig {
             topic_defaults: c.topic.clone(),
             log: c.log_config(),
             wal: WalOptions { prealloc: c.storage.ingress_wal_prealloc, ..WalOptions::default() },
+            idle_log_eviction_ms: c.storage.idle_log_eviction_ms,
             max_consume_wait: c.http.max_consume_wait,
             shutdown_grace: c.http.shutdown_grace,
             security_enabled: c.security.enabled,
@@ -190,6 +193,7 @@ pub async fn run(
             topic_defaults: config.topic_defaults.clone(),
             log: config.log.clone(),
             wal: config.wal,
+            idle_log_eviction_ms: config.idle_log_eviction_ms,
         },
         RealFs::shared(),
         SystemClock::shared(),

@@ -107,6 +107,11 @@ impl Shard {
         self.corrupt.len()
     }
 
+    /// Whether the frontier moved since the last persist.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
     /// Takes the "frontier moved" flag (for the persister).
     pub fn take_dirty(&mut self) -> Option<u64> {
         std::mem::take(&mut self.dirty).then_some(self.next)

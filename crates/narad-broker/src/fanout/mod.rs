@@ -456,7 +456,7 @@ impl FanoutRunner {
                 complete = false;
                 continue;
             };
-            let Some(part) = rt.as_ref().and_then(|rt| rt.partition_if_open(p)) else { continue };
+            let Some(part) = rt.as_ref().and_then(|rt| rt.peek_partition(p)) else { continue };
             let hwm = part.log.high_watermark();
             if next >= hwm {
                 continue;

@@ -17,5 +17,6 @@ pub fn config() -> BrokerConfig {
         topic_defaults: TopicDefaults::default(),
         log: LogConfig::default(),
         wal: WalOptions::default(),
+        idle_log_eviction_ms: narad_broker::limits::DEFAULT_IDLE_LOG_EVICTION_MS,
     }
 }
