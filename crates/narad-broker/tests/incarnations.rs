@@ -1,6 +1,8 @@
 //! Records accepted for a topic incarnation never commit into another one:
 //! the owner refuses them (so the dispatcher puts them back in the WAL) and
-//! the resolver discards them once the incarnation is gone.
+//! the resolver discards them once the incarnation is gone. And a log
+//! closed as idle is never one a committer still holds (a refused commit
+//! there would look like a deleted topic).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -96,4 +98,28 @@ fn leftover_files_of_an_earlier_incarnation_are_cleared_before_the_name_is_reuse
     let got = part.log.read(0, 10, u64::MAX).unwrap();
     let payloads: Vec<&[u8]> = got.records.iter().map(|r| &r.payload[..]).collect();
     assert_eq!(payloads, vec![&b"new data"[..]]);
+}
+
+/// An idle log that a committer (or reader) still holds is not closed under
+/// it: its next commit would otherwise fail as if the topic were deleted,
+/// and the dispatcher would drop the records. Once released, it closes, and
+/// the next commit reopens it.
+#[test]
+fn an_idle_log_is_not_closed_while_someone_holds_it() {
+    let (meta, topics, owner) = setup();
+    let inc = create(&meta, "t");
+    let retention = |_: &narad_broker::topics::TopicRt| Some(0);
+    let t = meta.topic("t").unwrap();
+    let held = topics.partition(&t, 0).unwrap();
+    // The manual clock never moves: idle for 0 ms is idle.
+    assert_eq!(topics.evict_idle(0, &retention), 0, "held by a caller");
+    let log = held.log.clone();
+    drop(held);
+    assert_eq!(topics.evict_idle(0, &retention), 0, "its log is still held");
+    drop(log);
+    assert_eq!(topics.evict_idle(0, &retention), 1);
+    assert_eq!(topics.open_logs(), 0);
+    owner.commit_blocking(batch("t", Some(inc), b"after")).unwrap();
+    let got = topics.partition(&t, 0).unwrap().log.read(0, 10, u64::MAX).unwrap();
+    assert_eq!(got.records.len(), 1);
 }
