@@ -143,7 +143,8 @@ pub struct Broker {
     draining: AtomicBool,
     /// WAL segment preparations found failed by the last scrape (they are
     /// counted as `narad_errors{component="ingress_wal",kind="prepare"}`).
-    prep_failures_seen: std::sync::atomic::AtomicU64,
+    /// The WAL's counters at the last metrics poll (to add the difference).
+    wal_seen: Mutex<narad_wal::WalStats>,
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -225,7 +226,7 @@ impl Broker {
             stop: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
-            prep_failures_seen: std::sync::atomic::AtomicU64::new(0),
+            wal_seen: Mutex::new(narad_wal::WalStats::default()),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -835,22 +836,9 @@ impl Broker {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         let me = Arc::downgrade(self);
         let stop = self.stop.subscribe();
-        tasks.push(tokio::spawn(every(FRONTIER_PERSIST_INTERVAL, stop.clone(), {
-            let me = me.clone();
-            move || {
-                let me = me.clone();
-                async move {
-                    if let Some(b) = me.upgrade() {
-                        let topics = b.topics.clone();
-                        let metrics = b.metrics.clone();
-                        let _ = tokio::task::spawn_blocking(move || {
-                            persist_frontiers(&topics, &metrics)
-                        })
-                        .await;
-                    }
-                }
-            }
-        })));
+        tasks.push(every_blocking(&me, FRONTIER_PERSIST_INTERVAL, stop.clone(), |b| {
+            persist_frontiers(&b.topics, &b.metrics);
+        }));
         tasks.push(tokio::spawn(every(EXPIRY_PURGE_INTERVAL, stop.clone(), {
             let me = me.clone();
             move || {
@@ -862,39 +850,18 @@ impl Broker {
                 }
             }
         })));
-        tasks.push(tokio::spawn(every(RETENTION_INTERVAL, stop.clone(), {
-            let me = me.clone();
-            move || {
-                let me = me.clone();
-                async move {
-                    if let Some(b) = me.upgrade() {
-                        let b2 = b.clone();
-                        let _ = tokio::task::spawn_blocking(move || b2.enforce_retention()).await;
-                    }
-                }
-            }
-        })));
+        tasks.push(every_blocking(
+            &me,
+            RETENTION_INTERVAL,
+            stop.clone(),
+            Broker::enforce_retention,
+        ));
         if self.config.idle_log_eviction_ms > 0 {
-            tasks.push(tokio::spawn(every(IDLE_EVICTION_INTERVAL, stop.clone(), {
-                let me = me.clone();
-                move || {
-                    let me = me.clone();
-                    async move {
-                        if let Some(b) = me.upgrade() {
-                            let _ = tokio::task::spawn_blocking(move || b.evict_idle_logs()).await;
-                        }
-                    }
-                }
-            })));
+            tasks.push(every_blocking(&me, IDLE_EVICTION_INTERVAL, stop.clone(), |b| {
+                b.evict_idle_logs();
+            }));
         }
-        tasks.push(tokio::spawn(every(METRICS_POLL_INTERVAL, stop, move || {
-            let me = me.clone();
-            async move {
-                if let Some(b) = me.upgrade() {
-                    let _ = tokio::task::spawn_blocking(move || b.poll_metrics()).await;
-                }
-            }
-        })));
+        tasks.push(every_blocking(&me, METRICS_POLL_INTERVAL, stop, Broker::poll_metrics));
     }
 
     fn purge_expired(&self) {
@@ -1031,10 +998,16 @@ impl Broker {
         self.metrics.topics.set(snap.topic_count() as i64);
         self.metrics.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
         self.metrics.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
-        let failures = self.wal.stats().prep_failures;
-        let seen = self.prep_failures_seen.swap(failures, Ordering::Relaxed);
-        for _ in seen..failures {
-            self.metrics.error("ingress_wal", "prepare");
+        let now = self.wal.stats();
+        let seen =
+            std::mem::replace(&mut *self.wal_seen.lock().unwrap_or_else(|p| p.into_inner()), now);
+        let m = &self.metrics;
+        m.ingress_wal_syncs.inc_by(now.syncs - seen.syncs);
+        m.ingress_wal_records.inc_by(now.records - seen.records);
+        m.ingress_wal_bytes.inc_by(now.bytes - seen.bytes);
+        m.ingress_wal_sync_seconds.inc_by((now.io_nanos - seen.io_nanos) as f64 / 1e9);
+        for _ in seen.prep_failures..now.prep_failures {
+            m.error("ingress_wal", "prepare");
         }
         self.metrics.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
@@ -1148,6 +1121,25 @@ fn persist_frontiers(topics: &Topics, metrics: &BrokerMetrics) -> usize {
         }
     }
     failed
+}
+
+/// Runs `f` on the blocking pool every `period` while the broker lives
+/// (the passes that do disk I/O or walk every partition).
+fn every_blocking(
+    me: &std::sync::Weak<Broker>,
+    period: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+    f: fn(&Broker),
+) -> tokio::task::JoinHandle<()> {
+    let me = me.clone();
+    tokio::spawn(every(period, stop, move || {
+        let me = me.clone();
+        async move {
+            if let Some(b) = me.upgrade() {
+                let _ = tokio::task::spawn_blocking(move || f(&b)).await;
+            }
+        }
+    }))
 }
 
 /// Assigns partitions `from..` of `t` through the placement hook, with this

@@ -148,6 +148,15 @@ pub struct BrokerMetrics {
     pub ingress_wal_failed: Gauge,
     /// Records a restart would replay: durable WAL end − stored checkpoint.
     pub ingress_dispatch_backlog_records: Gauge,
+    /// Ingress WAL group commits (one write + fdatasync each).
+    pub ingress_wal_syncs: Counter,
+    /// Records the ingress WAL made durable (÷ syncs = the group size).
+    pub ingress_wal_records: Counter,
+    /// Frame bytes the ingress WAL made durable.
+    pub ingress_wal_bytes: Counter,
+    /// Seconds the WAL sync thread spent writing and fdatasyncing
+    /// (÷ syncs = the mean group commit I/O time).
+    pub ingress_wal_sync_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// Records rerouted to a sibling partition.
     pub dispatch_rerouted: Counter,
     /// Records discarded because their topic (incarnation) is gone.
@@ -310,6 +319,14 @@ impl BrokerMetrics {
             "ingress_dispatch_backlog_records",
             "Records a restart would replay",
             ingress_dispatch_backlog_records
+        );
+        reg!("ingress_wal_syncs", "Ingress WAL group commits", ingress_wal_syncs);
+        reg!("ingress_wal_records", "Records the ingress WAL made durable", ingress_wal_records);
+        reg!("ingress_wal_bytes", "Frame bytes the ingress WAL made durable", ingress_wal_bytes);
+        reg!(
+            "ingress_wal_sync_seconds",
+            "Time the ingress WAL spent in group commit writes and fdatasyncs",
+            ingress_wal_sync_seconds
         );
         reg!("dispatch_rerouted", "Records rerouted to a sibling partition", dispatch_rerouted);
         reg!("dispatch_discarded", "Records of deleted topics discarded", dispatch_discarded);
