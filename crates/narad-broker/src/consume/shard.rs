@@ -56,6 +56,13 @@ pub struct Shard {
     expiries: BinaryHeap<Reverse<(u64, u64, u64)>>,
     acked_ahead: BTreeSet<u64>,
     corrupt: BTreeSet<u64>,
+    /// Where the next search for an available offset starts: every offset
+    /// in `next..free_from` is leased, acked ahead or corrupt. Without it
+    /// each reserve re-scanned every live lease from the frontier, so a
+    /// consume of 100 at the in-flight cap (1,024) did ~100,000 lookups
+    /// under the shard lock (64 consumers got a third of 16's throughput).
+    /// Lowered when a lease ends without an ack (nack, expiry).
+    free_from: u64,
     next_nonce: u64,
     /// The frontier moved since the last persist.
     dirty: bool,
@@ -82,6 +89,7 @@ impl Shard {
             expiries: BinaryHeap::new(),
             acked_ahead: BTreeSet::new(),
             corrupt: BTreeSet::new(),
+            free_from: next,
             next_nonce: 1,
             dirty: false,
         }
@@ -132,6 +140,7 @@ impl Shard {
             self.expiries.pop();
             if self.leases.get(&off) == Some(&Lease { nonce, expires_ms: exp }) {
                 self.leases.remove(&off);
+                self.free_from = self.free_from.min(off);
                 n += 1;
             }
         }
@@ -165,7 +174,7 @@ impl Shard {
             // Only the head may be leased, so the frontier can move.
             (!self.leases.contains_key(&self.next)).then_some(self.next)?
         } else {
-            let mut o = self.next;
+            let mut o = self.next.max(self.free_from);
             while o < hwm
                 && (self.leases.contains_key(&o)
                     || self.acked_ahead.contains(&o)
@@ -180,6 +189,8 @@ impl Shard {
         let expires_ms = now_ms + limits.visibility_ms;
         self.leases.insert(offset, Lease { nonce, expires_ms });
         self.expiries.push(Reverse((expires_ms, offset, nonce)));
+        // Everything from the search's start up to `offset` is taken now.
+        self.free_from = self.free_from.max(offset + 1);
         Some(Reservation { offset, nonce, expires_ms })
     }
 
@@ -233,6 +244,7 @@ impl Shard {
     pub fn nack(&mut self, offset: u64, nonce: u64, now_ms: u64) -> Result<(), ResolveError> {
         self.check(offset, nonce, now_ms)?;
         self.leases.remove(&offset);
+        self.free_from = self.free_from.min(offset);
         Ok(())
     }
 
@@ -316,6 +328,30 @@ mod tests {
         assert_eq!(s.next(), 2, "the frontier jumps over the acked-ahead run");
         assert_eq!(s.take_dirty(), Some(2));
         assert_eq!(s.take_dirty(), None);
+    }
+
+    /// The search cursor never hides an offset that became available again,
+    /// and leasing goes on after the last lease, not from the frontier.
+    #[test]
+    fn offsets_freed_by_nack_or_expiry_below_the_last_lease_are_leased_first() {
+        let wide = ShardLimits { max_in_flight: 100, max_acked_ahead: 100, visibility_ms: 1000 };
+        let mut s = Shard::new(0);
+        let r: Vec<Reservation> = (0..6).map(|_| s.reserve(10, 0, &wide).unwrap()).collect();
+        assert_eq!(r.iter().map(|x| x.offset).collect::<Vec<_>>(), [0, 1, 2, 3, 4, 5]);
+        s.nack(3, r[3].nonce, 1).unwrap();
+        s.nack(1, r[1].nonce, 1).unwrap();
+        assert_eq!(s.reserve(10, 1, &wide).unwrap().offset, 1, "the lowest freed offset");
+        assert_eq!(s.reserve(10, 1, &wide).unwrap().offset, 3);
+        assert_eq!(s.reserve(10, 1, &wide).unwrap().offset, 6, "then on after the last lease");
+        // Acks ahead of the frontier stay taken; the head's ack moves past them.
+        s.ack(2, r[2].nonce, 2, &wide).unwrap();
+        s.ack(0, r[0].nonce, 2, &wide).unwrap();
+        assert_eq!(s.next(), 1);
+        // Offsets 1 and 3-6 expire (leased at 0-1, 1 s visibility); 7 is new.
+        let late = s.reserve(10, 2, &wide).unwrap();
+        assert_eq!(late.offset, 7);
+        let again: Vec<u64> = (0..6).map(|_| s.reserve(10, 1_001, &wide).unwrap().offset).collect();
+        assert_eq!(again, [1, 3, 4, 5, 6, 8], "expired leases first, in order, 2 stays acked");
     }
 
     #[test]

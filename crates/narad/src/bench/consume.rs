@@ -75,11 +75,19 @@ pub struct ConsumeTally {
     pub e2e: Histogram<u64>,
     /// Long polls that came back empty.
     pub empty: u64,
+    /// Acks retried after a 503 (acked-ahead full).
+    pub ack_retries: u64,
 }
 
 impl Default for ConsumeTally {
     fn default() -> ConsumeTally {
-        ConsumeTally { t: Tally::default(), ack_lat: histogram(), e2e: histogram(), empty: 0 }
+        ConsumeTally {
+            t: Tally::default(),
+            ack_lat: histogram(),
+            e2e: histogram(),
+            empty: 0,
+            ack_retries: 0,
+        }
     }
 }
 
@@ -90,6 +98,7 @@ impl ConsumeTally {
         self.ack_lat.add(&other.ack_lat).expect("same histogram bounds");
         self.e2e.add(&other.e2e).expect("same histogram bounds");
         self.empty += other.empty;
+        self.ack_retries += other.ack_retries;
     }
 }
 
@@ -160,6 +169,12 @@ pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>) -> ConsumeTally {
 }
 
 /// Acks `handles`; returns how many acks succeeded and counts failures.
+///
+/// An ack answered 503 (the partition's acked-ahead set is full: its head
+/// message is still leased by a slower consumer) keeps its lease, so it is
+/// retried, as a client should, after a short pause (at most
+/// [`ACK_RETRIES`] times, then it counts as an error and the message is
+/// redelivered when its lease expires). Retries are counted, not errors.
 async fn ack(
     ctx: &ConsumeCtx,
     conn: &mut Conn,
@@ -168,38 +183,58 @@ async fn ack(
     c: &mut ConsumeTally,
     measured: bool,
 ) -> u64 {
-    let sent = Instant::now();
-    let (r, ok) = if ctx.batch > 1 {
-        let r = conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(handles), true).await;
-        (r, 200)
-    } else {
-        let path = format!("{}?receipt_handle={}", ctx.ack_path, handles[0]);
-        (conn.send(&ctx.target, Method::POST, &path, Bytes::new(), false).await, 204)
-    };
-    let done = Instant::now();
-    if let Some(kind) = failure(&r, &[ok]) {
-        if measured {
-            c.t.error(format!("ack_{kind}"), &run.live);
-        }
-        return 0;
-    }
-    if measured {
-        record(&mut c.ack_lat, done - sent);
-    }
-    if ok == 204 {
-        return 1;
-    }
-    let body = r.map(|a| a.body).unwrap_or_default();
     let mut acked = 0;
-    for status in scan_ack_statuses(&body) {
-        if status == 204 {
-            acked += 1;
-        } else if measured {
-            c.t.error(format!("ack_status_{status}"), &run.live);
+    let mut retry: Vec<String> = Vec::new();
+    for attempt in 0..=ACK_RETRIES {
+        let todo: &[String] = if attempt == 0 { handles } else { &retry };
+        let sent = Instant::now();
+        let (r, ok) = if todo.len() > 1 || ctx.batch > 1 {
+            let r = conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(todo), true).await;
+            (r, 200)
+        } else {
+            let path = format!("{}?receipt_handle={}", ctx.ack_path, todo[0]);
+            (conn.send(&ctx.target, Method::POST, &path, Bytes::new(), false).await, 204)
+        };
+        let done = Instant::now();
+        let statuses: Vec<u16> = match failure(&r, &[ok]) {
+            // A single ack's status is the response's own.
+            Some(_) if ok == 204 && matches!(&r, Ok(a) if a.status.as_u16() == 503) => vec![503],
+            Some(kind) => {
+                if measured {
+                    c.t.error(format!("ack_{kind}"), &run.live);
+                }
+                return acked;
+            }
+            None if ok == 204 => vec![204],
+            None => scan_ack_statuses(&r.map(|a| a.body).unwrap_or_default()),
+        };
+        if measured && attempt == 0 {
+            record(&mut c.ack_lat, done - sent);
         }
+        let mut again = Vec::new();
+        for (handle, status) in todo.iter().zip(statuses) {
+            match status {
+                204 => acked += 1,
+                503 if attempt < ACK_RETRIES => again.push(handle.clone()),
+                _ if measured => c.t.error(format!("ack_status_{status}"), &run.live),
+                _ => {}
+            }
+        }
+        if again.is_empty() {
+            return acked;
+        }
+        c.ack_retries += again.len() as u64;
+        retry = again;
+        tokio::time::sleep(ACK_RETRY_PAUSE * (attempt + 1)).await;
     }
     acked
 }
+
+/// How often an ack answered 503 (acked-ahead full) is retried.
+const ACK_RETRIES: u32 = 20;
+
+/// The pause before the first retry; the n-th waits n times as long.
+const ACK_RETRY_PAUSE: Duration = Duration::from_millis(2);
 
 /// Runs `clients` consumers to the end of `run` and adds up their tallies.
 pub async fn consume_all(
@@ -230,6 +265,7 @@ pub fn consume_fields(
     out.push((format!("{prefix}wire_mb_per_sec"), c.t.wire_bytes as f64 / secs / 1e6));
     out.push((format!("{prefix}messages"), c.t.msgs as f64));
     out.push((format!("{prefix}empty_polls"), c.empty as f64));
+    out.push((format!("{prefix}ack_retries"), c.ack_retries as f64));
     latency_fields(out, prefix, &c.t.lat);
     latency_fields(out, &format!("{prefix}ack_"), &c.ack_lat);
     error_fields(out, prefix, &c.t);
