@@ -40,6 +40,23 @@ fn open(fs: &SimFs) -> Result<Wal, WalError> {
     Wal::open_with(fs.shared(), dir(), small())
 }
 
+/// Appends `records` records of 3,000 bytes (several segments at the
+/// tests' segment size), closes the WAL and returns its segment names.
+fn write_segments(fs: &SimFs, records: usize) -> Vec<String> {
+    let wal = open(fs).unwrap();
+    let big = vec![1u8; 3000];
+    for _ in 0..records {
+        wal.append(&rec(&big)).unwrap();
+    }
+    drop(wal);
+    fs.list_dir(&dir())
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| n.ends_with(".wal"))
+        .collect()
+}
+
 fn segment_path(base: u64) -> PathBuf {
     dir().join(segment_file_name(base))
 }
@@ -321,19 +338,7 @@ fn a_torn_header_of_a_new_last_segment_is_rewritten() {
 #[test]
 fn a_missing_middle_segment_fails_open() {
     let fs = SimFs::new(15);
-    let wal = open(&fs).unwrap();
-    let big = vec![1u8; 3000];
-    for _ in 0..16 {
-        wal.append(&rec(&big)).unwrap();
-    }
-    drop(wal);
-    let names: Vec<String> = fs
-        .list_dir(&dir())
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .filter(|n| n.ends_with(".wal"))
-        .collect();
+    let names = write_segments(&fs, 16);
     assert!(names.len() >= 3);
     fs.remove_file(&dir().join(&names[1])).unwrap();
     assert!(matches!(open(&fs), Err(WalError::Corrupt { .. })));
@@ -384,19 +389,7 @@ fn a_checkpoint_beyond_the_end_of_the_wal_fails_open() {
 #[test]
 fn a_checkpoint_below_the_oldest_segment_starts_dispatch_at_that_segment() {
     let fs = SimFs::new(18);
-    let wal = open(&fs).unwrap();
-    let big = vec![1u8; 3000];
-    for _ in 0..12 {
-        wal.append(&rec(&big)).unwrap();
-    }
-    drop(wal);
-    let names: Vec<String> = fs
-        .list_dir(&dir())
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .filter(|n| n.ends_with(".wal"))
-        .collect();
+    let names = write_segments(&fs, 12);
     // As if compaction's deletions survived a power cut that lost the
     // checkpoint's last write.
     fs.remove_file(&dir().join(&names[0])).unwrap();
