@@ -141,9 +141,10 @@ pub struct Broker {
     shutting_down: AtomicBool,
     /// Long polls return at once (the HTTP layer is draining).
     draining: AtomicBool,
-    /// WAL segment preparations found failed by the last scrape (they are
-    /// counted as `narad_errors{component="ingress_wal",kind="prepare"}`).
-    /// The WAL's counters at the last metrics poll (to add the difference).
+    /// The WAL's counters at the last metrics poll: the next poll adds the
+    /// difference to the `narad_ingress_wal_*_total` counters, and counts
+    /// new failed segment preparations as
+    /// `narad_errors{component="ingress_wal",kind="prepare"}`.
     wal_seen: Mutex<narad_wal::WalStats>,
 }
 
