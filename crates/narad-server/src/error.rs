@@ -6,7 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use narad_broker::BrokerError;
 use narad_meta::MetaError;
-use tracing::error;
+use tracing::{debug, error};
 
 /// An error answer.
 #[derive(Debug)]
@@ -67,8 +67,18 @@ pub fn error_body(message: &str) -> String {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> ApiError {
         let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() {
-            error!(error = %e, status = status.as_u16(), "http server error");
+        match e {
+            // Designed back-pressure, not a fault: the client retries (the
+            // lease is kept) and `narad_ack_rejected_total{reason="cap"}`
+            // counts it; at ERROR, 64 consumers behind one slow head wrote
+            // ~40,000 lines a second. Likewise refusals while shutting down.
+            BrokerError::AckedAheadFull | BrokerError::ShuttingDown => {
+                debug!(error = %e, status = status.as_u16(), "request refused");
+            }
+            _ if status.is_server_error() => {
+                error!(error = %e, status = status.as_u16(), "http server error");
+            }
+            _ => {}
         }
         ApiError::Json { status, message: e.public_message() }
     }

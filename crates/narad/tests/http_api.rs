@@ -260,6 +260,11 @@ fn consume_and_ack_routes_answer_every_documented_status() {
     // ...so the next ack ahead is refused with 503 and its lease kept.
     let r = s.post(&format!("/v1/topics/q/ack?receipt_handle={}", h(&msgs[1])), Vec::new());
     assert_eq!(error_of(r), (503, "acked-ahead set is full; head of queue may be stuck".into()));
+    assert!(
+        !s.log().contains("http server error"),
+        "a refused ack is back-pressure, not a server error to log:\n{}",
+        s.log()
+    );
     assert_eq!(s.ack("q", &h(&m0), None), 204);
     assert_eq!(s.ack("q", &h(&msgs[1]), None), 204, "the refused ack can be retried");
     // Stale, malformed, missing.
