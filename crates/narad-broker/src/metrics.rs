@@ -156,7 +156,7 @@ pub struct BrokerMetrics {
     pub ingress_wal_bytes: Counter,
     /// Seconds the WAL sync thread spent writing and fdatasyncing
     /// (÷ syncs = the mean group commit I/O time).
-    pub ingress_wal_sync_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    pub ingress_wal_sync_seconds: Counter<f64, AtomicU64>,
     /// Records rerouted to a sibling partition.
     pub dispatch_rerouted: Counter,
     /// Records discarded because their topic (incarnation) is gone.

@@ -188,25 +188,27 @@ async fn ack(
     for attempt in 0..=ACK_RETRIES {
         let todo: &[String] = if attempt == 0 { handles } else { &retry };
         let sent = Instant::now();
-        let (r, ok) = if todo.len() > 1 || ctx.batch > 1 {
-            let r = conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(todo), true).await;
-            (r, 200)
+        // A retry list is never longer than the first, so a single ack stays
+        // single.
+        let batch = ctx.batch > 1;
+        let r = if batch {
+            conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(todo), true).await
         } else {
             let path = format!("{}?receipt_handle={}", ctx.ack_path, todo[0]);
-            (conn.send(&ctx.target, Method::POST, &path, Bytes::new(), false).await, 204)
+            conn.send(&ctx.target, Method::POST, &path, Bytes::new(), false).await
         };
         let done = Instant::now();
-        let statuses: Vec<u16> = match failure(&r, &[ok]) {
-            // A single ack's status is the response's own.
-            Some(_) if ok == 204 && matches!(&r, Ok(a) if a.status.as_u16() == 503) => vec![503],
-            Some(kind) => {
-                if measured {
+        // One status per handle: a batch ack's results, or a single ack's
+        // own response status.
+        let statuses = match r {
+            Ok(a) if batch && a.status.as_u16() == 200 => scan_ack_statuses(&a.body),
+            Ok(a) if !batch => vec![a.status.as_u16()],
+            failed => {
+                if measured && let Some(kind) = failure(&failed, &[200]) {
                     c.t.error(format!("ack_{kind}"), &run.live);
                 }
                 return acked;
             }
-            None if ok == 204 => vec![204],
-            None => scan_ack_statuses(&r.map(|a| a.body).unwrap_or_default()),
         };
         if measured && attempt == 0 {
             record(&mut c.ack_lat, done - sent);
