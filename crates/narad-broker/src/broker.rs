@@ -8,7 +8,7 @@
 //! the WAL (final checkpoint sync) → persist consumer frontiers → close logs.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +32,8 @@ use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
-    CONSUME_BATCH_BYTES, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
+    CONSUME_BATCH_BYTES, DATA_DIR_WALK_FILES_PER_POLL, DATA_DIR_WALK_MAX_SKIP,
+    EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
     METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
 };
 use crate::metrics::{BrokerMetrics, PartitionLabels, RejectionLabels, TopicLabels, WaitLabels};
@@ -146,6 +147,8 @@ pub struct Broker {
     /// new failed segment preparations as
     /// `narad_errors{component="ingress_wal",kind="prepare"}`.
     wal_seen: Mutex<narad_wal::WalStats>,
+    /// Metric polls to skip before the next walk of the data directory.
+    dir_walk_skip: AtomicU32,
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -228,6 +231,7 @@ impl Broker {
             shutting_down: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             wal_seen: Mutex::new(narad_wal::WalStats::default()),
+            dir_walk_skip: AtomicU32::new(0),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -977,9 +981,17 @@ impl Broker {
                 .get_or_create(&TopicLabels { topic: rt.name.to_string() })
                 .set(i64::try_from(topic_bytes).unwrap_or(i64::MAX));
         }
+        // The walk stats every file: a data dir of many files is walked
+        // on fewer polls (see DATA_DIR_WALK_FILES_PER_POLL).
+        let skip = self.dir_walk_skip.load(Ordering::Relaxed);
+        if skip > 0 {
+            self.dir_walk_skip.store(skip - 1, Ordering::Relaxed);
+            return;
+        }
         match dir_size(&self.config.data_dir) {
-            Ok(bytes) => {
+            Ok((bytes, files)) => {
                 m.data_dir_size_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+                self.dir_walk_skip.store(dir_walk_skip(files), Ordering::Relaxed);
             }
             Err(_) => m.error("metrics", "snapshot"),
         }
@@ -1078,8 +1090,19 @@ impl Broker {
 /// The bytes of the files under `dir` (apparent sizes; files that vanish
 /// during the walk are skipped). A metrics walk: it reads no file, so it
 /// goes to the file system directly, as the free-space gauge does.
-fn dir_size(dir: &std::path::Path) -> std::io::Result<u64> {
+/// Polls to skip after a data-dir walk that met `files` entries: about
+/// [`DATA_DIR_WALK_FILES_PER_POLL`] stats per poll on average, and a walk at
+/// least every [`DATA_DIR_WALK_MAX_SKIP`] + 1 polls.
+fn dir_walk_skip(files: u64) -> u32 {
+    u32::try_from(files / DATA_DIR_WALK_FILES_PER_POLL)
+        .unwrap_or(u32::MAX)
+        .min(DATA_DIR_WALK_MAX_SKIP)
+}
+
+/// Bytes of the files under `dir`, and how many entries the walk met.
+fn dir_size(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
     let mut total = 0u64;
+    let mut files = 0u64;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries = match std::fs::read_dir(&d) {
@@ -1088,6 +1111,7 @@ fn dir_size(dir: &std::path::Path) -> std::io::Result<u64> {
             Err(e) => return Err(e),
         };
         for entry in entries.flatten() {
+            files += 1;
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
                 stack.push(entry.path());
@@ -1096,14 +1120,14 @@ fn dir_size(dir: &std::path::Path) -> std::io::Result<u64> {
             }
         }
     }
-    Ok(total)
+    Ok((total, files))
 }
 
 /// Persists every moved consumer frontier; returns how many failed.
 fn persist_frontiers(topics: &Topics, metrics: &BrokerMetrics) -> usize {
     let mut failed = 0;
     for rt in topics.all() {
-        for part in rt.open_partitions() {
+        for part in rt.frontier_dirty_partitions() {
             let started = std::time::Instant::now();
             let persisted = part.persist_frontier();
             if !matches!(persisted, Ok(false)) {
@@ -1171,5 +1195,36 @@ where
             _ = tick.tick() => f().await,
             _ = stop.changed() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_data_dir_is_walked_on_every_poll_and_a_large_one_at_least_once_a_minute() {
+        assert_eq!(dir_walk_skip(0), 0);
+        assert_eq!(dir_walk_skip(DATA_DIR_WALK_FILES_PER_POLL - 1), 0);
+        // 1,000 topics x 3 partitions with a segment each: 8,007 entries,
+        // walked on every 9th poll.
+        assert_eq!(dir_walk_skip(8_007), 8);
+        assert_eq!(dir_walk_skip(12_000), DATA_DIR_WALK_MAX_SKIP);
+        assert_eq!(dir_walk_skip(u64::MAX), DATA_DIR_WALK_MAX_SKIP);
+        let once_a_minute = METRICS_POLL_INTERVAL * (DATA_DIR_WALK_MAX_SKIP + 1);
+        assert_eq!(once_a_minute, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn dir_size_counts_the_bytes_and_entries_of_nested_files() {
+        let dir = std::env::temp_dir().join(format!("narad-dir-size-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("x"), [0u8; 10]).unwrap();
+        std::fs::write(dir.join("a/b/y"), [0u8; 32]).unwrap();
+        let got = dir_size(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Entries: x, a, a/b, a/b/y.
+        assert_eq!(got.unwrap(), (42, 4));
     }
 }

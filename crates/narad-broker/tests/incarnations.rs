@@ -2,15 +2,17 @@
 //! the owner refuses them (so the dispatcher puts them back in the WAL) and
 //! the resolver discards them once the incarnation is gone. And a log
 //! closed as idle is never one a committer still holds (a refused commit
-//! there would look like a deleted topic).
+//! there would look like a deleted topic). The frontier pass picks exactly
+//! the partitions whose consumer frontier moved.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use narad_broker::consume::take::take;
 use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
-use narad_broker::topics::Topics;
+use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::ManualClock;
 use narad_fs::SimFs;
 use narad_log::LogConfig;
@@ -122,4 +124,34 @@ fn an_idle_log_is_not_closed_while_someone_holds_it() {
     owner.commit_blocking(batch("t", Some(inc), b"after")).unwrap();
     let got = topics.partition(&t, 0).unwrap().log.read(0, 10, u64::MAX).unwrap();
     assert_eq!(got.records.len(), 1);
+}
+
+/// The frontier pass (every 100 ms) looks only at partitions whose frontier
+/// moved: an idle one is not picked, an acked one is picked until its
+/// frontier is persisted, and one whose shard someone holds is picked (the
+/// pass never skips a partition it could not look at).
+#[test]
+fn the_frontier_pass_picks_exactly_the_partitions_whose_frontier_moved() {
+    let (meta, topics, owner) = setup();
+    let inc = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(inc), b"one")).unwrap();
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let rt = topics.get_open("t", inc).unwrap();
+    let picked = |rt: &narad_broker::topics::TopicRt| rt.frontier_dirty_partitions().len();
+    assert_eq!(picked(&rt), 0, "nothing consumed yet");
+    let limits = shard_limits(&t);
+    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    assert_eq!(leased.len(), 1);
+    assert_eq!(picked(&rt), 0, "a lease does not move the frontier");
+    {
+        let mut g = part.shard().unwrap();
+        let s = g.as_mut().unwrap();
+        s.ack(leased[0].record.offset, leased[0].nonce, 1_000, &limits).unwrap();
+        assert_eq!(picked(&rt), 1, "a held shard counts as moved");
+    }
+    assert_eq!(picked(&rt), 1, "the ack moved the frontier");
+    assert!(part.persist_frontier().unwrap());
+    assert_eq!(picked(&rt), 0, "persisted");
+    assert!(!part.persist_frontier().unwrap());
 }

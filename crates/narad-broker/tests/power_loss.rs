@@ -255,7 +255,7 @@ impl Node {
 
     fn persist_frontiers(&self) {
         for rt in self.topics.all() {
-            for part in rt.open_partitions() {
+            for part in rt.frontier_dirty_partitions() {
                 let _ = part.persist_frontier();
             }
         }
