@@ -733,8 +733,8 @@ impl Broker {
 
     /// Reads without leasing (replay mode): up to `max` records from
     /// `offset`.
-    pub fn replay(
-        &self,
+    pub async fn replay(
+        self: &Arc<Self>,
         topic: &str,
         partition: u32,
         offset: u64,
@@ -749,8 +749,12 @@ impl Broker {
         };
         let part = match rt.partition_if_open(partition) {
             Some(part) => part,
-            // Closed as idle: reopen (blocking, once per idle period).
-            None if rt.was_evicted(partition) => self.topics.partition(&t, partition)?,
+            // Closed as idle: reopen it (recovery reads its files) on the
+            // blocking pool, not on this runtime worker.
+            None if rt.was_evicted(partition) => {
+                let (me, t) = (self.clone(), t.clone());
+                blocking(move || me.topics.partition(&t, partition)).await?
+            }
             None => return Ok(Vec::new()), // nothing was ever committed here
         };
         if offset >= part.log.high_watermark() {

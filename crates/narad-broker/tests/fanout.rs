@@ -76,8 +76,8 @@ async fn every_child_gets_every_record_and_a_delayed_child_none_early() {
         assert_eq!(got.len(), n, "{child} got {} of {n}", got.len());
     }
     // Never early, and on time: compare commit times in the logs.
-    let parent_times = commit_times(&b, "p");
-    let late_times = commit_times(&b, "late");
+    let parent_times = commit_times(&b, "p").await;
+    let late_times = commit_times(&b, "late").await;
     let mut lateness: Vec<i64> = Vec::new();
     let mut early = 0;
     for (payload, child_ms) in &late_times {
@@ -101,13 +101,13 @@ async fn every_child_gets_every_record_and_a_delayed_child_none_early() {
 }
 
 /// payload -> commit time (ms) of its first copy in `topic`.
-fn commit_times(b: &Broker, topic: &str) -> HashMap<String, u64> {
+async fn commit_times(b: &Arc<Broker>, topic: &str) -> HashMap<String, u64> {
     let t = b.topic(topic).unwrap();
     let mut out = HashMap::new();
     for p in 0..t.partitions() {
         let mut from = 0;
         loop {
-            let got = b.replay(topic, p, from, 100).unwrap_or_default();
+            let got = b.replay(topic, p, from, 100).await.unwrap_or_default();
             let Some(last) = got.last() else { break };
             from = last.offset + 1;
             for d in got {

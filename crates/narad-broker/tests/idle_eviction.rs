@@ -95,7 +95,7 @@ async fn idle_logs_close_only_when_nothing_is_lost_and_reopen_intact() {
     let leased = consume(&b, 2, 1).await;
     // Wait until partition 1's records are committed too.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while b.replay("t", 1, 0, 10).unwrap().len() < 2 && Instant::now() < deadline {
+    while b.replay("t", 1, 0, 10).await.unwrap().len() < 2 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
@@ -118,7 +118,7 @@ async fn idle_logs_close_only_when_nothing_is_lost_and_reopen_intact() {
     let stats = b.partition_stats(&t, Some(0));
     assert_eq!((stats[0].high_watermark, stats[0].segments), (3, 1), "{stats:?}");
     let replayed: Vec<_> =
-        b.replay("t", 0, 0, 10).unwrap().into_iter().map(|m| m.payload).collect();
+        b.replay("t", 0, 0, 10).await.unwrap().into_iter().map(|m| m.payload).collect();
     assert_eq!(replayed, ["a", "b", "c"]);
 
     // Idle again: 0 (a replay does not move the frontier) and 2 (its only

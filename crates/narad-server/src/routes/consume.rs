@@ -147,7 +147,7 @@ pub async fn consume(
     let batch = q.max.is_some();
     let max = q.max.unwrap_or(1);
     if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
-        let got = s.broker.replay(&topic, partition, offset, max)?;
+        let got = s.broker.replay(&topic, partition, offset, max).await?;
         return Ok(messages_response(&got, batch));
     }
     let wait = q.wait.min(s.max_consume_wait);
