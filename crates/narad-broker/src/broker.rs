@@ -32,7 +32,7 @@ use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
-    CONSUME_BATCH_BYTES, DATA_DIR_WALK_FILES_PER_POLL, DATA_DIR_WALK_MAX_SKIP,
+    CONSUME_BATCH_BYTES, DATA_DIR_WALK_ENTRIES_PER_POLL, DATA_DIR_WALK_MAX_SKIP,
     EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
     METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
 };
@@ -985,17 +985,17 @@ impl Broker {
                 .get_or_create(&TopicLabels { topic: rt.name.to_string() })
                 .set(i64::try_from(topic_bytes).unwrap_or(i64::MAX));
         }
-        // The walk stats every file: a data dir of many files is walked
-        // on fewer polls (see DATA_DIR_WALK_FILES_PER_POLL).
+        // The walk stats every entry: a data dir of many entries is walked
+        // on fewer polls (see DATA_DIR_WALK_ENTRIES_PER_POLL).
         let skip = self.dir_walk_skip.load(Ordering::Relaxed);
         if skip > 0 {
             self.dir_walk_skip.store(skip - 1, Ordering::Relaxed);
             return;
         }
         match dir_size(&self.config.data_dir) {
-            Ok((bytes, files)) => {
+            Ok((bytes, entries)) => {
                 m.data_dir_size_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
-                self.dir_walk_skip.store(dir_walk_skip(files), Ordering::Relaxed);
+                self.dir_walk_skip.store(dir_walk_skip(entries), Ordering::Relaxed);
             }
             Err(_) => m.error("metrics", "snapshot"),
         }
@@ -1091,22 +1091,22 @@ impl Broker {
     }
 }
 
-/// The bytes of the files under `dir` (apparent sizes; files that vanish
-/// during the walk are skipped). A metrics walk: it reads no file, so it
-/// goes to the file system directly, as the free-space gauge does.
-/// Polls to skip after a data-dir walk that met `files` entries: about
-/// [`DATA_DIR_WALK_FILES_PER_POLL`] stats per poll on average, and a walk at
-/// least every [`DATA_DIR_WALK_MAX_SKIP`] + 1 polls.
-fn dir_walk_skip(files: u64) -> u32 {
-    u32::try_from(files / DATA_DIR_WALK_FILES_PER_POLL)
+/// Polls to skip after a data-dir walk that met `entries` entries: about
+/// [`DATA_DIR_WALK_ENTRIES_PER_POLL`] stats per poll on average, and a walk
+/// at least every [`DATA_DIR_WALK_MAX_SKIP`] + 1 polls.
+fn dir_walk_skip(entries: u64) -> u32 {
+    u32::try_from(entries / DATA_DIR_WALK_ENTRIES_PER_POLL)
         .unwrap_or(u32::MAX)
         .min(DATA_DIR_WALK_MAX_SKIP)
 }
 
-/// Bytes of the files under `dir`, and how many entries the walk met.
+/// The bytes of the files under `dir` (apparent sizes; files that vanish
+/// during the walk are skipped), and how many entries (files and
+/// directories) the walk met. A metrics walk: it reads no file, so it goes
+/// to the file system directly, as the free-space gauge does.
 fn dir_size(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
     let mut total = 0u64;
-    let mut files = 0u64;
+    let mut entries_met = 0u64;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let entries = match std::fs::read_dir(&d) {
@@ -1115,7 +1115,7 @@ fn dir_size(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
             Err(e) => return Err(e),
         };
         for entry in entries.flatten() {
-            files += 1;
+            entries_met += 1;
             let Ok(meta) = entry.metadata() else { continue };
             if meta.is_dir() {
                 stack.push(entry.path());
@@ -1124,7 +1124,7 @@ fn dir_size(dir: &std::path::Path) -> std::io::Result<(u64, u64)> {
             }
         }
     }
-    Ok((total, files))
+    Ok((total, entries_met))
 }
 
 /// Persists every moved consumer frontier; returns how many failed.
@@ -1209,7 +1209,7 @@ mod tests {
     #[test]
     fn a_small_data_dir_is_walked_on_every_poll_and_a_large_one_at_least_once_a_minute() {
         assert_eq!(dir_walk_skip(0), 0);
-        assert_eq!(dir_walk_skip(DATA_DIR_WALK_FILES_PER_POLL - 1), 0);
+        assert_eq!(dir_walk_skip(DATA_DIR_WALK_ENTRIES_PER_POLL - 1), 0);
         // 1,000 topics x 3 partitions with a segment each: 8,007 entries,
         // walked on every 9th poll.
         assert_eq!(dir_walk_skip(8_007), 8);

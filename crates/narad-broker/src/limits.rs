@@ -60,8 +60,8 @@ pub const DEFAULT_IDLE_LOG_EVICTION_MS: u64 = 1_800_000;
 pub const METRICS_POLL_INTERVAL: Duration = Duration::from_secs(5);
 /// The metrics poll walks the data directory (for `data_dir_size_bytes`)
 /// on about one poll per this many entries it met last time: a stat per
-/// file every 5 s was a quarter of an idle node's CPU with 1,000 topics.
-pub const DATA_DIR_WALK_FILES_PER_POLL: u64 = 1_000;
+/// entry every 5 s was a quarter of an idle node's CPU with 1,000 topics.
+pub const DATA_DIR_WALK_ENTRIES_PER_POLL: u64 = 1_000;
 /// ... and at least once every this many polls plus one (1 min).
 pub const DATA_DIR_WALK_MAX_SKIP: u32 = 11;
 /// A batch consume returns at most this many payload bytes.

@@ -113,7 +113,6 @@ impl PartitionRt {
             && s.next() >= self.log.high_watermark()
     }
 
-    /// Persists the consumer frontier if it moved (temp + fsync + rename).
     /// Whether the consumer frontier moved since it was last persisted (or
     /// may have: a shard held by someone else counts as moved, so a pass
     /// never skips one it could not look at).
@@ -127,6 +126,7 @@ impl PartitionRt {
         }
     }
 
+    /// Persists the consumer frontier if it moved (temp + fsync + rename).
     pub fn persist_frontier(&self) -> Result<bool, BrokerError> {
         let next = {
             let mut g = self.shard.lock().unwrap_or_else(|p| p.into_inner());
