@@ -171,7 +171,8 @@ fn rule(method: &Method, route: &str) -> Rule {
     }
 }
 
-/// The middleware.
+/// The access checks (authentication, grants, rate limits) of every
+/// request, run by the one middleware [`crate::http_metrics::track`].
 pub async fn guard(State(s): State<Shared>, mut req: Request, next: Next) -> Response {
     let sec = &s.security;
     if EXEMPT_PATHS.contains(&req.uri().path()) {

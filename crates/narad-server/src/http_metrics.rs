@@ -152,7 +152,8 @@ fn content_length(h: &axum::http::HeaderMap) -> u64 {
         .unwrap_or(0)
 }
 
-/// The middleware.
+/// The middleware: counts and times every request, and runs the access
+/// checks ([`crate::access::guard`]) inside that measurement.
 pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
     let m = &state.http;
     let series = m.route(
@@ -162,7 +163,9 @@ pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Res
     series.bytes_in.inc_by(content_length(req.headers()));
     m.in_flight.inc();
     let start = Instant::now();
-    let resp = next.run(req).await;
+    // The access checks run inside the measurement (a refused request is
+    // counted with its status) without a middleware layer of their own.
+    let resp = crate::access::guard(State(state.clone()), req, next).await;
     m.in_flight.dec();
     let (requests, durations) = m.status(&series, resp.status().as_u16());
     requests.inc();

@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
-use crate::access::{Security, guard};
+use crate::access::Security;
 use crate::auth::{Authenticator, seed_root};
 use crate::config::{Config, LimitsConfig};
 use crate::conn::ConnConfig;
@@ -160,7 +160,8 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(|| async {
             ApiError::Text { status: StatusCode::METHOD_NOT_ALLOWED, body: "Method Not Allowed\n" }
         })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        // One layer: `track` measures every request and runs the access
+        // checks (`access::guard`) inside its measurement.
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
 }

@@ -52,6 +52,15 @@ fn requests_without_valid_credentials_get_401_with_the_basic_challenge() {
         assert_eq!(s.get(path).status(), 200, "{path} is open");
     }
     assert_eq!(s.as_admin(Method::GET, "/v1/topics").send().unwrap().status(), 200);
+    // Refused requests are measured like served ones: GET /v1/topics was
+    // refused three times (no credentials, wrong password, unknown user).
+    let metrics = s.get("/metrics").text().unwrap();
+    let refused =
+        "narad_http_requests_total{route=\"GET /v1/topics\",method=\"GET\",status=\"401\"} 3";
+    assert!(metrics.contains(refused), "{metrics}");
+    let served =
+        "narad_http_requests_total{route=\"GET /v1/topics\",method=\"GET\",status=\"200\"} 1";
+    assert!(metrics.contains(served), "{metrics}");
 }
 
 #[test]
