@@ -1011,14 +1011,14 @@ impl Broker {
 
     /// Refreshes the cheap node-level gauges (called on every scrape).
     pub fn poll_cheap_gauges(&self) {
+        let m = &self.metrics;
         let snap = self.meta.snapshot();
-        self.metrics.topics.set(snap.topic_count() as i64);
-        self.metrics.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
-        self.metrics.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
+        m.topics.set(snap.topic_count() as i64);
+        m.partitions.set(snap.topics().map(|t| i64::from(t.partitions())).sum());
+        m.ingress_wal_failed.set(i64::from(self.wal.is_latched()));
         let now = self.wal.stats();
         let seen =
             std::mem::replace(&mut *self.wal_seen.lock().unwrap_or_else(|p| p.into_inner()), now);
-        let m = &self.metrics;
         m.ingress_wal_syncs.inc_by(now.syncs - seen.syncs);
         m.ingress_wal_records.inc_by(now.records - seen.records);
         m.ingress_wal_bytes.inc_by(now.bytes - seen.bytes);
@@ -1026,14 +1026,14 @@ impl Broker {
         for _ in seen.prep_failures..now.prep_failures {
             m.error("ingress_wal", "prepare");
         }
-        self.metrics.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
-        self.metrics.open_partition_logs.set(self.topics.open_logs() as i64);
+        m.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
+        m.open_partition_logs.set(self.topics.open_logs() as i64);
         // One statvfs: cheap enough for every scrape.
         match fs4::available_space(&self.config.data_dir) {
             Ok(free) => {
-                self.metrics.data_dir_available_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
+                m.data_dir_available_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
             }
-            Err(_) => self.metrics.error("metrics", "snapshot"),
+            Err(_) => m.error("metrics", "snapshot"),
         }
     }
 

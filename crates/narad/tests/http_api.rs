@@ -342,10 +342,8 @@ fn health_metrics_and_unknown_routes() {
         .unwrap();
     assert!(free > 0, "the data dir's free space is measured, not a constant 0");
     // The 202 came after the WAL's group commit: it is counted.
-    let count = |name: &str| -> f64 {
-        m.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("{name} is exported:\n{m}"))
+    let count = |name: &str| {
+        metric(&m, &format!("{name} "), &[]).unwrap_or_else(|| panic!("{name} is exported:\n{m}"))
     };
     assert!(count("narad_ingress_wal_syncs_total") >= 1.0);
     assert!(count("narad_ingress_wal_records_total") >= 1.0);

@@ -185,12 +185,12 @@ async fn ack(
 ) -> u64 {
     let mut acked = 0;
     let mut retry: Vec<String> = Vec::new();
+    // A retry list is never longer than the first, so a single ack stays
+    // single.
+    let batch = ctx.batch > 1;
     for attempt in 0..=ACK_RETRIES {
         let todo: &[String] = if attempt == 0 { handles } else { &retry };
         let sent = Instant::now();
-        // A retry list is never longer than the first, so a single ack stays
-        // single.
-        let batch = ctx.batch > 1;
         let r = if batch {
             conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(todo), true).await
         } else {
