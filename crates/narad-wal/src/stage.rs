@@ -56,6 +56,11 @@ pub(crate) struct Stage {
     pub group: Arc<Group>,
     /// The sync thread is parked waiting for work.
     pub sync_waiting: bool,
+    /// While it is parked, the sync thread wants waking only once
+    /// `next_seq` reaches this (0 while it waits for any record): a gather
+    /// wait is not woken by every returning caller, only by the one that
+    /// completes it.
+    pub sync_wake_at_seq: u64,
     /// Close was requested: drain and stop.
     pub closing: bool,
     /// Segment size limit.
@@ -89,8 +94,21 @@ impl Stage {
             spare: Vec::new(),
             group: Arc::new(Group::default()),
             sync_waiting: false,
+            sync_wake_at_seq: 0,
             closing: false,
         }
+    }
+
+    /// Whether a record just staged should wake the parked sync thread: it
+    /// is parked and `next_seq` has reached what it waits for. Clears
+    /// [`sync_waiting`](Self::sync_waiting) when it answers yes, so one
+    /// wake-up is sent, not one per record.
+    pub(crate) fn take_sync_wake(&mut self) -> bool {
+        let wake = self.sync_waiting && self.next_seq >= self.sync_wake_at_seq;
+        if wake {
+            self.sync_waiting = false;
+        }
+        wake
     }
 
     /// Starts a new segment at the next sequence number.
@@ -207,6 +225,36 @@ mod tests {
             accepted_at_ms: 0,
             payload,
         }
+    }
+
+    #[test]
+    fn a_parked_sync_thread_is_woken_once_by_the_record_it_waits_for() {
+        let payload = [7u8; 16];
+        let r = rec(&payload);
+        let len = r.encoded_len().unwrap();
+        let mut st = Stage::new(100, 0, SEGMENT_HEADER_BYTES, SEGMENT_BYTES);
+        // Not parked: nobody to wake.
+        st.stage(&r, len);
+        assert!(!st.take_sync_wake());
+        // Parked in a gather wait for sequence 105: records 101..104 staged
+        // on the way there do not wake it; the one that reaches it does.
+        st.sync_waiting = true;
+        st.sync_wake_at_seq = 105;
+        for _ in 101..104 {
+            st.stage(&r, len);
+            assert!(!st.take_sync_wake(), "next_seq {}", st.next_seq);
+        }
+        st.stage(&r, len);
+        assert_eq!(st.next_seq, 105);
+        assert!(st.take_sync_wake());
+        // One wake-up per park.
+        st.stage(&r, len);
+        assert!(!st.take_sync_wake());
+        // Parked for any record (the idle wait).
+        st.sync_waiting = true;
+        st.sync_wake_at_seq = 0;
+        st.stage(&r, len);
+        assert!(st.take_sync_wake());
     }
 
     #[test]
