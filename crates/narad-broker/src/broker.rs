@@ -8,7 +8,7 @@
 //! the WAL (final checkpoint sync) → persist consumer frontiers → close logs.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -149,6 +149,9 @@ pub struct Broker {
     wal_seen: Mutex<narad_wal::WalStats>,
     /// Metric polls to skip before the next walk of the data directory.
     dir_walk_skip: AtomicU32,
+    /// [`Topics::frontier_moves`] when the last frontier pass began: while
+    /// it has not changed, the pass looks at no partition.
+    frontier_moves_seen: AtomicU64,
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -232,6 +235,7 @@ impl Broker {
             draining: AtomicBool::new(false),
             wal_seen: Mutex::new(narad_wal::WalStats::default()),
             dir_walk_skip: AtomicU32::new(0),
+            frontier_moves_seen: AtomicU64::new(0),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -846,7 +850,12 @@ impl Broker {
         let me = Arc::downgrade(self);
         let stop = self.stop.subscribe();
         tasks.push(every_blocking(&me, FRONTIER_PERSIST_INTERVAL, stop.clone(), |b| {
-            persist_frontiers(&b.topics, &b.metrics);
+            // An idle node's pass is one atomic load, not a look at each of
+            // its partitions ten times a second.
+            let moves = b.topics.frontier_moves();
+            if b.frontier_moves_seen.swap(moves, Ordering::Relaxed) != moves {
+                persist_frontiers(&b.topics, &b.metrics);
+            }
         }));
         tasks.push(tokio::spawn(every(EXPIRY_PURGE_INTERVAL, stop.clone(), {
             let me = me.clone();

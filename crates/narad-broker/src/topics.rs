@@ -70,6 +70,8 @@ pub struct PartitionRt {
     pub log: Arc<PartitionLog>,
     frontier: ConsumerOffset,
     shard: Mutex<Option<Shard>>,
+    /// [`Topics::frontier_moves`]' counter, bumped by the shard.
+    frontier_moves: Arc<AtomicU64>,
     /// Wall-clock ms of the last access through [`Topics::partition`] or
     /// [`TopicRt::partition_if_open`] (background passes do not count).
     last_access_ms: AtomicU64,
@@ -86,7 +88,7 @@ impl PartitionRt {
                 Ok(None) => oldest,
                 Err(e) => return Err(BrokerError::internal("consume", e)),
             };
-            let mut shard = Shard::new(next);
+            let mut shard = Shard::tracked(next, self.frontier_moves.clone());
             shard.skip_below(oldest);
             *g = Some(shard);
         }
@@ -261,6 +263,8 @@ pub struct Topics {
     open_logs: AtomicUsize,
     /// Where commit cycles are reported, if anywhere.
     metrics: Option<Arc<BrokerMetrics>>,
+    /// Bumped by every consumer frontier move of every partition.
+    frontier_moves: Arc<AtomicU64>,
 }
 
 fn partition_dir(topic_dir: &Path, p: u32) -> PathBuf {
@@ -279,6 +283,7 @@ impl Topics {
             open_lock: Mutex::new(()),
             open_logs: AtomicUsize::new(0),
             metrics: None,
+            frontier_moves: Arc::default(),
         }
     }
 
@@ -292,6 +297,15 @@ impl Topics {
     /// How many partition logs are open.
     pub fn open_logs(&self) -> usize {
         self.open_logs.load(Ordering::Relaxed)
+    }
+
+    /// How many times a consumer frontier moved (or a failed persist put one
+    /// back), in any partition: while it stays the same, no partition has
+    /// become dirty. A move sets the partition's flag before it bumps this
+    /// count, so a pass that reads the count and then looks at the
+    /// partitions finds every move the count includes.
+    pub fn frontier_moves(&self) -> u64 {
+        self.frontier_moves.load(Ordering::Acquire)
     }
 
     /// Every opened topic, in name order.
@@ -337,6 +351,7 @@ impl Topics {
             log: Arc::new(log),
             frontier: ConsumerOffset::new(self.fs.clone(), &dir),
             shard: Mutex::new(None),
+            frontier_moves: self.frontier_moves.clone(),
             last_access_ms: AtomicU64::new(self.clock.wall_ms()),
         });
         let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());

@@ -155,3 +155,32 @@ fn the_frontier_pass_picks_exactly_the_partitions_whose_frontier_moved() {
     assert_eq!(picked(&rt), 0, "persisted");
     assert!(!part.persist_frontier().unwrap());
 }
+
+/// The frontier pass skips its look at the partitions while the node-wide
+/// count of frontier moves stands still: every move must change it, and
+/// nothing that moves no frontier may (or an idle node would look again).
+#[test]
+fn every_consumer_frontier_move_changes_the_count_the_frontier_pass_checks() {
+    let (meta, topics, owner) = setup();
+    let inc = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(inc), b"one")).unwrap();
+    owner.commit_blocking(batch("t", Some(inc), b"two")).unwrap();
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let limits = shard_limits(&t);
+    let before = topics.frontier_moves();
+    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    assert_eq!(leased.len(), 2);
+    assert_eq!(topics.frontier_moves(), before, "leasing moves no frontier");
+    let ack = |i: usize| {
+        let mut g = part.shard().unwrap();
+        g.as_mut().unwrap().ack(leased[i].record.offset, leased[i].nonce, 1_000, &limits).unwrap()
+    };
+    assert!(!ack(1), "acked ahead");
+    assert_eq!(topics.frontier_moves(), before);
+    assert!(ack(0));
+    let moved = topics.frontier_moves();
+    assert!(moved > before, "the ack moved the frontier");
+    assert!(part.persist_frontier().unwrap());
+    assert_eq!(topics.frontier_moves(), moved, "persisting is not a move");
+}

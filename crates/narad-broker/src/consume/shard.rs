@@ -13,10 +13,15 @@
 //!   leased, and an ack ahead of the frontier is refused (503) with the lease
 //!   kept, so the ack can be retried.
 //!
-//! Pure state: time comes in as arguments; I/O is the caller's.
+//! Pure state: time comes in as arguments; I/O is the caller's. The one
+//! thing shared is a counter every move of the frontier bumps (see
+//! [`Shard::tracked`]), so the frontier pass can tell that nothing moved
+//! anywhere without looking at every shard.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A live lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +71,8 @@ pub struct Shard {
     next_nonce: u64,
     /// The frontier moved since the last persist.
     dirty: bool,
+    /// Bumped (after `dirty` is set, under the shard's lock) by every move.
+    moves: Arc<AtomicU64>,
 }
 
 /// A reservation: the offset to read and its lease.
@@ -83,6 +90,13 @@ impl Shard {
     /// A shard whose first unresolved offset is `next` (from
     /// `consumer.offset`, or the log's oldest offset when there is none).
     pub fn new(next: u64) -> Shard {
+        Shard::tracked(next, Arc::default())
+    }
+
+    /// A shard that bumps `moves` every time its frontier moves (or is
+    /// marked as not persisted), after setting its dirty flag: whoever reads
+    /// a new count and then looks at the shard finds it dirty.
+    pub fn tracked(next: u64, moves: Arc<AtomicU64>) -> Shard {
         Shard {
             next,
             leases: HashMap::new(),
@@ -92,6 +106,7 @@ impl Shard {
             free_from: next,
             next_nonce: 1,
             dirty: false,
+            moves,
         }
     }
 
@@ -128,6 +143,7 @@ impl Shard {
     /// Marks the frontier as not yet persisted (after a failed persist).
     pub fn mark_dirty(&mut self) {
         self.dirty = true;
+        self.moves.fetch_add(1, Ordering::Release);
     }
 
     /// Releases expired leases; returns how many.
@@ -272,7 +288,6 @@ impl Shard {
         self.acked_ahead = self.acked_ahead.split_off(&oldest);
         self.corrupt = self.corrupt.split_off(&oldest);
         self.advance();
-        self.dirty = true;
         skipped
     }
 
@@ -284,7 +299,7 @@ impl Shard {
                 break;
             }
         }
-        self.dirty = true;
+        self.mark_dirty();
     }
 }
 
@@ -315,6 +330,35 @@ mod tests {
 
     const L: ShardLimits =
         ShardLimits { max_in_flight: 3, max_acked_ahead: 2, visibility_ms: 1000 };
+
+    #[test]
+    fn the_shared_count_moves_with_the_frontier_and_only_with_it() {
+        let moves = Arc::new(AtomicU64::new(0));
+        let count = || moves.load(Ordering::Acquire);
+        let mut s = Shard::tracked(0, moves.clone());
+        let a = s.reserve(10, 0, &L).unwrap();
+        let b = s.reserve(10, 0, &L).unwrap();
+        let c = s.reserve(10, 0, &L).unwrap();
+        s.extend(c.offset, c.nonce, 1, &L).unwrap();
+        s.nack(c.offset, c.nonce, 1).unwrap();
+        assert_eq!(s.ack(b.offset, b.nonce, 1, &L), Ok(false));
+        assert_eq!(count(), 0, "leases, extends, nacks and acks ahead move nothing");
+        assert!(!s.is_dirty());
+        assert_eq!(s.ack(a.offset, a.nonce, 1, &L), Ok(true));
+        assert_eq!(count(), 1);
+        assert!(s.is_dirty());
+        assert_eq!(s.take_dirty(), Some(2));
+        assert_eq!(count(), 1, "persisting is not a move");
+        s.mark_corrupt(2);
+        assert_eq!(count(), 2);
+        assert_eq!(s.skip_below(1), 0);
+        assert_eq!(count(), 2, "retention below the frontier moves nothing");
+        assert_eq!(s.skip_below(9), 6);
+        assert_eq!(count(), 3);
+        s.take_dirty();
+        s.mark_dirty();
+        assert_eq!(count(), 4, "a failed persist counts, so the next pass retries");
+    }
 
     #[test]
     fn leases_go_to_the_lowest_free_offset_and_acks_move_the_frontier() {
