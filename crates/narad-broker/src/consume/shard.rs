@@ -88,7 +88,8 @@ pub struct Reservation {
 
 impl Shard {
     /// A shard whose first unresolved offset is `next` (from
-    /// `consumer.offset`, or the log's oldest offset when there is none).
+    /// `consumer.offset`, or the log's oldest offset when there is none),
+    /// counting its moves on a counter of its own.
     pub fn new(next: u64) -> Shard {
         Shard::tracked(next, Arc::default())
     }
