@@ -396,7 +396,7 @@ impl Broker {
         })
         .await?;
         if let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) {
-            rt.notify.notify_waiters(); // caps may have grown
+            rt.wake.everyone(); // caps may have grown
         }
         if !t.children().is_empty() {
             // New parent partitions need cursors now, not at the next tick.
@@ -614,10 +614,22 @@ impl Broker {
         };
         let mut t = t;
         loop {
-            let notified = rt.notify.notified();
+            let notified = rt.wake.waiter(partition.is_some());
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = self.take(&t, &rt, partition, max)?;
+            let got = match self.take(&t, &rt, partition, max) {
+                Ok(got) => got,
+                Err(e) => {
+                    // Other partitions may still hold what woke us.
+                    rt.wake.pass_on();
+                    return Err(e);
+                }
+            };
+            let (got, full) = got;
+            if full && partition.is_none() {
+                // Stopped at a limit, not because nothing was left.
+                rt.wake.pass_on();
+            }
             let now = self.clock.mono();
             if !got.is_empty() || now >= deadline || self.draining.load(Ordering::Acquire) {
                 let outcome = match (got.is_empty(), wait.is_zero()) {
@@ -663,14 +675,17 @@ impl Broker {
             .min()
     }
 
-    /// One pass over the partitions: reserve, then read.
+    /// One pass over the partitions: reserve, then read. The flag says
+    /// whether the pass stopped at a limit (`max` records or
+    /// [`CONSUME_BATCH_BYTES`]) rather than because nothing takeable was
+    /// left.
     fn take(
         &self,
         t: &Topic,
         rt: &TopicRt,
         pinned: Option<u32>,
         max: usize,
-    ) -> Result<Vec<Delivered>, BrokerError> {
+    ) -> Result<(Vec<Delivered>, bool), BrokerError> {
         let n = t.partitions();
         let order: Vec<u32> = match pinned {
             Some(p) => vec![p],
@@ -686,10 +701,10 @@ impl Broker {
             let Some(part) = rt.partition_if_open(p) else { continue };
             self.take_from(&rt.name, &part, &limits, max - out.len(), &mut bytes, &mut out)?;
             if out.len() >= max || bytes >= CONSUME_BATCH_BYTES {
-                break;
+                return Ok((out, true));
             }
         }
-        Ok(out)
+        Ok((out, false))
     }
 
     fn take_from(
@@ -805,22 +820,32 @@ impl Broker {
         let Some(part) = rt.partition_if_open(p) else { return Err(BrokerError::StaleHandle) };
         let limits = shard_limits(&t);
         let now = self.clock.wall_ms();
-        let result = {
+        let (result, freed) = {
             let mut g = part.shard()?;
             let shard = g.as_mut().expect("shard() fills the slot");
-            match action {
+            // An ack frees nothing a consumer could take unless leases
+            // expired just now or the partition was at one of its limits;
+            // a nack always does.
+            let expired = shard.purge_expired(now) > 0;
+            let was_blocked = shard.blocked(&limits);
+            let result = match action {
                 AckAction::Ack => shard.ack(offset, nonce, now, &limits).map(drop),
                 AckAction::Extend => shard.extend(offset, nonce, now, &limits),
                 AckAction::Nack => shard.nack(offset, nonce, now),
-            }
+            };
+            let freed = match action {
+                AckAction::Ack => expired || (was_blocked && result.is_ok()),
+                AckAction::Extend => expired,
+                AckAction::Nack => expired || result.is_ok(),
+            };
+            (result, freed)
         };
+        if freed {
+            rt.wake.available();
+        }
         match result {
             Ok(()) => {
                 let labels = TopicLabels { topic: topic.into() };
-                match action {
-                    AckAction::Ack | AckAction::Nack => rt.notify.notify_waiters(),
-                    AckAction::Extend => {}
-                }
                 match action {
                     AckAction::Extend => {
                         self.metrics.ack_extended.get_or_create(&labels).inc();
@@ -892,7 +917,7 @@ impl Broker {
                 }
             }
             if freed > 0 {
-                rt.notify.notify_waiters();
+                rt.wake.everyone();
             }
         }
     }
@@ -1014,7 +1039,7 @@ impl Broker {
     pub fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
         for rt in self.topics.all() {
-            rt.notify.notify_waiters();
+            rt.wake.everyone();
         }
     }
 
@@ -1060,7 +1085,7 @@ impl Broker {
         }
         self.begin_drain();
         for rt in self.topics.all() {
-            rt.notify.notify_waiters();
+            rt.wake.everyone();
         }
         let dispatcher = self.dispatcher.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(d) = dispatcher {

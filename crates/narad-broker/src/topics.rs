@@ -27,10 +27,10 @@ use narad_clock::ClockRef;
 use narad_fs::FsRef;
 use narad_log::{ConsumerOffset, LogConfig, LogStats, PartitionLog};
 use narad_meta::Topic;
-use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use crate::consume::shard::{Shard, ShardLimits};
+use crate::consume::wake::ConsumeWake;
 use crate::error::BrokerError;
 use crate::metrics::BrokerMetrics;
 
@@ -164,8 +164,9 @@ pub struct TopicRt {
     /// when closed (nothing changes a closed log); removed on reopen.
     evicted: Mutex<HashMap<u32, LogStats>>,
     clock: ClockRef,
-    /// Wakes long-polling consumers: commits, nacks, expiries.
-    pub notify: Arc<Notify>,
+    /// Wakes long-polling consumers and fan-out cursors: commits, nacks,
+    /// unblocking acks, expiries.
+    pub wake: Arc<ConsumeWake>,
     /// Rotation of queue-mode consumes over the partitions.
     pub consume_rr: AtomicUsize,
     closed: AtomicBool,
@@ -341,8 +342,8 @@ impl Topics {
             self.clock.clone(),
         )
         .map_err(|e| BrokerError::internal("open partition log", e))?;
-        let notify = rt.notify.clone();
-        log.set_commit_listener(Some(Box::new(move |_hwm| notify.notify_waiters())));
+        let wake = rt.wake.clone();
+        log.set_commit_listener(Some(Box::new(move |_hwm| wake.available())));
         if let Some(m) = &self.metrics {
             log.set_cycle_observer(Some(m.cycle_observer(&rt.name, p)));
         }
@@ -388,7 +389,7 @@ impl Topics {
             partitions: RwLock::new(Vec::new()),
             evicted: Mutex::new(HashMap::new()),
             clock: self.clock.clone(),
-            notify: Arc::new(Notify::new()),
+            wake: Arc::new(ConsumeWake::new()),
             consume_rr: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
         });
@@ -444,7 +445,7 @@ impl Topics {
             part.log.close();
             self.open_logs.fetch_sub(1, Ordering::Relaxed);
         }
-        rt.notify.notify_waiters();
+        rt.wake.everyone();
     }
 
     /// Closes the logs unaccessed for `idle_ms` (SPEC §5.7, called every

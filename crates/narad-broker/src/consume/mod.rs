@@ -2,3 +2,4 @@
 
 pub mod shard;
 pub mod take;
+pub mod wake;

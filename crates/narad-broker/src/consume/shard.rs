@@ -175,6 +175,13 @@ impl Shard {
         None
     }
 
+    /// Whether a limit holds back offsets a consumer could otherwise take:
+    /// the in-flight cap, or the acked-ahead cap (only the head may be
+    /// leased). Only then can an ack make something takeable.
+    pub fn blocked(&self, limits: &ShardLimits) -> bool {
+        self.leases.len() >= limits.max_in_flight || self.ahead_full(limits)
+    }
+
     fn ahead_full(&self, limits: &ShardLimits) -> bool {
         self.acked_ahead.len() + self.corrupt.len() >= limits.max_acked_ahead
     }
@@ -397,6 +404,28 @@ mod tests {
         assert_eq!(late.offset, 7);
         let again: Vec<u64> = (0..6).map(|_| s.reserve(10, 1_001, &wide).unwrap().offset).collect();
         assert_eq!(again, [1, 3, 4, 5, 6, 8], "expired leases first, in order, 2 stays acked");
+    }
+
+    /// `blocked` is what decides whether an ack wakes a waiting consumer:
+    /// it must hold exactly while a limit keeps a takeable offset back.
+    #[test]
+    fn a_shard_is_blocked_exactly_while_a_limit_holds_offsets_back() {
+        let mut s = Shard::new(0);
+        let r: Vec<Reservation> = (0..3).map(|_| s.reserve(10, 0, &L).unwrap()).collect();
+        assert!(s.blocked(&L), "three leases reach max_in_flight");
+        assert_eq!(s.reserve(10, 0, &L), None);
+        s.ack(r[2].offset, r[2].nonce, 1, &L).unwrap();
+        assert!(!s.blocked(&L), "one slot free, one ack ahead");
+        let d = s.reserve(10, 1, &L).unwrap();
+        assert_eq!(d.offset, 3);
+        s.ack(d.offset, d.nonce, 1, &L).unwrap();
+        assert!(s.blocked(&L), "two acks ahead reach max_acked_ahead");
+        assert_eq!(s.reserve(10, 1, &L), None, "only the head may be leased, and it is");
+        s.ack(r[0].offset, r[0].nonce, 1, &L).unwrap();
+        assert!(s.blocked(&L), "the frontier moved to 1, still leased, 2 and 3 still ahead");
+        s.ack(r[1].offset, r[1].nonce, 1, &L).unwrap();
+        assert!(!s.blocked(&L), "the frontier passes the acked-ahead run");
+        assert_eq!(s.reserve(10, 1, &L).map(|x| x.offset), Some(4));
     }
 
     #[test]

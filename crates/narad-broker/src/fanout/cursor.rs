@@ -171,7 +171,7 @@ impl Cursor {
         self.shared.position.store(next, Ordering::Release);
         info!(parent = %self.key.parent, child = %self.key.child, partition = part_no, next, "fan-out cursor started");
         while !self.stopped() {
-            let notified = rt.notify.notified();
+            let notified = rt.wake.waiter(true);
             tokio::pin!(notified);
             notified.as_mut().enable();
             match self.step(&rt, &part, &mut next).await {
