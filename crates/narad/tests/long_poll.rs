@@ -36,6 +36,13 @@ fn messages(v: &Option<Value>) -> Vec<Value> {
     }
 }
 
+/// One consume, timed: how long it took and what it returned.
+fn timed_consume(s: &Server, topic: &str, query: &str) -> (Duration, Vec<Value>) {
+    let t = Instant::now();
+    let got = s.consume(topic, query);
+    (t.elapsed(), messages(&got))
+}
+
 fn produce_batch(s: &Server, topic: &str, n: usize) {
     let msgs: Vec<Value> =
         (0..n).map(|i| json!({ "payload": format!("m{i}"), "partition": 0 })).collect();
@@ -56,13 +63,7 @@ fn every_waiting_consumer_gets_records_while_records_remain() {
     s.create_topic(r#"{"name":"lp","partitions":3}"#);
     let results: Vec<(Duration, Vec<Value>)> = thread::scope(|sc| {
         let waiters: Vec<_> = (0..4)
-            .map(|_| {
-                sc.spawn(|| {
-                    let t = Instant::now();
-                    let got = s.consume("lp", &format!("max=5&{WAIT}"));
-                    (t.elapsed(), messages(&got))
-                })
-            })
+            .map(|_| sc.spawn(|| timed_consume(&s, "lp", &format!("max=5&{WAIT}"))))
             .collect();
         let_them_park();
         produce_batch(&s, "lp", 20);
@@ -87,11 +88,7 @@ fn an_ack_that_frees_the_in_flight_cap_wakes_a_waiting_consumer() {
     let first = messages(&s.consume("cap", "wait=5s"));
     assert_eq!(first.len(), 1);
     let (took, got) = thread::scope(|sc| {
-        let waiter = sc.spawn(|| {
-            let t = Instant::now();
-            let got = s.consume("cap", WAIT);
-            (t.elapsed(), messages(&got))
-        });
+        let waiter = sc.spawn(|| timed_consume(&s, "cap", WAIT));
         let_them_park();
         assert_eq!(s.ack("cap", &handle(&first[0]), None), 204);
         waiter.join().unwrap()
@@ -109,11 +106,7 @@ fn a_nack_wakes_a_waiting_consumer_with_the_same_record() {
     let first = messages(&s.consume("nk", "wait=5s"));
     assert_eq!(first.len(), 1);
     let (took, got) = thread::scope(|sc| {
-        let waiter = sc.spawn(|| {
-            let t = Instant::now();
-            let got = s.consume("nk", WAIT);
-            (t.elapsed(), messages(&got))
-        });
+        let waiter = sc.spawn(|| timed_consume(&s, "nk", WAIT));
         let_them_park();
         assert_eq!(s.ack("nk", &handle(&first[0]), Some("0")), 204);
         waiter.join().unwrap()
@@ -130,11 +123,7 @@ fn consumers_pinned_to_different_partitions_each_get_their_own() {
     thread::scope(|sc| {
         let pinned = |p: u32| {
             let s = &s;
-            sc.spawn(move || {
-                let t = Instant::now();
-                let got = s.consume("pin", &format!("partition={p}&{WAIT}"));
-                (t.elapsed(), messages(&got))
-            })
+            sc.spawn(move || timed_consume(s, "pin", &format!("partition={p}&{WAIT}")))
         };
         let (p0, p1) = (pinned(0), pinned(1));
         let_them_park();
