@@ -617,15 +617,10 @@ impl Broker {
             let notified = rt.wake.waiter(partition.is_some());
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let got = match self.take(&t, &rt, partition, max) {
-                Ok(got) => got,
-                Err(e) => {
-                    // Other partitions may still hold what woke us.
-                    rt.wake.pass_on();
-                    return Err(e);
-                }
-            };
-            let (got, full) = got;
+            let (got, full) = self.take(&t, &rt, partition, max).inspect_err(|_| {
+                // Other partitions may still hold what woke us.
+                rt.wake.pass_on();
+            })?;
             if full && partition.is_none() {
                 // Stopped at a limit, not because nothing was left.
                 rt.wake.pass_on();
