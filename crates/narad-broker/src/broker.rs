@@ -145,7 +145,8 @@ pub struct Broker {
     /// The WAL's counters at the last metrics poll: the next poll adds the
     /// difference to the `narad_ingress_wal_*_total` counters, and counts
     /// new failed segment preparations as
-    /// `narad_errors{component="ingress_wal",kind="prepare"}`.
+    /// `narad_errors{component="ingress_wal",kind="prepare"}` and failed
+    /// zero-runway top-ups as `kind="runway"`.
     wal_seen: Mutex<narad_wal::WalStats>,
     /// Metric polls to skip before the next walk of the data directory.
     dir_walk_skip: AtomicU32,
@@ -1054,6 +1055,9 @@ impl Broker {
         m.ingress_wal_sync_seconds.inc_by((now.io_nanos - seen.io_nanos) as f64 / 1e9);
         for _ in seen.prep_failures..now.prep_failures {
             m.error("ingress_wal", "prepare");
+        }
+        for _ in seen.runway_failures..now.runway_failures {
+            m.error("ingress_wal", "runway");
         }
         m.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         m.open_partition_logs.set(self.topics.open_logs() as i64);

@@ -56,6 +56,10 @@ fn wal_options() -> WalOptions {
         // The prep thread would write at unseeded moments; preparation has
         // its own power cuts in narad-wal's crash-consistency test.
         prealloc: false,
+        // Small against the 16 KiB segments, so power cuts land around
+        // top-ups of the zero runway, overwrites of it and the cut that
+        // seals a segment.
+        runway_bytes: 8 << 10,
     }
 }
 

@@ -78,6 +78,8 @@ pub struct DiskBenchOptions {
     pub driver: Driver,
     /// Run the WAL with segment preparation (`storage.ingress_wal_prealloc`).
     pub prealloc: bool,
+    /// The WAL's zero runway ([`WalOptions::runway_bytes`]; 0 = none).
+    pub runway_bytes: u64,
 }
 
 /// The figures.
@@ -129,6 +131,8 @@ pub struct DiskBenchReport {
     pub wal_of_ceiling: f64,
     /// Whether segment preparation was on.
     pub prealloc: bool,
+    /// The WAL's zero runway in bytes.
+    pub runway_bytes: u64,
     /// Segment rolls during the run that renamed in a prepared segment.
     pub wal_prepared_rolls: u64,
 }
@@ -158,6 +162,7 @@ impl DiskBenchReport {
             ("record_bytes", self.record_bytes as f64),
             ("appender_os_threads", self.appender_os_threads as f64),
             ("prealloc", if self.prealloc { 1.0 } else { 0.0 }),
+            ("runway_bytes", self.runway_bytes as f64),
             ("wal_prepared_rolls", self.wal_prepared_rolls as f64),
         ]
     }
@@ -208,19 +213,26 @@ fn run_in(
     let dsync = dsync_mb_per_sec(&*fs, scratch, opts.probe_seconds)?;
     let appenders = opts.appenders.max(1);
     let group_bytes = appenders * frame_bytes(opts.record_bytes);
+    // A group small enough to write over the zero runway overwrites zeros
+    // in the WAL, as it does in a prepared segment.
+    let prezeroed = opts.prealloc || group_bytes as u64 <= opts.runway_bytes / 8;
     let group = append_sync_per_sec(
         &*fs,
         &scratch.join("group.probe"),
         group_bytes,
         opts.probe_seconds,
-        opts.prealloc,
+        prezeroed,
     )?;
     let ceiling = group * appenders as f64;
 
     let wal = Arc::new(Wal::open_with(
         fs.clone(),
         scratch.join("wal"),
-        WalOptions { prealloc: opts.prealloc, ..WalOptions::default() },
+        WalOptions {
+            prealloc: opts.prealloc,
+            runway_bytes: opts.runway_bytes,
+            ..WalOptions::default()
+        },
     )?);
     let before = wal.stats();
     let start = Instant::now();
@@ -258,6 +270,7 @@ fn run_in(
         ceiling_vs_fdatasync: ceiling / fdatasync.max(1.0),
         wal_of_ceiling: appends_per_sec / ceiling.max(1.0),
         prealloc: opts.prealloc,
+        runway_bytes: opts.runway_bytes,
         wal_prepared_rolls: after.prepared_rolls - before.prepared_rolls,
     })
 }

@@ -44,6 +44,10 @@ pub const COMPACTION_INTERVAL: Duration = Duration::from_secs(1);
 /// be reclaimed: a lightly loaded node keeps its WAL near this size.
 pub const ROTATE_DISPATCHED_ACTIVE_BYTES: u64 = 1 << 20;
 
+/// The default zero runway kept after the active segment's frames (see
+/// [`WalOptions::runway_bytes`](crate::WalOptions)).
+pub const RUNWAY_BYTES: u64 = 256 << 10;
+
 /// The reader fetches at least this much of a segment per read call.
 pub const READ_CHUNK_BYTES: usize = 256 << 10;
 
@@ -58,6 +62,7 @@ const _: () = {
     // makes room and no frame ever spans two segments.
     assert!(SEGMENT_HEADER_BYTES + MAX_FRAME_BYTES <= SEGMENT_BYTES);
     assert!(ROTATE_DISPATCHED_ACTIVE_BYTES < SEGMENT_BYTES);
+    assert!(RUNWAY_BYTES <= SEGMENT_BYTES);
     assert!(READ_CHUNK_BYTES as u64 >= FRAME_HEADER_BYTES);
     assert!(INDEX_STRIDE_BYTES >= FRAME_HEADER_BYTES);
 };

@@ -33,6 +33,10 @@ pub(crate) struct Segment {
     /// The file is a prepared segment (zeros and a trailer past its frames,
     /// see [`crate::prep`]): sealing it must cut it to its data.
     prepared: AtomicBool,
+    /// How far the sync thread has written the file: `durable_len`, plus
+    /// the zero runway after it (see `extend_runway` in [`crate::wal`]).
+    /// Not kept for a prepared segment, which is zeros to its trailer.
+    allocated: AtomicU64,
 }
 
 impl Segment {
@@ -45,7 +49,17 @@ impl Segment {
             end_seq: AtomicU64::new(base),
             index: Mutex::new(Vec::new()),
             prepared: AtomicBool::new(false),
+            allocated: AtomicU64::new(header_len),
         }
+    }
+
+    /// How far the file has been written: its frames, then zeros.
+    pub(crate) fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_allocated(&self, len: u64) {
+        self.allocated.store(len, Ordering::Release);
     }
 
     /// Whether the file still extends past its frames with zeros and a

@@ -9,7 +9,8 @@
 //!
 //! # Threads
 //! * The *sync thread* owns every write to segments: it takes what
-//!   appenders staged, writes it (one `pwrite` per segment touched), syncs
+//!   appenders staged, writes it (one `pwrite` per segment touched, and
+//!   one more when it tops up the zero runway after the frames), syncs
 //!   it, advances the durable frontier, and completes the group. It wakes on
 //!   every append (only when parked) and every 10 ms.
 //! * The *prep thread* (only with [`WalOptions::prealloc`]) writes out the
@@ -27,6 +28,9 @@
 //! * After the first failed write or sync the WAL is latched: the group in
 //!   flight and every later append fail with that error. Never retried.
 //! * Segments are deleted only below a checkpoint value that was synced.
+//! * Only the last segment may extend past its frames (zeros of the runway,
+//!   or a prepared segment's zeros and trailer); a segment is cut to its
+//!   frames, durably, before its successor is created.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -45,8 +49,8 @@ use crate::frame::{parse_segment_file_name, segment_file_name, segment_header};
 use crate::group::Pending;
 use crate::limits::{
     CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, GATHER_MAX_WAIT,
-    GATHER_MIN_GROUP, MAX_RECORD_BYTES, ROTATE_DISPATCHED_ACTIVE_BYTES, SEGMENT_BYTES,
-    SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
+    GATHER_MIN_GROUP, MAX_RECORD_BYTES, ROTATE_DISPATCHED_ACTIVE_BYTES, RUNWAY_BYTES,
+    SEGMENT_BYTES, SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
 };
 use crate::prep;
 use crate::reader::WalReader;
@@ -81,6 +85,12 @@ pub struct WalOptions {
     /// (`storage.ingress_wal_prealloc`, off by default): group commits then
     /// overwrite allocated blocks instead of growing the file.
     pub prealloc: bool,
+    /// Zeros kept written after the active segment's frames (0: none), so
+    /// small group commits overwrite blocks the file already has and their
+    /// fdatasync does not change its size (see [`extend_runway`]); never
+    /// past the segment's size. Only groups of at most an eighth of this
+    /// extend it.
+    pub runway_bytes: u64,
 }
 
 impl Default for WalOptions {
@@ -92,6 +102,7 @@ impl Default for WalOptions {
             checkpoint_sync_delay: CHECKPOINT_SYNC_DELAY,
             compaction_interval: COMPACTION_INTERVAL,
             prealloc: false,
+            runway_bytes: RUNWAY_BYTES,
         }
     }
 }
@@ -133,6 +144,9 @@ pub struct WalStats {
     /// Segment preparations that failed (the roll then creates an empty
     /// segment, as without preparation).
     pub prep_failures: u64,
+    /// Top-ups of the zero runway that failed (that segment's group commits
+    /// then append).
+    pub runway_failures: u64,
 }
 
 #[derive(Debug, Default)]
@@ -144,6 +158,7 @@ struct Counters {
     segments_compacted: AtomicU64,
     prepared_rolls: AtomicU64,
     prep_failures: AtomicU64,
+    runway_failures: AtomicU64,
 }
 
 /// The prepared next segment, between the prep thread and the sync thread.
@@ -519,6 +534,7 @@ impl Wal {
             io_nanos: c.io_nanos.load(Ordering::Relaxed),
             prepared_rolls: c.prepared_rolls.load(Ordering::Relaxed),
             prep_failures: c.prep_failures.load(Ordering::Relaxed),
+            runway_failures: c.runway_failures.load(Ordering::Relaxed),
         }
     }
 
@@ -684,13 +700,26 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
                     ));
                 }
                 Decision::TruncateTail => {
-                    warn!(
-                        segment = %path.display(),
-                        offset,
-                        damage = ?damage,
-                        dropped_bytes = scan.file_len - offset,
-                        "truncating torn tail of the last ingress WAL segment (never acked)"
-                    );
+                    let zeros = damage != recovery::Damage::SegmentHeader
+                        && image[offset as usize..].iter().all(|&b| b == 0);
+                    if zeros {
+                        // The zero runway a running WAL keeps after its frames
+                        // (or a write of which nothing reached the disk).
+                        info!(
+                            segment = %path.display(),
+                            offset,
+                            dropped_bytes = scan.file_len - offset,
+                            "cutting the zeros after the last frame of the ingress WAL"
+                        );
+                    } else {
+                        warn!(
+                            segment = %path.display(),
+                            offset,
+                            damage = ?damage,
+                            dropped_bytes = scan.file_len - offset,
+                            "truncating torn tail of the last ingress WAL segment (never acked)"
+                        );
+                    }
                     // Cutting also drops a preparation trailer: the segment
                     // is an ordinary one from now on, so no stale frame of
                     // the torn write past the cut can ever be read as new.
@@ -934,9 +963,12 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             .file
             .write_all_at(&chunk.bytes, chunk.offset)
             .map_err(|e| latched("write", &segment.path, e))?;
+        let end = chunk.offset + chunk.bytes.len() as u64;
+        if !segment.is_prepared() {
+            extend_runway(shared, &segment, end, chunk.bytes.len() as u64);
+        }
         segment.file.sync_data().map_err(|e| latched("fdatasync", &segment.path, e))?;
         let frames_at = if chunk.create { SEGMENT_HEADER_BYTES } else { chunk.offset };
-        let end = chunk.offset + chunk.bytes.len() as u64;
         segment.publish(chunk.first_seq, frames_at, chunk.end_seq, end);
         want_spare(shared, end);
         let records = chunk.end_seq - chunk.first_seq;
@@ -959,20 +991,71 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
     Ok(())
 }
 
-/// Before segment `next` is created: if its predecessor is a prepared
-/// segment, cut it to its frames and sync that, so a sealed segment never
-/// carries zeros or a trailer.
+/// After a group's write ended the active segment's frames at `end`, before
+/// its fdatasync: keeps zeros written after the frames, so that later small
+/// groups overwrite blocks the file already has and their fdatasync does
+/// not change the file's size (on ext4 that saves writing the inode, or a
+/// journal commit, on the path every produce waits on).
+///
+/// The runway is topped up to `min(runway_bytes, room left in the segment)`
+/// once less than half of that is left after `end`, and only by a group of
+/// at most an eighth of `runway_bytes`: every runway byte is written twice,
+/// as a zero and then as a frame, which pays for itself while a group's
+/// fdatasync is dominated by the size change, not by its own bytes. The
+/// zeros are written in the same group, before its fdatasync, so they are
+/// durable with its frames. A failed zero write is counted and logged, not
+/// latched: nothing acked depends on it.
+///
+/// Why recovery stays sound: the zeros past the last frame of the last
+/// segment are a tail with no frame behind it, which opening cuts (see
+/// [`crate::recovery`]); a torn overwrite leaves damage followed at most by
+/// frames of the same write, which every frame header names; and a segment
+/// is cut to its frames before its successor exists
+/// ([`seal_predecessor`]), so a sealed segment never ends in zeros.
+fn extend_runway(shared: &Shared, seg: &Segment, end: u64, group_bytes: u64) {
+    let runway = shared.options.runway_bytes;
+    let mut allocated = seg.allocated().max(end);
+    if runway > 0 && group_bytes <= runway / 8 {
+        let want = runway.min(shared.options.segment_bytes.saturating_sub(end));
+        if allocated < end + want / 2 {
+            let to = end + want;
+            let zeros = vec![0u8; (to - allocated) as usize];
+            match seg.file.write_all_at(&zeros, allocated) {
+                Ok(()) => allocated = to,
+                Err(e) => {
+                    // Only the zeros failed (a full disk, say): the group's
+                    // frames were written and its fdatasync decides its
+                    // fate. The write may have grown the file, so the
+                    // segment counts as allocated to its end: the seal cuts
+                    // it, and it is not topped up again.
+                    shared.counters.runway_failures.fetch_add(1, Ordering::Relaxed);
+                    warn!(
+                        segment = %seg.path.display(), error = %e,
+                        "could not write the zero runway after the ingress WAL's frames; this segment's group commits append instead"
+                    );
+                    allocated = shared.options.segment_bytes.max(to);
+                }
+            }
+        }
+    }
+    seg.set_allocated(allocated);
+}
+
+/// Before segment `next` is created: if its predecessor is longer than its
+/// frames (a prepared segment, or a zero runway), cut it to its frames and
+/// sync that, so a sealed segment never carries zeros or a trailer.
 fn seal_predecessor(shared: &Shared, next: u64) -> Result<(), WalError> {
     let prev = {
         let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
         segs.range(..next).next_back().map(|(_, s)| s.clone())
     };
-    if let Some(prev) = prev.filter(|s| s.is_prepared()) {
+    if let Some(prev) = prev.filter(|s| s.is_prepared() || s.allocated() > s.durable_len()) {
         prev.file
             .set_len(prev.durable_len())
-            .map_err(|e| latched("cut prepared segment", &prev.path, e))?;
+            .map_err(|e| latched("cut segment to its frames", &prev.path, e))?;
         prev.file.sync_data().map_err(|e| latched("fdatasync", &prev.path, e))?;
         prev.set_prepared(false);
+        prev.set_allocated(prev.durable_len());
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ fn options(dir: &std::path::Path, driver: Driver) -> DiskBenchOptions {
         probe_seconds: 0.1,
         driver,
         prealloc: driver == Driver::Tasks,
+        runway_bytes: if driver == Driver::Threads { narad_wal::limits::RUNWAY_BYTES } else { 0 },
     }
 }
 

@@ -140,6 +140,10 @@ pub struct DiskArgs {
     /// does (off by default, like the server).
     #[arg(long)]
     pub prealloc: bool,
+    /// The WAL's zero runway in bytes (0 = none, so every group commit
+    /// appends).
+    #[arg(long, default_value_t = narad_wal::limits::RUNWAY_BYTES)]
+    pub runway_bytes: u64,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -176,6 +180,7 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                     DiskDriver::Threads => narad_wal::bench::Driver::Threads,
                 },
                 prealloc: a.prealloc,
+                runway_bytes: a.runway_bytes,
             })?;
             print_figures("narad bench disk", &report.fields(), a.json);
             Ok(())
