@@ -208,3 +208,16 @@ fn a_disk_too_full_for_the_runway_stops_the_runway_not_the_wal() {
     let wal = Wal::open_with(fs.shared(), dir(), options()).unwrap();
     assert_eq!(payloads(&wal), written);
 }
+
+#[test]
+fn a_runway_longer_than_one_write_of_zeros_is_whole() {
+    let fs = SimFs::new(4);
+    let runway = 200 << 10; // over the 64 KiB a single zero write covers
+    let options = WalOptions { segment_bytes: 1 << 20, runway_bytes: runway, ..common::small() };
+    let wal = Wal::open_with(fs.shared(), dir(), options).unwrap();
+    wal.append(&rec(b"one")).unwrap();
+    let (base, image) = segments(&fs).pop().unwrap();
+    let (frames, zeros) = frames_then_zeros(&image, base);
+    assert!(zeros);
+    assert_eq!(image.len() as u64, frames + runway);
+}
