@@ -606,9 +606,8 @@ impl PartitionLog {
         }
         let from = a.alloc.max(a.len);
         let to = a.len + want;
-        let zeros = vec![0u8; (to - from) as usize];
         let started = Instant::now();
-        let written = a.file.write_all_at(&zeros, from);
+        let written = narad_fs::write_zeros(&*a.file, from, to);
         cycle.write_time += started.elapsed();
         written.map_err(|e| LogError::io("write", &a.seg.path, e))?;
         a.alloc = to;
