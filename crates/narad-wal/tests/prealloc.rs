@@ -5,13 +5,13 @@
 use std::time::{Duration, Instant};
 
 use narad_fs::{Fs, OpenMode, SimFs};
-use narad_wal::frame::{parse_segment_file_name, segment_file_name};
+use narad_wal::frame::segment_file_name;
 use narad_wal::prep::{self, PREP_TRAILER_BYTES, prepared_limit};
 use narad_wal::{RecordRef, Wal, WalOptions, recovery};
 
 mod common;
 
-use common::dir;
+use common::{dir, payloads, segments};
 
 const SEGMENT: u64 = 16 << 10;
 
@@ -32,34 +32,6 @@ fn rec(payload: &[u8]) -> RecordRef<'_> {
         accepted_at_ms: 5,
         payload,
     }
-}
-
-fn payloads(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
-    let mut r = wal.reader(wal.oldest_seq());
-    let mut out = Vec::new();
-    while let Some(e) = r.next_entry().unwrap() {
-        let d = e.decode().unwrap();
-        out.push((d.seq, d.payload.to_vec()));
-    }
-    out
-}
-
-/// Segment files by base, with their whole contents.
-fn segments(fs: &SimFs) -> Vec<(u64, Vec<u8>)> {
-    let mut out: Vec<(u64, Vec<u8>)> = fs
-        .list_dir(&dir())
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| parse_segment_file_name(&e.name))
-        .map(|base| {
-            let f = fs.open(&dir().join(segment_file_name(base)), OpenMode::Existing).unwrap();
-            let mut buf = vec![0u8; f.len().unwrap() as usize];
-            f.read_exact_at(&mut buf, 0).unwrap();
-            (base, buf)
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 /// Appends the next numbered record and remembers it.
@@ -100,9 +72,8 @@ fn prepared_segments_are_renamed_in_and_sealed_ones_are_cut_to_their_frames() {
     let (last, sealed) = segs.split_last().unwrap();
     for (base, image) in sealed {
         assert_eq!(prepared_limit(image), None, "sealed segment {base} kept its trailer");
-        let image = bytes::Bytes::from(image.clone());
         assert_eq!(
-            recovery::verdict(&image, *base, false),
+            recovery::verdict(image, *base, false),
             Ok(image.len() as u64),
             "sealed segment {base} is not exactly its frames"
         );
@@ -156,7 +127,8 @@ fn a_dirty_tail_in_a_prepared_segment_is_cut_with_its_trailer() {
     fill(&wal, 1, &mut written);
     wal.close().unwrap();
     drop(wal);
-    let (base, mut image) = segments(&fs).pop().unwrap();
+    let (base, image) = segments(&fs).pop().unwrap();
+    let mut image = image.to_vec();
     assert_eq!(prepared_limit(&image), Some(SEGMENT));
     let good =
         recovery::verdict(&bytes::Bytes::from(image[..SEGMENT as usize].to_vec()), base, true)

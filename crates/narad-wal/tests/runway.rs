@@ -5,12 +5,12 @@
 
 use bytes::Bytes;
 use narad_fs::{CrashMode, Fs, OpenMode, SimFs};
-use narad_wal::frame::{parse_segment_file_name, segment_file_name};
+use narad_wal::frame::segment_file_name;
 use narad_wal::{RecordRef, Wal, WalOptions, recovery};
 
 mod common;
 
-use common::dir;
+use common::{dir, payloads, segments};
 
 const RUNWAY: u64 = 4 << 10;
 
@@ -33,34 +33,6 @@ fn rec(payload: &[u8]) -> RecordRef<'_> {
 /// an eighth of the runway.
 fn payload(n: usize) -> Vec<u8> {
     format!("record-{n}-").into_bytes().repeat(8)
-}
-
-fn payloads(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
-    let mut r = wal.reader(wal.oldest_seq());
-    let mut out = Vec::new();
-    while let Some(e) = r.next_entry().unwrap() {
-        let d = e.decode().unwrap();
-        out.push((d.seq, d.payload.to_vec()));
-    }
-    out
-}
-
-/// Segment files by base, with their whole contents.
-fn segments(fs: &SimFs) -> Vec<(u64, Bytes)> {
-    let mut out: Vec<(u64, Bytes)> = fs
-        .list_dir(&dir())
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| parse_segment_file_name(&e.name))
-        .map(|base| {
-            let f = fs.open(&dir().join(segment_file_name(base)), OpenMode::Existing).unwrap();
-            let mut buf = vec![0u8; f.len().unwrap() as usize];
-            f.read_exact_at(&mut buf, 0).unwrap();
-            (base, Bytes::from(buf))
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 /// The length of the frames at the start of `image`, and whether only

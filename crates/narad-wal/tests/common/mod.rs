@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use narad_wal::WalOptions;
+use bytes::Bytes;
+use narad_fs::{Fs, OpenMode, SimFs};
+use narad_wal::frame::{parse_segment_file_name, segment_file_name};
+use narad_wal::{Wal, WalOptions};
 
 /// Small segments, so tests roll and compact cheaply.
 pub fn small() -> WalOptions {
@@ -17,4 +20,35 @@ pub fn small() -> WalOptions {
 /// The WAL directory on the simulated disk.
 pub fn dir() -> PathBuf {
     PathBuf::from("/data/ingress/produce")
+}
+
+/// Every record the WAL holds, from its oldest: (sequence number, payload).
+#[allow(dead_code)] // not every test binary reads records back
+pub fn payloads(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
+    let mut r = wal.reader(wal.oldest_seq());
+    let mut out = Vec::new();
+    while let Some(e) = r.next_entry().unwrap() {
+        let d = e.decode().unwrap();
+        out.push((d.seq, d.payload.to_vec()));
+    }
+    out
+}
+
+/// Segment files by base, with their whole contents.
+#[allow(dead_code)] // not every test binary looks at the files
+pub fn segments(fs: &SimFs) -> Vec<(u64, Bytes)> {
+    let mut out: Vec<(u64, Bytes)> = fs
+        .list_dir(&dir())
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| parse_segment_file_name(&e.name))
+        .map(|base| {
+            let f = fs.open(&dir().join(segment_file_name(base)), OpenMode::Existing).unwrap();
+            let mut buf = vec![0u8; f.len().unwrap() as usize];
+            f.read_exact_at(&mut buf, 0).unwrap();
+            (base, Bytes::from(buf))
+        })
+        .collect();
+    out.sort();
+    out
 }
