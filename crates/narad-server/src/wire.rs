@@ -105,7 +105,6 @@ const NEEDS_ESCAPE: [bool; 256] = {
 /// and U+2029 too). Runs of bytes that need nothing are copied whole: a
 /// consumed payload is mostly such a run.
 pub fn push_json_string(out: &mut String, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
     out.push('"');
@@ -138,9 +137,7 @@ pub fn push_json_string(out: &mut String, s: &str) {
                 }
             }
             c => {
-                out.push_str("\\u00");
-                out.push(HEX[usize::from(c >> 4)] as char);
-                out.push(HEX[usize::from(c & 0xF)] as char);
+                let _ = write!(out, "\\u{c:04x}");
             }
         }
         i += len;

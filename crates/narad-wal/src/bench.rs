@@ -215,7 +215,8 @@ fn run_in(
     let group_bytes = appenders * frame_bytes(opts.record_bytes);
     // A group small enough to write over the zero runway overwrites zeros
     // in the WAL, as it does in a prepared segment.
-    let prezeroed = opts.prealloc || group_bytes as u64 <= opts.runway_bytes / 8;
+    let prezeroed =
+        opts.prealloc || group_bytes as u64 <= crate::runway_group_max(opts.runway_bytes);
     let group = append_sync_per_sec(
         &*fs,
         &scratch.join("group.probe"),

@@ -184,12 +184,8 @@ impl WalReader {
         // zeroed path cost about 6k instructions per read here, against a
         // few hundred to clear the few KiB a read at the frontier takes.
         #[allow(clippy::slow_vector_initialization)] // measured faster here
-        let buf = {
-            let mut buf = Vec::with_capacity(want);
-            buf.resize(want, 0u8);
-            buf
-        };
-        let mut buf = buf;
+        let mut buf = Vec::with_capacity(want);
+        buf.resize(want, 0u8);
         segment
             .file
             .read_exact_at(&mut buf, offset)

@@ -10,7 +10,7 @@
 //! # Threads
 //! * The *sync thread* owns every write to segments: it takes what
 //!   appenders staged, writes it (one `pwrite` per segment touched, and
-//!   one more when it tops up the zero runway after the frames), syncs
+//!   one per 64 KiB of zeros when it tops up the runway after the frames), syncs
 //!   it, advances the durable frontier, and completes the group. It wakes on
 //!   every append (only when parked) and every 10 ms.
 //! * The *prep thread* (only with [`WalOptions::prealloc`]) writes out the
@@ -1015,7 +1015,7 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
 fn extend_runway(shared: &Shared, seg: &Segment, end: u64, group_bytes: u64) {
     let runway = shared.options.runway_bytes;
     let mut allocated = seg.allocated().max(end);
-    if runway > 0 && group_bytes <= runway / 8 {
+    if runway > 0 && group_bytes <= runway_group_max(runway) {
         let want = runway.min(shared.options.segment_bytes.saturating_sub(end));
         if allocated < end + want / 2 {
             let to = end + want;
@@ -1038,6 +1038,12 @@ fn extend_runway(shared: &Shared, seg: &Segment, end: u64, group_bytes: u64) {
         }
     }
     seg.set_allocated(allocated);
+}
+
+/// The largest group that tops up a zero runway of `runway_bytes` (and so
+/// is written over zeros when it follows one).
+pub fn runway_group_max(runway_bytes: u64) -> u64 {
+    runway_bytes / 8
 }
 
 /// Before segment `next` is created: if its predecessor is longer than its
