@@ -36,7 +36,9 @@ use crate::limits::{
     EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
     METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
 };
-use crate::metrics::{BrokerMetrics, PartitionLabels, RejectionLabels, TopicLabels, WaitLabels};
+use crate::metrics::{
+    BrokerMetrics, PartitionLabels, RejectionLabels, SourceLabels, TopicLabels, WaitLabels,
+};
 use crate::owner::LocalOwner;
 use crate::partition::{RoundRobin, keyed_partition};
 use crate::placement;
@@ -1053,6 +1055,14 @@ impl Broker {
         m.ingress_wal_records.inc_by(now.records - seen.records);
         m.ingress_wal_bytes.inc_by(now.bytes - seen.bytes);
         m.ingress_wal_sync_seconds.inc_by((now.io_nanos - seen.io_nanos) as f64 / 1e9);
+        for (source, n) in [
+            ("memory", now.read_memory_bytes - seen.read_memory_bytes),
+            ("disk", now.read_disk_bytes - seen.read_disk_bytes),
+        ] {
+            m.ingress_wal_read_bytes
+                .get_or_create(&SourceLabels { source: source.into() })
+                .inc_by(n);
+        }
         for _ in seen.prep_failures..now.prep_failures {
             m.error("ingress_wal", "prepare");
         }

@@ -77,6 +77,13 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+/// `{source}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    /// `memory` or `disk`.
+    pub source: String,
+}
+
 /// Every data-plane metric.
 #[derive(Debug, Default)]
 pub struct BrokerMetrics {
@@ -157,6 +164,10 @@ pub struct BrokerMetrics {
     /// Seconds the WAL sync thread spent writing and fdatasyncing
     /// (÷ syncs = the mean group commit I/O time).
     pub ingress_wal_sync_seconds: Counter<f64, AtomicU64>,
+    /// Bytes the dispatcher's WAL readers took from the in-memory tail of
+    /// the latest group commits (`memory`) or read from segment files
+    /// (`disk`: it was behind the tail, or restarted).
+    pub ingress_wal_read_bytes: Family<SourceLabels, Counter>,
     /// Records rerouted to a sibling partition.
     pub dispatch_rerouted: Counter,
     /// Records discarded because their topic (incarnation) is gone.
@@ -327,6 +338,11 @@ impl BrokerMetrics {
             "ingress_wal_sync_seconds",
             "Time the ingress WAL spent in group commit writes and fdatasyncs",
             ingress_wal_sync_seconds
+        );
+        reg!(
+            "ingress_wal_read_bytes",
+            "Bytes the dispatcher read from the ingress WAL, by source (memory, disk)",
+            ingress_wal_read_bytes
         );
         reg!("dispatch_rerouted", "Records rerouted to a sibling partition", dispatch_rerouted);
         reg!("dispatch_discarded", "Records of deleted topics discarded", dispatch_discarded);

@@ -12,7 +12,9 @@
 //! * `stage`, `group`: group commit (staging buffers, shared completion).
 //! * `wal`: open/recovery, append, sync thread, checkpoint and compaction.
 //! * [`recovery`]: the scan and the damage decision table.
-//! * `reader`: reading for the dispatcher.
+//! * `reader`: reading for the dispatcher; `tail`: the latest durable
+//!   chunks, kept in memory so that reading at the frontier is not a read
+//!   of the file.
 //! * [`limits`]: every bound.
 //! * [`bench`]: `narad bench disk`.
 
@@ -28,6 +30,7 @@ pub mod record;
 pub mod recovery;
 mod segment;
 mod stage;
+mod tail;
 mod wal;
 
 pub use error::WalError;

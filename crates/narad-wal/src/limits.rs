@@ -54,6 +54,11 @@ pub const RUNWAY_BYTES: u64 = 512 << 10;
 /// The reader fetches at least this much of a segment per read call.
 pub const READ_CHUNK_BYTES: usize = 256 << 10;
 
+/// The latest durable chunks kept in memory for readers at the frontier
+/// (see `tail`): at most this many bytes. Twice the staging buffer's kept
+/// size, so the dispatcher one large group behind still reads from memory.
+pub const TAIL_BYTES: usize = 2 * STAGING_KEEP_BYTES;
+
 /// One sparse index entry per this many bytes of a segment (at most).
 pub const INDEX_STRIDE_BYTES: u64 = 64 << 10;
 

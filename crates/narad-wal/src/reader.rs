@@ -1,8 +1,10 @@
 //! Reading the WAL for the dispatcher: records in sequence order, from any
 //! sequence number up to the durable frontier.
 //!
-//! The reader fetches segment bytes in large chunks and hands out frames as
-//! [`WalEntry`]s that share those chunks (no copy). An entry is not decoded
+//! The reader takes segment bytes from the in-memory tail of the latest
+//! group commits when it holds them (the dispatcher reading at the durable
+//! frontier), and otherwise reads the file in large chunks; it hands out
+//! frames as [`WalEntry`]s that share those chunks (no copy). An entry is not decoded
 //! or CRC-checked until asked ([`WalEntry::decode`]), so passing over
 //! records that need no work costs a header parse.
 
@@ -163,8 +165,9 @@ impl WalReader {
         Ok((segment, offset))
     }
 
-    /// `len` bytes of `segment` at `offset`, from the buffer or a new read.
-    /// Never reads past the segment's durable length.
+    /// `len` bytes of `segment` at `offset`: from the buffer, else the
+    /// in-memory tail, else a new read of the file. Never reads past the
+    /// segment's durable length.
     fn bytes(&mut self, segment: &Segment, offset: u64, len: u64) -> Result<Bytes, WalError> {
         let end = offset + len;
         if offset >= self.buf_at && end <= self.buf_at + self.buf.len() as u64 {
@@ -179,6 +182,14 @@ impl WalReader {
                 reason: format!("frame runs past the durable end of the segment ({durable})"),
             });
         }
+        let counters = &self.shared.counters;
+        if let Some((at, chunk)) = self.shared.tail.find(segment.base, offset, len) {
+            counters.read_memory_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            let s = (offset - at) as usize;
+            self.buf = chunk;
+            self.buf_at = at;
+            return Ok(self.buf.slice(s..s + len as usize));
+        }
         let want = (len.max(READ_CHUNK_BYTES as u64)).min(durable - offset) as usize;
         // Cleared by hand rather than allocated zeroed: the allocator's
         // zeroed path cost about 6k instructions per read here, against a
@@ -190,6 +201,7 @@ impl WalReader {
             .file
             .read_exact_at(&mut buf, offset)
             .map_err(|e| WalError::io("read segment", &segment.path, e))?;
+        counters.read_disk_bytes.fetch_add(want as u64, Ordering::Relaxed);
         self.buf = Bytes::from(buf);
         self.buf_at = offset;
         Ok(self.buf.slice(0..len as usize))

@@ -59,6 +59,7 @@ use crate::record::RecordRef;
 use crate::recovery::{self, Behind, Decision};
 use crate::segment::{Segment, SegmentMap};
 use crate::stage::{Chunk, Stage};
+use crate::tail::Tail;
 
 /// A callback run by the sync thread each time the durable frontier moves;
 /// it receives the new frontier (first sequence number not yet durable).
@@ -147,10 +148,15 @@ pub struct WalStats {
     /// Top-ups of the zero runway that failed (that segment's group commits
     /// then append).
     pub runway_failures: u64,
+    /// Bytes readers took from the in-memory tail of latest group commits.
+    pub read_memory_bytes: u64,
+    /// Bytes readers read from segment files (behind the tail, or after a
+    /// restart).
+    pub read_disk_bytes: u64,
 }
 
 #[derive(Debug, Default)]
-struct Counters {
+pub(crate) struct Counters {
     io_nanos: AtomicU64,
     syncs: AtomicU64,
     records: AtomicU64,
@@ -159,6 +165,8 @@ struct Counters {
     prepared_rolls: AtomicU64,
     prep_failures: AtomicU64,
     runway_failures: AtomicU64,
+    pub(crate) read_memory_bytes: AtomicU64,
+    pub(crate) read_disk_bytes: AtomicU64,
 }
 
 /// The prepared next segment, between the prep thread and the sync thread.
@@ -205,7 +213,9 @@ pub(crate) struct Shared {
     spare_cv: Condvar,
     /// Serializes checkpoint flushes (background and explicit).
     checkpoint_sync: Mutex<()>,
-    counters: Counters,
+    pub(crate) counters: Counters,
+    /// The latest durable chunks, for readers at the frontier.
+    pub(crate) tail: Tail,
     options: WalOptions,
 }
 
@@ -289,6 +299,7 @@ impl Wal {
             spare_cv: Condvar::new(),
             checkpoint_sync: Mutex::new(()),
             counters: Counters::default(),
+            tail: Tail::default(),
             options,
         });
         let s1 = shared.clone();
@@ -487,6 +498,7 @@ impl Wal {
         let path = CheckpointFile::path(&self.shared.dir);
         ck.file.store(seq).map_err(|e| WalError::io("store checkpoint", path, e))?;
         ck.stored = seq;
+        self.shared.tail.release_below(seq);
         if ck.dirty_since.is_none() {
             ck.dirty_since = Some(Instant::now());
             self.shared.checkpoint_cv.notify_one();
@@ -535,6 +547,8 @@ impl Wal {
             prepared_rolls: c.prepared_rolls.load(Ordering::Relaxed),
             prep_failures: c.prep_failures.load(Ordering::Relaxed),
             runway_failures: c.runway_failures.load(Ordering::Relaxed),
+            read_memory_bytes: c.read_memory_bytes.load(Ordering::Relaxed),
+            read_disk_bytes: c.read_disk_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -968,6 +982,8 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             extend_runway(shared, &segment, end, chunk.bytes.len() as u64);
         }
         segment.file.sync_data().map_err(|e| latched("fdatasync", &segment.path, e))?;
+        // Before the frontier moves: a reader it wakes finds these here.
+        shared.tail.push(chunk.segment, chunk.offset, &chunk.bytes, chunk.end_seq);
         let frames_at = if chunk.create { SEGMENT_HEADER_BYTES } else { chunk.offset };
         segment.publish(chunk.first_seq, frames_at, chunk.end_seq, end);
         want_spare(shared, end);

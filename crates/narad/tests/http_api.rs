@@ -344,6 +344,17 @@ fn health_metrics_and_unknown_routes() {
     assert!(count("narad_ingress_wal_records_total") >= 1.0);
     assert!(count("narad_ingress_wal_bytes_total") > 1.0);
     assert!(count("narad_ingress_wal_sync_seconds_total") > 0.0);
+    // The dispatcher, keeping up, took the record from the WAL's in-memory
+    // tail rather than reading back the file it had just been written to.
+    let r = s.consume("m", "wait=10s").expect("the record is dispatched and consumed");
+    assert_eq!(payload_bytes(&r), b"x");
+    let m = s.get("/metrics").text().unwrap();
+    let read = |source: &str| {
+        metric(&m, "narad_ingress_wal_read_bytes_total{", &[&format!("source=\"{source}\"")])
+            .unwrap_or_else(|| panic!("read bytes from {source} are exported:\n{m}"))
+    };
+    assert!(read("memory") > 0.0, "{m}");
+    assert_eq!(read("disk"), 0.0, "{m}");
     let r = s.get("/nope");
     assert_eq!(r.status(), 404);
     assert_eq!(r.text().unwrap(), "404 page not found\n");
