@@ -4,9 +4,9 @@
 //! The reader takes segment bytes from the in-memory tail of the latest
 //! group commits when it holds them (the dispatcher reading at the durable
 //! frontier), and otherwise reads the file in large chunks; it hands out
-//! frames as [`WalEntry`]s that share those chunks (no copy). An entry is not decoded
-//! or CRC-checked until asked ([`WalEntry::decode`]), so passing over
-//! records that need no work costs a header parse.
+//! frames as [`WalEntry`]s that share those chunks (no copy). An entry is
+//! not decoded or CRC-checked until asked ([`WalEntry::decode`]), so
+//! passing over records that need no work costs a header parse.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
