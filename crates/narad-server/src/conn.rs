@@ -39,7 +39,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Version};
-use axum::serve::Listener;
+use axum::serve::{Listener, ListenerExt};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
@@ -414,6 +414,24 @@ async fn serve_connection<I>(
             }
         }
     }
+}
+
+/// Turns Nagle's algorithm off on an accepted connection, as Go's net/http
+/// (narad v2) and most brokers do: a response written in more than one
+/// `write` (a TLS record after its predecessor, a long consume's last
+/// segment) then leaves at once instead of waiting for the client's
+/// (possibly delayed) ACK of the previous one. A failure is logged and
+/// the connection served anyway.
+pub fn set_nodelay(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
+    }
+}
+
+/// The plain-TCP listener `serve` takes: `tcp`, with Nagle's algorithm
+/// turned off on every connection it accepts ([`set_nodelay`]).
+pub fn plain_listener(tcp: tokio::net::TcpListener) -> impl Listener<Io = tokio::net::TcpStream> {
+    tcp.tap_io(|stream| set_nodelay(stream))
 }
 
 /// Accepts connections on `listener` and serves `app` on each until

@@ -256,7 +256,9 @@ pub async fn run(
                 return Err(ServerError::Serve(e));
             }
         },
-        None => crate::conn::serve(listener, app, conn, drain, grace).await,
+        None => {
+            crate::conn::serve(crate::conn::plain_listener(listener), app, conn, drain, grace).await
+        }
     }
     broker.shutdown().await.map_err(ServerError::Shutdown)?;
     info!("narad stopped");

@@ -105,6 +105,7 @@ impl TlsListener {
                         continue;
                     }
                 };
+                crate::conn::set_nodelay(&stream);
                 let (tls, tx) = (tls.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
