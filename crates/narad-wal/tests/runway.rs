@@ -10,23 +10,12 @@ use narad_wal::{RecordRef, Wal, WalOptions, recovery};
 
 mod common;
 
-use common::{dir, payloads, segments};
+use common::{dir, payloads, rec, segments};
 
 const RUNWAY: u64 = 4 << 10;
 
 fn options() -> WalOptions {
     WalOptions { runway_bytes: RUNWAY, ..common::small() }
-}
-
-fn rec(payload: &[u8]) -> RecordRef<'_> {
-    RecordRef {
-        topic: "orders",
-        incarnation: Some(3),
-        key: Some(b"k"),
-        partition: 1,
-        accepted_at_ms: 5,
-        payload,
-    }
 }
 
 /// A numbered payload of about 100 bytes: one record is a group well under

@@ -7,18 +7,7 @@ use narad_wal::{RecordRef, Wal};
 
 mod common;
 
-use common::{dir, payloads, small};
-
-fn rec(payload: &[u8]) -> RecordRef<'_> {
-    RecordRef {
-        topic: "orders",
-        incarnation: Some(3),
-        key: Some(b"k"),
-        partition: 1,
-        accepted_at_ms: 5,
-        payload,
-    }
-}
+use common::{dir, drain, payloads, rec, small};
 
 /// Payload `n`: 40 to 1,000 bytes, so groups and segment rolls vary.
 fn payload(n: usize) -> Vec<u8> {
@@ -36,10 +25,7 @@ fn append_and_follow(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
         n += group.len();
         let recs: Vec<RecordRef<'_>> = group.iter().map(|p| rec(p)).collect();
         wal.append_many(&recs).unwrap();
-        while let Some(e) = reader.next_entry().unwrap() {
-            let d = e.decode().unwrap();
-            read.push((d.seq, d.payload.to_vec()));
-        }
+        read.extend(drain(&mut reader));
     }
     read
 }
@@ -75,13 +61,7 @@ fn records_below_the_stored_checkpoint_leave_memory_and_are_read_from_the_files(
     let before = wal.stats();
     assert_eq!(before.read_disk_bytes, 0);
 
-    let mut r = wal.reader(0);
-    let mut again = Vec::new();
-    while let Some(e) = r.next_entry().unwrap() {
-        let d = e.decode().unwrap();
-        again.push((d.seq, d.payload.to_vec()));
-    }
-    assert_eq!(again, followed);
+    assert_eq!(drain(&mut wal.reader(0)), followed);
     let after = wal.stats();
     assert!(after.read_disk_bytes > 0, "the released groups came from the file");
     assert!(after.read_memory_bytes > before.read_memory_bytes, "the rest came from memory");

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use bytes::Bytes;
 use narad_fs::{Fs, OpenMode, SimFs};
 use narad_wal::frame::{parse_segment_file_name, segment_file_name};
-use narad_wal::{Wal, WalOptions};
+use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 
 /// Small segments, so tests roll and compact cheaply.
 pub fn small() -> WalOptions {
@@ -22,16 +22,35 @@ pub fn dir() -> PathBuf {
     PathBuf::from("/data/ingress/produce")
 }
 
-/// Every record the WAL holds, from its oldest: (sequence number, payload).
+/// A record of topic `orders` (incarnation 3, key `k`, partition 1).
+#[allow(dead_code)] // not every test binary appends through it
+pub fn rec(payload: &[u8]) -> RecordRef<'_> {
+    RecordRef {
+        topic: "orders",
+        incarnation: Some(3),
+        key: Some(b"k"),
+        partition: 1,
+        accepted_at_ms: 5,
+        payload,
+    }
+}
+
+/// Every record from `r`'s position to the durable frontier: (sequence
+/// number, payload).
 #[allow(dead_code)] // not every test binary reads records back
-pub fn payloads(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
-    let mut r = wal.reader(wal.oldest_seq());
+pub fn drain(r: &mut WalReader) -> Vec<(u64, Vec<u8>)> {
     let mut out = Vec::new();
     while let Some(e) = r.next_entry().unwrap() {
         let d = e.decode().unwrap();
         out.push((d.seq, d.payload.to_vec()));
     }
     out
+}
+
+/// Every record the WAL holds, from its oldest: (sequence number, payload).
+#[allow(dead_code)] // not every test binary reads records back
+pub fn payloads(wal: &Wal) -> Vec<(u64, Vec<u8>)> {
+    drain(&mut wal.reader(wal.oldest_seq()))
 }
 
 /// Segment files by base, with their whole contents.
