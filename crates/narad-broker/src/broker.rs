@@ -420,7 +420,7 @@ impl Broker {
         let (meta, topics, name) = (self.meta.clone(), self.topics.clone(), name.to_owned());
         let deleted = blocking(move || {
             let t = meta.delete_topic(&name)?;
-            topics.remove(&name)?;
+            topics.remove(&name, t.incarnation())?;
             Ok(t)
         })
         .await?;

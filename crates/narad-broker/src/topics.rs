@@ -17,6 +17,25 @@
 //!   the old topic can never appear in the new one;
 //! * a marker that fails its CRC stops the open: the files may be acked
 //!   data of the live topic, so an operator must look.
+//!
+//! # Incarnations only grow
+//!
+//! A caller opens a topic with the record it read from the metastore a
+//! moment earlier (the dispatcher's commit, a first consume, a replay that
+//! reopens an idle log, a fan-out cursor opening its parent); the name may
+//! have been deleted and recreated since. An open is therefore refused
+//! ([`BrokerError::TopicNotFound`]; the dispatcher takes it as a refused
+//! commit and resolves the records again) when a newer incarnation is open
+//! under the name, when the marker on disk names a newer one, or when the
+//! caller's incarnation (or a newer one) was removed in this process: it
+//! never closes or clears a newer incarnation. Removal names the
+//! incarnation it removes and leaves newer ones alone. All of this runs
+//! under one lock, as do the close and the clear.
+//!
+//! Retiring a partition (its topic removed or replaced, or its log closed
+//! as idle) and persisting its consumer frontier are exclusive: a frontier
+//! pass that listed the partition before it was retired either finishes
+//! its write before the files are removed or writes nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -69,6 +88,9 @@ pub struct PartitionRt {
     /// Its log.
     pub log: Arc<PartitionLog>,
     frontier: ConsumerOffset,
+    /// Held while the frontier is persisted; `true` once the partition is
+    /// retired (see [`PartitionRt::retire`]): nothing is persisted after.
+    frontier_gate: Mutex<bool>,
     shard: Mutex<Option<Shard>>,
     /// [`Topics::frontier_moves`]' counter, bumped by the shard.
     frontier_moves: Arc<AtomicU64>,
@@ -128,8 +150,13 @@ impl PartitionRt {
         }
     }
 
-    /// Persists the consumer frontier if it moved (temp + fsync + rename).
+    /// Persists the consumer frontier if it moved (temp + fsync + rename),
+    /// unless the partition was retired (`Ok(false)`).
     pub fn persist_frontier(&self) -> Result<bool, BrokerError> {
+        let retired = self.frontier_gate.lock().unwrap_or_else(|p| p.into_inner());
+        if *retired {
+            return Ok(false);
+        }
         let next = {
             let mut g = self.shard.lock().unwrap_or_else(|p| p.into_inner());
             match g.as_mut().and_then(Shard::take_dirty) {
@@ -148,6 +175,14 @@ impl PartitionRt {
             return Err(BrokerError::internal("persist consumer frontier", e));
         }
         Ok(true)
+    }
+
+    /// Closes the log for good and stops frontier persists: waits for one
+    /// in progress, and every later one writes nothing. Called before the
+    /// partition's files may be removed or reopened by another holder.
+    fn retire(&self) {
+        *self.frontier_gate.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.log.close();
     }
 }
 
@@ -259,8 +294,10 @@ pub struct Topics {
     log_config: LogConfig,
     clock: ClockRef,
     map: RwLock<BTreeMap<String, Arc<TopicRt>>>,
-    /// Serializes opening and removing (both do I/O).
-    open_lock: Mutex<()>,
+    /// Serializes opening and removing (both do I/O). Holds, per name, the
+    /// newest incarnation removed in this process while no newer one is
+    /// open: opens of it or an older one are refused.
+    open_lock: Mutex<HashMap<String, u64>>,
     open_logs: AtomicUsize,
     /// Where commit cycles are reported, if anywhere.
     metrics: Option<Arc<BrokerMetrics>>,
@@ -281,7 +318,7 @@ impl Topics {
             log_config,
             clock,
             map: RwLock::new(BTreeMap::new()),
-            open_lock: Mutex::new(()),
+            open_lock: Mutex::new(HashMap::new()),
             open_logs: AtomicUsize::new(0),
             metrics: None,
             frontier_moves: Arc::default(),
@@ -350,7 +387,8 @@ impl Topics {
         let part = Arc::new(PartitionRt {
             index: p,
             log: Arc::new(log),
-            frontier: ConsumerOffset::new(self.fs.clone(), &dir),
+            frontier: ConsumerOffset::new(self.fs.clone(), &dir, rt.incarnation),
+            frontier_gate: Mutex::new(false),
             shard: Mutex::new(None),
             frontier_moves: self.frontier_moves.clone(),
             last_access_ms: AtomicU64::new(self.clock.wall_ms()),
@@ -366,22 +404,33 @@ impl Topics {
     }
 
     /// The opened topic for `topic`'s incarnation, opening (and clearing
-    /// leftovers of other incarnations) if needed.
+    /// leftovers of older incarnations) if needed; refused
+    /// ([`BrokerError::TopicNotFound`]) if the incarnation was superseded
+    /// (see the module header).
     pub fn topic(&self, topic: &Topic) -> Result<Arc<TopicRt>, BrokerError> {
         if let Some(rt) = self.get_open(topic.name(), topic.incarnation()) {
             return Ok(rt);
         }
-        let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut removed = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(rt) = self.get_open(topic.name(), topic.incarnation()) {
             return Ok(rt);
         }
-        // Another incarnation under this name is open: retire it first.
+        let open = self.map.read().unwrap_or_else(|e| e.into_inner()).get(topic.name()).cloned();
+        let newer =
+            open.map(|rt| rt.incarnation).into_iter().chain(removed.get(topic.name()).copied());
+        if let Some(newer) = newer.filter(|id| *id >= topic.incarnation()).max() {
+            return Err(self.superseded(topic.name(), topic.incarnation(), newer));
+        }
+        let dir = self.root.join(topic.name());
+        // Refused before anything is closed if the disk holds a newer one.
+        self.check_marker(&dir, topic.incarnation())?;
+        // An older incarnation under this name is open: retire it first.
         let old = self.map.write().unwrap_or_else(|e| e.into_inner()).remove(topic.name());
         if let Some(old) = old {
             self.close_rt(&old);
         }
-        let dir = self.root.join(topic.name());
         self.prepare_dir(&dir, topic.incarnation())?;
+        removed.remove(topic.name());
         let rt = Arc::new(TopicRt {
             name: topic.name().into(),
             incarnation: topic.incarnation(),
@@ -400,32 +449,75 @@ impl Topics {
         Ok(rt)
     }
 
+    /// Refuses an open of `incarnation` (counted, logged) because
+    /// `newer` is open, was removed, or owns the directory.
+    fn superseded(&self, name: &str, incarnation: u64, newer: u64) -> BrokerError {
+        if let Some(m) = &self.metrics {
+            m.error("messaging", "superseded_incarnation");
+        }
+        info!(
+            topic = name,
+            incarnation,
+            newer,
+            "refused to open a topic incarnation that was deleted (the name was reused)"
+        );
+        BrokerError::TopicNotFound
+    }
+
+    /// The incarnation the marker in `dir` names: `Ok(None)` without a
+    /// directory, `Ok(Some(None))` without a marker; an error for a damaged
+    /// marker.
+    fn read_marker(
+        &self,
+        dir: &Path,
+        op: &'static str,
+    ) -> Result<Option<Option<u64>>, BrokerError> {
+        let io = |e: std::io::Error| BrokerError::internal(op, format!("{}: {e}", dir.display()));
+        if !self.fs.exists(dir).map_err(io)? {
+            return Ok(None);
+        }
+        let marker = dir.join(MARKER_FILE);
+        if !self.fs.exists(&marker).map_err(io)? {
+            return Ok(Some(None));
+        }
+        let b = narad_fs::read_small_file(&*self.fs, &marker, 64).map_err(io)?;
+        match decode_marker(&b) {
+            Some(id) => Ok(Some(Some(id))),
+            None => Err(BrokerError::internal(
+                op,
+                format!(
+                    "{} is damaged; refusing to guess which topic owns {}",
+                    marker.display(),
+                    dir.display()
+                ),
+            )),
+        }
+    }
+
+    /// Refuses an open of `incarnation` when the directory belongs to a
+    /// newer one.
+    fn check_marker(&self, dir: &Path, incarnation: u64) -> Result<(), BrokerError> {
+        match self.read_marker(dir, "open topic")? {
+            Some(Some(found)) if found > incarnation => {
+                let name = dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                Err(self.superseded(&name, incarnation, found))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn prepare_dir(&self, dir: &Path, incarnation: u64) -> Result<(), BrokerError> {
         let io = |e: std::io::Error| {
             BrokerError::internal("open topic", format!("{}: {e}", dir.display()))
         };
         let marker = dir.join(MARKER_FILE);
-        if self.fs.exists(dir).map_err(io)? {
-            let found = if self.fs.exists(&marker).map_err(io)? {
-                let b = narad_fs::read_small_file(&*self.fs, &marker, 64).map_err(io)?;
-                match decode_marker(&b) {
-                    Some(id) => Some(id),
-                    None => {
-                        return Err(BrokerError::internal(
-                            "open topic",
-                            format!(
-                                "{} is damaged; refusing to guess which topic owns {}",
-                                marker.display(),
-                                dir.display()
-                            ),
-                        ));
-                    }
-                }
-            } else {
-                None
-            };
+        if let Some(found) = self.read_marker(dir, "open topic")? {
             if found == Some(incarnation) {
                 return Ok(());
+            }
+            if let Some(newer) = found.filter(|id| *id > incarnation) {
+                let name = dir.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+                return Err(self.superseded(&name, incarnation, newer));
             }
             warn!(
                 dir = %dir.display(),
@@ -442,7 +534,7 @@ impl Topics {
     fn close_rt(&self, rt: &TopicRt) {
         rt.closed.store(true, Ordering::Release);
         for part in rt.open_partitions() {
-            part.log.close();
+            part.retire();
             self.open_logs.fetch_sub(1, Ordering::Relaxed);
         }
         rt.wake.everyone();
@@ -493,7 +585,7 @@ impl Topics {
                 let part = parts[p].take().expect("checked above");
                 drop(parts);
                 rt.evicted.lock().unwrap_or_else(|e| e.into_inner()).insert(p as u32, stats);
-                part.log.close();
+                part.retire();
                 self.open_logs.fetch_sub(1, Ordering::Relaxed);
                 closed += 1;
                 info!(topic = %rt.name, partition = p, "closed an idle partition log");
@@ -502,20 +594,56 @@ impl Topics {
         closed
     }
 
-    /// Closes the topic's logs (queued commits fail) and deletes its files.
-    pub fn remove(&self, name: &str) -> Result<(), BrokerError> {
-        let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+    /// Closes the logs of incarnation `incarnation` of topic `name`, or of
+    /// an older one (queued commits fail), and deletes its files; a newer
+    /// incarnation (the name was recreated meanwhile) is left alone, open
+    /// or on disk. Later opens of `incarnation` or older are refused.
+    pub fn remove(&self, name: &str, incarnation: u64) -> Result<(), BrokerError> {
+        let mut removed = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let open = self.map.read().unwrap_or_else(|e| e.into_inner()).get(name).cloned();
+        if let Some(rt) = open.filter(|rt| rt.incarnation > incarnation) {
+            info!(
+                topic = name,
+                incarnation,
+                newer = rt.incarnation,
+                "a newer incarnation of the topic is open: left alone"
+            );
+            return Ok(());
+        }
+        let dir = self.root.join(name);
+        // Without a newer incarnation open, a damaged marker names this one
+        // or an older one (a newer one on disk would have been opened at
+        // startup, which a damaged marker stops): its files go too.
+        let on_disk = match self.read_marker(&dir, "delete topic") {
+            Ok(found) => found,
+            Err(_) => Some(None),
+        };
+        if let Some(Some(newer)) = on_disk.filter(|f| f.is_some_and(|id| id > incarnation)) {
+            info!(
+                topic = name,
+                incarnation, newer, "the topic's files belong to a newer incarnation: left alone"
+            );
+            return Ok(());
+        }
+        let floor = removed.entry(name.to_owned()).or_insert(incarnation);
+        *floor = (*floor).max(incarnation);
+        self.close_and_clear(name, on_disk.is_some())?;
+        info!(topic = name, incarnation, "deleted the topic's files");
+        Ok(())
+    }
+
+    /// Closes whatever is open under `name` and deletes the directory if
+    /// `on_disk` (call under the open lock).
+    fn close_and_clear(&self, name: &str, on_disk: bool) -> Result<(), BrokerError> {
         let old = self.map.write().unwrap_or_else(|e| e.into_inner()).remove(name);
         if let Some(rt) = old {
             self.close_rt(&rt);
         }
         let dir = self.root.join(name);
-        let exists = self.fs.exists(&dir).map_err(|e| BrokerError::internal("delete topic", e))?;
-        if exists {
+        if on_disk {
             self.fs.remove_dir_all(&dir).map_err(|e| {
                 BrokerError::internal("delete topic", format!("{}: {e}", dir.display()))
             })?;
-            info!(topic = name, "deleted the topic's files");
         }
         Ok(())
     }
@@ -537,7 +665,8 @@ impl Topics {
             match names.get(e.name.as_str()) {
                 None => {
                     warn!(topic = %e.name, "removing files of a topic the metastore does not know (an unfinished delete)");
-                    self.remove(&e.name)?;
+                    let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+                    self.close_and_clear(&e.name, true)?;
                 }
                 Some(t) => {
                     let rt = self.topic(t)?;

@@ -60,7 +60,7 @@ fn an_old_incarnation_is_refused_by_the_owner_and_nothing_lands_in_the_new_topic
     let old = create(&meta, "t");
     owner.commit_blocking(batch("t", Some(old), b"before")).unwrap();
     meta.delete_topic("t").unwrap();
-    topics.remove("t").unwrap();
+    topics.remove("t", old).unwrap();
     let new = create(&meta, "t");
     assert_ne!(old, new);
     let err = owner.commit_blocking(batch("t", Some(old), b"stale")).unwrap_err();
@@ -183,4 +183,105 @@ fn every_consumer_frontier_move_changes_the_count_the_frontier_pass_checks() {
     assert!(moved > before, "the ack moved the frontier");
     assert!(part.persist_frontier().unwrap());
     assert_eq!(topics.frontier_moves(), moved, "persisting is not a move");
+}
+
+fn payloads(topics: &Topics, t: &narad_meta::Topic) -> Vec<Vec<u8>> {
+    let part = topics.partition(t, 0).unwrap();
+    let got = part.log.read(0, 100, u64::MAX).unwrap();
+    got.records.iter().map(|r| r.payload.to_vec()).collect()
+}
+
+/// The callers that open a topic hold the record they read a moment
+/// earlier: the dispatcher's commit (checked, then opens the partition),
+/// the first consume on this node, a replay reopening an idle log, a
+/// fan-out cursor opening its parent. When the topic was deleted and
+/// recreated in that moment, their open must be refused, not close the new
+/// incarnation and clear its directory (committed records included).
+#[test]
+fn a_caller_holding_the_old_incarnation_never_wipes_the_recreated_topic() {
+    let (meta, topics, owner) = setup();
+    let old = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(old), b"old")).unwrap();
+    let stale = meta.topic("t").unwrap(); // read by a caller, before the delete
+    meta.delete_topic("t").unwrap();
+    topics.remove("t", old).unwrap();
+    let new = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(new), b"fresh")).unwrap();
+    // The stale caller reaches the open now: a commit or a replay, or a
+    // first consume or a cursor opening its parent.
+    let partition_open = topics.partition(&stale, 0).map(drop);
+    let topic_open = topics.topic(&stale).map(drop);
+    let t = meta.topic("t").unwrap();
+    assert_eq!(payloads(&topics, &t), vec![b"fresh".to_vec()]);
+    assert!(partition_open.is_err() && topic_open.is_err(), "opens of a deleted incarnation");
+    // Not even the files of a newer incarnation nobody opened yet are
+    // touched by the stale caller.
+    meta.delete_topic("t").unwrap();
+    topics.remove("t", new).unwrap();
+    let newer = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(newer), b"newer")).unwrap();
+    let t = meta.topic("t").unwrap();
+    assert!(topics.partition(&stale, 0).is_err());
+    assert_eq!(payloads(&topics, &t), vec![b"newer".to_vec()]);
+}
+
+/// A delete removes the incarnation it deleted: when the name was
+/// recreated (and committed to) before the delete got to the files, the
+/// new topic keeps them.
+#[test]
+fn deleting_an_incarnation_never_removes_a_newer_one() {
+    let (meta, topics, owner) = setup();
+    let old = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(old), b"old")).unwrap();
+    let deleted = meta.delete_topic("t").unwrap();
+    assert_eq!(deleted.incarnation(), old);
+    let new = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(new), b"fresh")).unwrap();
+    topics.remove("t", old).unwrap(); // the delete of `old` gets to the files now
+    let t = meta.topic("t").unwrap();
+    assert_eq!(payloads(&topics, &t), vec![b"fresh".to_vec()]);
+}
+
+/// The frontier pass takes its list of partitions at its start; a topic
+/// deleted and recreated meanwhile must not receive the old incarnation's
+/// consumer frontier (its consumers would start past records never
+/// delivered).
+#[test]
+fn a_frontier_pass_that_outlives_a_delete_never_moves_the_recreated_topics_frontier() {
+    let (meta, topics, owner) = setup();
+    let old = create(&meta, "t");
+    for p in [b"o1", b"o2", b"o3"] {
+        owner.commit_blocking(batch("t", Some(old), p)).unwrap();
+    }
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let limits = shard_limits(&t);
+    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    assert_eq!(leased.len(), 3);
+    {
+        let mut g = part.shard().unwrap();
+        for l in &leased {
+            g.as_mut().unwrap().ack(l.record.offset, l.nonce, 1_000, &limits).unwrap();
+        }
+    }
+    drop(part);
+    // The pass starts: it lists the moved partitions.
+    let pass: Vec<_> = topics.all().iter().flat_map(|rt| rt.frontier_dirty_partitions()).collect();
+    assert_eq!(pass.len(), 1);
+    meta.delete_topic("t").unwrap();
+    topics.remove("t", old).unwrap();
+    let new = create(&meta, "t");
+    for p in [b"n1", b"n2", b"n3", b"n4", b"n5"] {
+        owner.commit_blocking(batch("t", Some(new), p)).unwrap();
+    }
+    // The pass goes on with what it listed.
+    for part in &pass {
+        let _ = part.persist_frontier();
+    }
+    drop(pass);
+    let t = meta.topic("t").unwrap();
+    let part = topics.partition(&t, 0).unwrap();
+    let (leased, _) = take("t", &part, &shard_limits(&t), 2_000, 10, 1 << 20).unwrap();
+    let got: Vec<&[u8]> = leased.iter().map(|l| &l.record.payload[..]).collect();
+    assert_eq!(got, vec![&b"n1"[..], b"n2", b"n3", b"n4", b"n5"]);
 }

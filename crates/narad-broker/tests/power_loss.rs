@@ -5,13 +5,23 @@
 //! decision core with the local owner, the partition logs and the consumer
 //! frontiers. One thread drives a seeded workload (produce single and
 //! batch, dispatch, checkpoint flushes and compaction, consume, ack,
-//! frontier persists) with virtual time; sometimes a disk error (failed
+//! frontier persists) with virtual time, and delete + recreate churn: a
+//! topic is deleted and its name created again under load, with the
+//! callers that race such a churn played out in the order that hurts (a
+//! delete that reaches the files after the name was recreated and
+//! committed to; an open by a caller holding the deleted incarnation's
+//! record, as a commit, a first consume, a replay or a fan-out cursor
+//! does; a frontier pass that listed partitions before the delete and
+//! persists after the recreation). Sometimes a disk error (failed
 //! fsync, failed write, ENOSPC) strikes first; the power is cut at a random
 //! disk operation; the disk keeps only what was synced (with and without torn
 //! writes); the node restarts on what is left, several times. At the end
 //! everything is dispatched and drained. Then:
 //! * every record that was acked (appended to the WAL with `Ok`, the 202)
-//!   was delivered to a consumer at least once, before or after a crash;
+//!   for a topic incarnation still live at the end was delivered to a
+//!   consumer at least once, before or after a crash;
+//! * no record of a deleted incarnation is ever delivered from another
+//!   incarnation of the name;
 //! * every record ever delivered was produced by the workload (nothing
 //!   invented, nothing half-written);
 //! * every restart succeeded (recovery never refuses a torn tail).
@@ -34,7 +44,7 @@ use narad_broker::dispatch::resolve::LocalResolver;
 use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
-use narad_broker::topics::{Topics, shard_limits};
+use narad_broker::topics::{PartitionRt, Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
 use narad_log::LogConfig;
@@ -78,6 +88,14 @@ struct Node {
     rescan: WalReader,
     /// Leases not yet acked: (topic, partition, offset, nonce).
     leases: Vec<(Arc<Topic>, u32, u64, u64)>,
+    /// Records of incarnations deleted in this life, as a caller that read
+    /// them before the delete still holds them.
+    stale: Vec<Arc<Topic>>,
+    /// Deletes done in the metastore whose files are not removed yet:
+    /// (name, incarnation).
+    pending_removes: Vec<(String, u64)>,
+    /// The partitions a frontier pass listed at its start.
+    pass: Vec<Arc<PartitionRt>>,
 }
 
 fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
@@ -114,6 +132,9 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
         wal,
         owner,
         leases: Vec::new(),
+        stale: Vec::new(),
+        pending_removes: Vec::new(),
+        pass: Vec::new(),
     })
 }
 
@@ -121,8 +142,27 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
 struct Ledger {
     attempted: HashSet<Vec<u8>>,
     acked: HashSet<Vec<u8>>,
+    /// The topic incarnation each attempted record was produced for.
+    incarnation: HashMap<Vec<u8>, u64>,
     delivered: HashSet<Vec<u8>>,
     deliveries: u64,
+}
+
+impl Ledger {
+    /// A record delivered from incarnation `t`: it must have been produced
+    /// for that incarnation.
+    fn deliver(&mut self, payload: &[u8], t: &Topic) {
+        let produced_for = self.incarnation.get(payload).copied();
+        assert!(
+            produced_for.is_none_or(|i| i == t.incarnation()),
+            "a record of incarnation {produced_for:?} delivered from incarnation {} of {}: {:?}",
+            t.incarnation(),
+            t.name(),
+            String::from_utf8_lossy(&payload[..payload.len().min(24)])
+        );
+        self.delivered.insert(payload.to_vec());
+        self.deliveries += 1;
+    }
 }
 
 impl Node {
@@ -144,6 +184,7 @@ impl Node {
             let pad = rng.below(300) as usize;
             p.extend((0..pad).map(|i| b'a' + (i % 26) as u8));
             ledger.attempted.insert(p.clone());
+            ledger.incarnation.insert(p.clone(), t.incarnation());
             payloads.push(p);
             keys.push(if rng.chance(1, 2) {
                 Some(format!("k{}", rng.below(20)).into_bytes())
@@ -239,8 +280,7 @@ impl Node {
             return;
         };
         for l in leased {
-            ledger.delivered.insert(l.record.payload.to_vec());
-            ledger.deliveries += 1;
+            ledger.deliver(&l.record.payload, &t);
             self.leases.push((t.clone(), p, l.record.offset, l.nonce));
         }
     }
@@ -254,6 +294,59 @@ impl Node {
             if let Some(s) = g.as_mut() {
                 let _ = s.ack(offset, nonce, now_ms, &shard_limits(&t));
             }
+        }
+    }
+
+    /// Deletes a topic and creates the name again (a new incarnation).
+    /// Sometimes the delete's removal of the files is held back until a
+    /// later step, after the new incarnation was committed to.
+    fn churn(&mut self, rng: &mut SimRng) {
+        let name = TOPICS[rng.below(2) as usize];
+        if let Some(t) = self.meta.topic(name) {
+            let Ok(deleted) = self.meta.delete_topic(name) else { return };
+            self.stale.push(t);
+            if rng.chance(1, 2) {
+                self.pending_removes.push((name.to_owned(), deleted.incarnation()));
+            } else {
+                let _ = self.topics.remove(name, deleted.incarnation());
+            }
+        }
+        let req = CreateTopicRequest { name: name.into(), partitions: 3, ..Default::default() };
+        let _ = self.meta.create_topic(req);
+    }
+
+    /// A held-back delete reaches the files.
+    fn finish_a_remove(&mut self) {
+        if let Some((name, incarnation)) = self.pending_removes.pop() {
+            let _ = self.topics.remove(&name, incarnation);
+        }
+    }
+
+    /// A caller holding a deleted incarnation's record gets to its open:
+    /// a commit or a replay (the partition), a first consume or a fan-out
+    /// cursor (the topic).
+    fn stale_open(&mut self, rng: &mut SimRng) {
+        if self.stale.is_empty() {
+            return;
+        }
+        let t = self.stale[rng.below(self.stale.len() as u64) as usize].clone();
+        if rng.chance(1, 2) {
+            let _ = self.topics.partition(&t, rng.below(u64::from(t.partitions())) as u32);
+        } else {
+            let _ = self.topics.topic(&t);
+        }
+    }
+
+    /// A frontier pass lists the moved partitions ...
+    fn start_a_frontier_pass(&mut self) {
+        self.pass =
+            self.topics.all().iter().flat_map(|rt| rt.frontier_dirty_partitions()).collect();
+    }
+
+    /// ... and persists them (maybe after a churn).
+    fn finish_the_frontier_pass(&mut self) {
+        for part in std::mem::take(&mut self.pass) {
+            let _ = part.persist_frontier();
         }
     }
 
@@ -284,7 +377,7 @@ impl Node {
         // Unacked leases expire; then consume and ack everything.
         clock.advance(Duration::from_secs(120));
         for name in TOPICS {
-            let t = self.meta.topic(name).unwrap();
+            let Some(t) = self.meta.topic(name) else { continue };
             let Some(rt) = self.topics.get_open(name, t.incarnation()) else { continue };
             for part in rt.open_partitions() {
                 loop {
@@ -297,8 +390,7 @@ impl Node {
                     let mut g = part.shard().unwrap();
                     let s = g.as_mut().unwrap();
                     for l in leased {
-                        ledger.delivered.insert(l.record.payload.to_vec());
-                        ledger.deliveries += 1;
+                        ledger.deliver(&l.record.payload, &t);
                         s.ack(l.record.offset, l.nonce, now, &shard_limits(&t)).unwrap();
                     }
                 }
@@ -306,7 +398,8 @@ impl Node {
         }
     }
 
-    fn close(self) {
+    fn close(mut self) {
+        self.pass.clear();
         let _ = self.wal.close();
         for rt in self.topics.all() {
             for part in rt.open_partitions() {
@@ -354,7 +447,7 @@ fn run_seed(seed: u64) -> Ledger {
         for _ in 0..120 {
             clock.advance(Duration::from_millis(rng.range(1, 40)));
             let now = clock.mono();
-            match rng.below(100) {
+            match rng.below(110) {
                 0..=34 => node.produce(&mut rng, &mut ledger, &mut id, &clock),
                 35..=59 => node.dispatch(now),
                 60..=64 => {
@@ -362,7 +455,12 @@ fn run_seed(seed: u64) -> Ledger {
                 }
                 65..=79 => node.consume(&mut rng, &mut ledger, clock.wall_ms()),
                 80..=89 => node.ack_some(&mut rng, clock.wall_ms()),
-                _ => node.persist_frontiers(),
+                90..=99 => node.persist_frontiers(),
+                100..=102 => node.churn(&mut rng),
+                103..=104 => node.finish_a_remove(),
+                105..=106 => node.stale_open(&mut rng),
+                107 => node.start_a_frontier_pass(),
+                _ => node.finish_the_frontier_pass(),
             }
         }
         node.close();
@@ -373,9 +471,14 @@ fn run_seed(seed: u64) -> Ledger {
         };
         fs.crash(mode);
     }
+    // Records of incarnations deleted since need not be delivered.
+    let node = open(&fs, &clock).unwrap_or_else(|e| panic!("seed {seed}: last open: {e}"));
+    let live: HashSet<u64> = node.meta.snapshot().topics().map(|t| t.incarnation()).collect();
+    node.close();
     let lost: Vec<String> = ledger
         .acked
         .iter()
+        .filter(|p| live.contains(&ledger.incarnation[*p]))
         .filter(|p| !ledger.delivered.contains(*p))
         .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
         .collect();

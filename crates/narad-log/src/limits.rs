@@ -118,7 +118,7 @@ pub const MAX_RUNWAY_BYTES: u64 = 16 << 20;
 pub const MAX_ZSTD_LEVEL: i32 = 22;
 
 /// The length of the `consumer.offset` file.
-pub const CONSUMER_OFFSET_FILE_LEN: u64 = 20;
+pub const CONSUMER_OFFSET_FILE_LEN: u64 = 28;
 
 /// Files larger than this are refused when reading `consumer.offset`.
 pub const CONSUMER_OFFSET_MAX_READ: u64 = 64;
