@@ -669,7 +669,20 @@ impl Topics {
                     self.close_and_clear(&e.name, true)?;
                 }
                 Some(t) => {
-                    let rt = self.topic(t)?;
+                    let rt = self.topic(t).map_err(|err| match err {
+                        BrokerError::TopicNotFound => BrokerError::internal(
+                            "open topics",
+                            format!(
+                                "{} belongs to a newer incarnation of topic {} than the \
+                                 metastore's {} (a rolled-back metastore?); refusing to \
+                                 remove it",
+                                self.root.join(&e.name).display(),
+                                t.name(),
+                                t.incarnation()
+                            ),
+                        ),
+                        other => other,
+                    })?;
                     let parts = self
                         .fs
                         .list_dir(&rt.dir)

@@ -14,7 +14,7 @@ use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
 use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::ManualClock;
-use narad_fs::SimFs;
+use narad_fs::{Fs, SimFs};
 use narad_log::LogConfig;
 use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, TopicDefaults};
 use prometheus_client::registry::Registry;
@@ -284,4 +284,26 @@ fn a_frontier_pass_that_outlives_a_delete_never_moves_the_recreated_topics_front
     let (leased, _) = take("t", &part, &shard_limits(&t), 2_000, 10, 1 << 20).unwrap();
     let got: Vec<&[u8]> = leased.iter().map(|l| &l.record.payload[..]).collect();
     assert_eq!(got, vec![&b"n1"[..], b"n2", b"n3", b"n4", b"n5"]);
+}
+
+/// At startup, a topic directory whose marker names a newer incarnation
+/// than the metastore's (a metastore rolled back) is neither opened nor
+/// cleared: the start is refused, naming the directory.
+#[test]
+fn startup_refuses_files_of_a_newer_incarnation_than_the_metastore_knows() {
+    let (meta, topics, owner) = setup();
+    let inc = create(&meta, "t");
+    owner.commit_blocking(batch("t", Some(inc), b"kept")).unwrap();
+    let t = meta.topic("t").unwrap();
+    let fs = SimFs::new(1);
+    let data = Path::new("/data");
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let marker = narad_broker::topics::encode_marker(inc + 100);
+    let fresh = Topics::new(fs.shared(), data, LogConfig::default(), clock);
+    fs.create_dir_all(&data.join("topics/t")).unwrap();
+    narad_fs::write_file_atomic(&fs, &data.join("topics/t/incarnation"), &marker).unwrap();
+    let err = fresh.open_at_startup(&[t.clone()]).unwrap_err().to_string();
+    assert!(err.contains("/data/topics/t") && err.contains("newer incarnation"), "{err}");
+    assert!(fs.exists(&data.join("topics/t/incarnation")).unwrap(), "left alone");
+    drop(topics);
 }
