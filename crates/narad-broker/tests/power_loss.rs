@@ -299,8 +299,25 @@ impl Node {
 
     /// Deletes a topic and creates the name again (a new incarnation).
     /// Sometimes the delete's removal of the files is held back until a
-    /// later step, after the new incarnation was committed to.
-    fn churn(&mut self, rng: &mut SimRng) {
+    /// later step, after the new incarnation was committed to; sometimes a
+    /// frontier pass lists the moved partitions before the delete and
+    /// persists them after the new incarnation was committed to.
+    fn churn(&mut self, rng: &mut SimRng, ledger: &mut Ledger, id: &mut u64, clock: &ManualClock) {
+        let pass = rng.chance(1, 2);
+        if pass {
+            self.start_a_frontier_pass();
+        }
+        self.delete_and_recreate(rng);
+        if pass {
+            for _ in 0..3 {
+                self.produce(rng, ledger, id, clock);
+            }
+            self.dispatch(clock.mono());
+            self.finish_the_frontier_pass();
+        }
+    }
+
+    fn delete_and_recreate(&mut self, rng: &mut SimRng) {
         let name = TOPICS[rng.below(2) as usize];
         if let Some(t) = self.meta.topic(name) {
             let Ok(deleted) = self.meta.delete_topic(name) else { return };
@@ -456,11 +473,9 @@ fn run_seed(seed: u64) -> Ledger {
                 65..=79 => node.consume(&mut rng, &mut ledger, clock.wall_ms()),
                 80..=89 => node.ack_some(&mut rng, clock.wall_ms()),
                 90..=99 => node.persist_frontiers(),
-                100..=102 => node.churn(&mut rng),
-                103..=104 => node.finish_a_remove(),
-                105..=106 => node.stale_open(&mut rng),
-                107 => node.start_a_frontier_pass(),
-                _ => node.finish_the_frontier_pass(),
+                100..=103 => node.churn(&mut rng, &mut ledger, &mut id, &clock),
+                104..=105 => node.finish_a_remove(),
+                _ => node.stale_open(&mut rng),
             }
         }
         node.close();
