@@ -1,0 +1,122 @@
+//! Node RPC metrics: request counts, latency and errors by op, on both
+//! sides of a call, and streams refused before any request. Created
+//! unregistered; the server adds them to its registry (which carries the
+//! `narad` prefix; prometheus-client appends `_total` to counters).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `{op, side}`; side is `client` (this node called) or `server` (it answered).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// The op's name (`commit_produce_batch`, ...), or `unknown`.
+    pub op: String,
+    /// `client` or `server`.
+    pub side: String,
+}
+
+/// `{op, side, kind}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpErrorLabels {
+    /// The op's name, or `unknown`.
+    pub op: String,
+    /// `client` or `server`.
+    pub side: String,
+    /// `timeout`, `dial`, `connection`, `remote`, `malformed`,
+    /// `unsupported_op`, `too_large`, `status_4xx`, `status_5xx`, ...
+    pub kind: String,
+}
+
+/// `{reason}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// `auth`, `auth_timeout`, `malformed`, `too_large`.
+    pub reason: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~105 s: covers the 75 s create forward.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 21))
+}
+
+/// The node RPC metrics.
+#[derive(Debug, Clone)]
+pub struct RpcMetrics {
+    /// `node_rpc_requests_total{op,side}`.
+    pub requests: Family<OpLabels, Counter>,
+    /// `node_rpc_request_duration_seconds{op,side}`.
+    pub duration: Family<OpLabels, Histogram, fn() -> Histogram>,
+    /// `node_rpc_errors_total{op,side,kind}`: failed calls, and replies
+    /// with status ≥ 400.
+    pub errors: Family<OpErrorLabels, Counter>,
+    /// `node_rpc_streams_rejected_total{reason}`.
+    pub streams_rejected: Family<RejectLabels, Counter>,
+}
+
+impl Default for RpcMetrics {
+    fn default() -> Self {
+        RpcMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+            errors: Family::default(),
+            streams_rejected: Family::default(),
+        }
+    }
+}
+
+impl RpcMetrics {
+    /// Adds the metrics to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "node_rpc_requests",
+            "Node RPC requests, by op and side",
+            self.requests.clone(),
+        );
+        registry.register(
+            "node_rpc_request_duration_seconds",
+            "Node RPC request latency, by op and side",
+            self.duration.clone(),
+        );
+        registry.register(
+            "node_rpc_errors",
+            "Node RPC failures and error replies, by op, side and kind",
+            self.errors.clone(),
+        );
+        registry.register(
+            "node_rpc_streams_rejected",
+            "Node RPC streams closed before serving (bad auth, malformed or oversized frames)",
+            self.streams_rejected.clone(),
+        );
+    }
+
+    pub(crate) fn observe(&self, op: &str, side: &str, seconds: f64, error: Option<&str>) {
+        let labels = OpLabels { op: op.to_owned(), side: side.to_owned() };
+        self.requests.get_or_create(&labels).inc();
+        self.duration.get_or_create(&labels).observe(seconds);
+        if let Some(kind) = error {
+            self.errors
+                .get_or_create(&OpErrorLabels {
+                    op: op.to_owned(),
+                    side: side.to_owned(),
+                    kind: kind.to_owned(),
+                })
+                .inc();
+        }
+    }
+
+    pub(crate) fn rejected(&self, reason: &str) {
+        self.streams_rejected.get_or_create(&RejectLabels { reason: reason.to_owned() }).inc();
+    }
+}
+
+/// The error kind of a reply status, if it is an error.
+pub(crate) fn status_kind(status: u16) -> Option<&'static str> {
+    match status {
+        400..=499 => Some("status_4xx"),
+        500.. => Some("status_5xx"),
+        _ => None,
+    }
+}

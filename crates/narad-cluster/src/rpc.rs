@@ -1,0 +1,708 @@
+//! Node RPC requests and replies (SPEC §7.4): the payloads of NodeRequest
+//! and NodeReply frames.
+//!
+//! ```text
+//! request = op u8 | fields...            (no bytes after the last field)
+//! reply   = status u16 | u32 len + content type | u32 len + body
+//! field   = int: big-endian (i32, i64, u32, u64)
+//!           string, bytes: u32 len + data (strings UTF-8)
+//!           bool: one byte, 0 or 1
+//! ```
+//!
+//! Invariants:
+//! - op codes are append-only: a number, once given, is never reused or
+//!   renumbered ([`Op`] lists all of SPEC's);
+//! - a request with an op this node does not serve decodes to
+//!   [`Error::UnsupportedOp`], which the server answers with
+//!   `400 unsupported rpc operation N`;
+//! - every length is checked against the bytes left before anything is
+//!   copied or allocated, and trailing bytes are refused;
+//! - CommitProduce (10) may end with an optional incarnation id (u64,
+//!   non-zero); CommitProduceBatch (11) may end with an optional
+//!   incarnation section, written only when some record has an id:
+//!   `runs u32 | runs × (records u32 | id u64)`, runs of consecutive
+//!   records that share an id, in record order, covering every record
+//!   exactly; id 0 marks a run of records without one. Runs are maximal
+//!   (adjacent runs never share an id) and a section has at least one
+//!   non-zero id, so every batch has one encoding. Without ids the bytes
+//!   are exactly those of a release that knows no incarnations.
+
+use crate::codec::{Dec, Enc};
+use crate::error::{Error, Result};
+use crate::limits::{
+    COMMIT_TIMEOUT, CONSUME_MAX_WAIT, CREATE_FORWARD_TIMEOUT, DELETE_FORWARD_TIMEOUT,
+    LONG_POLL_SLACK, PURGE_TIMEOUT, REPLY_TIMEOUT,
+};
+use bytes::Bytes;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+/// Every op code of SPEC §7.4. Append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// 1: produce through another node.
+    Produce = 1,
+    /// 2: consume from the owner.
+    Consume = 2,
+    /// 3: ack a delivery.
+    Ack = 3,
+    /// 4: create a topic (forwarded to the leader).
+    CreateTopic = 4,
+    /// 5: alter a topic.
+    AlterTopic = 5,
+    /// 6: delete a topic.
+    DeleteTopic = 6,
+    /// 7: purge a topic.
+    PurgeTopic = 7,
+    /// 8: one partition's stats.
+    TopicPartitionStats = 8,
+    /// 9: membership heartbeat / upsert.
+    RegisterMember = 9,
+    /// 10: commit one record on its owner.
+    CommitProduce = 10,
+    /// 11: commit a batch of records on their owner.
+    CommitProduceBatch = 11,
+    /// 12: create a user.
+    CreateUser = 12,
+    /// 13: update a user.
+    UpdateUser = 13,
+    /// 14: delete a user.
+    DeleteUser = 14,
+    /// 15: attach a fan-out child.
+    AttachChild = 15,
+    /// 16: detach a fan-out child.
+    DetachChild = 16,
+    /// 17: fan-out cursor positions.
+    FanoutCursors = 17,
+    /// 18: extend a lease.
+    ExtendAck = 18,
+    /// 19: nack a delivery.
+    Nack = 19,
+    /// 20: the leader's view of a topic (leader confirmation).
+    GetTopic = 20,
+    /// 21: join the cluster.
+    JoinCluster = 21,
+    /// 22: list a partition's segments (moves).
+    ListPartitionSegments = 22,
+    /// 23: fetch a segment chunk (moves).
+    FetchSegmentChunk = 23,
+    /// 24: freeze a partition for handoff.
+    PrepareHandoff = 24,
+    /// 25: (cancel) decommission a member.
+    DecommissionMember = 25,
+    /// 26: flip a move's owner (CAS).
+    CompleteMove = 26,
+    /// 27: abort a move (CAS).
+    AbortMove = 27,
+    /// 28: a partition's assignment.
+    GetAssignment = 28,
+}
+
+impl Op {
+    /// Every op, in code order.
+    pub const ALL: [Op; 28] = [
+        Op::Produce,
+        Op::Consume,
+        Op::Ack,
+        Op::CreateTopic,
+        Op::AlterTopic,
+        Op::DeleteTopic,
+        Op::PurgeTopic,
+        Op::TopicPartitionStats,
+        Op::RegisterMember,
+        Op::CommitProduce,
+        Op::CommitProduceBatch,
+        Op::CreateUser,
+        Op::UpdateUser,
+        Op::DeleteUser,
+        Op::AttachChild,
+        Op::DetachChild,
+        Op::FanoutCursors,
+        Op::ExtendAck,
+        Op::Nack,
+        Op::GetTopic,
+        Op::JoinCluster,
+        Op::ListPartitionSegments,
+        Op::FetchSegmentChunk,
+        Op::PrepareHandoff,
+        Op::DecommissionMember,
+        Op::CompleteMove,
+        Op::AbortMove,
+        Op::GetAssignment,
+    ];
+
+    /// The op of a code byte.
+    pub fn from_u8(code: u8) -> Option<Op> {
+        Op::ALL.get((code as usize).wrapping_sub(1)).copied()
+    }
+
+    /// The name used in logs and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Produce => "produce",
+            Op::Consume => "consume",
+            Op::Ack => "ack",
+            Op::CreateTopic => "create_topic",
+            Op::AlterTopic => "alter_topic",
+            Op::DeleteTopic => "delete_topic",
+            Op::PurgeTopic => "purge_topic",
+            Op::TopicPartitionStats => "topic_partition_stats",
+            Op::RegisterMember => "register_member",
+            Op::CommitProduce => "commit_produce",
+            Op::CommitProduceBatch => "commit_produce_batch",
+            Op::CreateUser => "create_user",
+            Op::UpdateUser => "update_user",
+            Op::DeleteUser => "delete_user",
+            Op::AttachChild => "attach_child",
+            Op::DetachChild => "detach_child",
+            Op::FanoutCursors => "fanout_cursors",
+            Op::ExtendAck => "extend_ack",
+            Op::Nack => "nack",
+            Op::GetTopic => "get_topic",
+            Op::JoinCluster => "join_cluster",
+            Op::ListPartitionSegments => "list_partition_segments",
+            Op::FetchSegmentChunk => "fetch_segment_chunk",
+            Op::PrepareHandoff => "prepare_handoff",
+            Op::DecommissionMember => "decommission_member",
+            Op::CompleteMove => "complete_move",
+            Op::AbortMove => "abort_move",
+            Op::GetAssignment => "get_assignment",
+        }
+    }
+}
+
+/// Consume (2): `topic, partition i32, has_partition, offset i64,
+/// has_offset, wait_nanos i64, local_only`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consume {
+    /// Topic name.
+    pub topic: String,
+    /// Partition (meaningful when `has_partition`).
+    pub partition: i32,
+    /// Whether a partition was asked for.
+    pub has_partition: bool,
+    /// Offset (meaningful when `has_offset`).
+    pub offset: i64,
+    /// Whether an offset was asked for (replay).
+    pub has_offset: bool,
+    /// Long-poll wait in nanoseconds (the owner clamps it to 30 s).
+    pub wait_nanos: i64,
+    /// Only the receiving node's partitions.
+    pub local_only: bool,
+}
+
+/// Ack (3), ExtendAck (18), Nack (19): `topic, partition i32, offset i64,
+/// nonce i64`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// Topic name.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset of the delivery.
+    pub offset: i64,
+    /// The lease's nonce.
+    pub nonce: i64,
+}
+
+/// CreateTopic (4, topic ""), AlterTopic (5): `topic, body` (the HTTP JSON body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicBody {
+    /// Topic name ("" for create: the name is in the body).
+    pub topic: String,
+    /// JSON body.
+    pub body: Bytes,
+}
+
+/// RegisterMember (9): `id, addr, cluster_addr, status, last_heartbeat i64`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisterMember {
+    /// Member id.
+    pub id: String,
+    /// Advertised HTTP (and QUIC) address.
+    pub addr: String,
+    /// Raft address.
+    pub cluster_addr: String,
+    /// `alive` / `dead`.
+    pub status: String,
+    /// Unix nanoseconds of the heartbeat.
+    pub last_heartbeat: i64,
+}
+
+/// One record of CommitProduce / CommitProduceBatch: `topic, key,
+/// partition i32, payload, created_at i64` (an empty key is no key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRecord {
+    /// Topic name.
+    pub topic: String,
+    /// Partition key; `None` is sent as an empty key.
+    pub key: Option<Bytes>,
+    /// Partition.
+    pub partition: i32,
+    /// Payload.
+    pub payload: Bytes,
+    /// Accept time, unix milliseconds.
+    pub created_at: i64,
+    /// The topic incarnation the payload was validated against, if any.
+    pub incarnation: Option<NonZeroU64>,
+}
+
+/// Bytes of a record with empty strings: the smallest a count can promise.
+const MIN_RECORD_BYTES: usize = 4 + 4 + 4 + 4 + 8;
+/// Bytes of one incarnation run.
+const RUN_BYTES: usize = 4 + 8;
+
+impl CommitRecord {
+    fn put(&self, e: &mut Enc) {
+        e.str(&self.topic)
+            .bytes(self.key.as_deref().unwrap_or_default())
+            .i32(self.partition)
+            .bytes(&self.payload)
+            .i64(self.created_at);
+    }
+
+    fn get(d: &mut Dec<'_>) -> Result<CommitRecord> {
+        let topic = d.string("topic")?;
+        let key = d.bytes("key")?;
+        Ok(CommitRecord {
+            topic,
+            key: (!key.is_empty()).then_some(key),
+            partition: d.i32("partition")?,
+            payload: d.bytes("payload")?,
+            created_at: d.i64("created_at")?,
+            incarnation: None,
+        })
+    }
+}
+
+/// UserRequests 12/13/14: `username, body`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserBody {
+    /// User name.
+    pub username: String,
+    /// JSON body (empty for delete).
+    pub body: Bytes,
+}
+
+/// AttachChild (15) / DetachChild (16): `parent, child, delay_ms i64`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildLink {
+    /// Parent topic.
+    pub parent: String,
+    /// Child topic.
+    pub child: String,
+    /// Delay of the link in milliseconds.
+    pub delay_ms: i64,
+}
+
+/// JoinCluster (21): `id, cluster_addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinCluster {
+    /// Joining member's id.
+    pub id: String,
+    /// Its cluster (Raft) address.
+    pub cluster_addr: String,
+}
+
+/// A request this node serves, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// 2.
+    Consume(Consume),
+    /// 3.
+    Ack(Receipt),
+    /// 18.
+    ExtendAck(Receipt),
+    /// 19.
+    Nack(Receipt),
+    /// 4.
+    CreateTopic(TopicBody),
+    /// 5.
+    AlterTopic(TopicBody),
+    /// 6.
+    DeleteTopic(String),
+    /// 7.
+    PurgeTopic(String),
+    /// 20.
+    GetTopic(String),
+    /// 9.
+    RegisterMember(RegisterMember),
+    /// 10 (the record's incarnation is the optional trailing id).
+    CommitProduce(CommitRecord),
+    /// 11.
+    CommitProduceBatch(Vec<CommitRecord>),
+    /// 12.
+    CreateUser(UserBody),
+    /// 13.
+    UpdateUser(UserBody),
+    /// 14.
+    DeleteUser(UserBody),
+    /// 15.
+    AttachChild(ChildLink),
+    /// 16.
+    DetachChild(ChildLink),
+    /// 21.
+    JoinCluster(JoinCluster),
+}
+
+impl Request {
+    /// Its op code.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Consume(_) => Op::Consume,
+            Request::Ack(_) => Op::Ack,
+            Request::ExtendAck(_) => Op::ExtendAck,
+            Request::Nack(_) => Op::Nack,
+            Request::CreateTopic(_) => Op::CreateTopic,
+            Request::AlterTopic(_) => Op::AlterTopic,
+            Request::DeleteTopic(_) => Op::DeleteTopic,
+            Request::PurgeTopic(_) => Op::PurgeTopic,
+            Request::GetTopic(_) => Op::GetTopic,
+            Request::RegisterMember(_) => Op::RegisterMember,
+            Request::CommitProduce(_) => Op::CommitProduce,
+            Request::CommitProduceBatch(_) => Op::CommitProduceBatch,
+            Request::CreateUser(_) => Op::CreateUser,
+            Request::UpdateUser(_) => Op::UpdateUser,
+            Request::DeleteUser(_) => Op::DeleteUser,
+            Request::AttachChild(_) => Op::AttachChild,
+            Request::DetachChild(_) => Op::DetachChild,
+            Request::JoinCluster(_) => Op::JoinCluster,
+        }
+    }
+
+    /// How long a caller waits for the reply (SPEC §7.4's RPC timeouts).
+    pub fn timeout(&self) -> Duration {
+        match self {
+            Request::CommitProduce(_) | Request::CommitProduceBatch(_) => COMMIT_TIMEOUT,
+            Request::CreateTopic(_) => CREATE_FORWARD_TIMEOUT,
+            Request::DeleteTopic(_) => DELETE_FORWARD_TIMEOUT,
+            Request::PurgeTopic(_) => PURGE_TIMEOUT,
+            Request::Consume(c) => {
+                let wait = Duration::from_nanos(c.wait_nanos.max(0) as u64).min(CONSUME_MAX_WAIT);
+                (wait + LONG_POLL_SLACK).max(REPLY_TIMEOUT)
+            }
+            _ => REPLY_TIMEOUT,
+        }
+    }
+
+    /// The lane (stream pool) the request travels on.
+    pub fn lane(&self) -> Lane {
+        match self {
+            Request::CommitProduce(_) | Request::CommitProduceBatch(_) => Lane::Produce,
+            Request::Consume(_) => Lane::Consume,
+            Request::Ack(_) | Request::ExtendAck(_) | Request::Nack(_) => Lane::Ack,
+            _ => Lane::Control,
+        }
+    }
+
+    /// The request's bytes (the NodeRequest payload).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.u8(self.op() as u8);
+        match self {
+            Request::Consume(c) => {
+                e.str(&c.topic)
+                    .i32(c.partition)
+                    .bool(c.has_partition)
+                    .i64(c.offset)
+                    .bool(c.has_offset)
+                    .i64(c.wait_nanos)
+                    .bool(c.local_only);
+            }
+            Request::Ack(r) | Request::ExtendAck(r) | Request::Nack(r) => {
+                e.str(&r.topic).i32(r.partition).i64(r.offset).i64(r.nonce);
+            }
+            Request::CreateTopic(t) | Request::AlterTopic(t) => {
+                e.str(&t.topic).bytes(&t.body);
+            }
+            Request::DeleteTopic(t) | Request::PurgeTopic(t) | Request::GetTopic(t) => {
+                e.str(t);
+            }
+            Request::RegisterMember(m) => {
+                e.str(&m.id).str(&m.addr).str(&m.cluster_addr).str(&m.status).i64(m.last_heartbeat);
+            }
+            Request::CommitProduce(r) => {
+                r.put(&mut e);
+                if let Some(id) = r.incarnation {
+                    e.u64(id.get());
+                }
+            }
+            Request::CommitProduceBatch(records) => {
+                e.i32(i32::try_from(records.len()).unwrap_or(i32::MAX));
+                for r in records {
+                    r.put(&mut e);
+                }
+                if records.iter().any(|r| r.incarnation.is_some()) {
+                    let runs = runs(records);
+                    e.u32(runs.len() as u32);
+                    for (count, id) in runs {
+                        e.u32(count).u64(id);
+                    }
+                }
+            }
+            Request::CreateUser(u) | Request::UpdateUser(u) | Request::DeleteUser(u) => {
+                e.str(&u.username).bytes(&u.body);
+            }
+            Request::AttachChild(l) | Request::DetachChild(l) => {
+                e.str(&l.parent).str(&l.child).i64(l.delay_ms);
+            }
+            Request::JoinCluster(j) => {
+                e.str(&j.id).str(&j.cluster_addr);
+            }
+        }
+        e.0
+    }
+
+    /// Decodes a NodeRequest payload.
+    pub fn decode(buf: &[u8]) -> Result<Request> {
+        let mut d = Dec::new(buf);
+        let code = d.u8("op").map_err(|_| Error::Protocol("empty request".into()))?;
+        let Some(op) = Op::from_u8(code) else {
+            return Err(Error::UnsupportedOp(code));
+        };
+        let req = match op {
+            Op::Consume => Request::Consume(Consume {
+                topic: d.string("topic")?,
+                partition: d.i32("partition")?,
+                has_partition: d.bool("has_partition")?,
+                offset: d.i64("offset")?,
+                has_offset: d.bool("has_offset")?,
+                wait_nanos: d.i64("wait_nanos")?,
+                local_only: d.bool("local_only")?,
+            }),
+            Op::Ack => Request::Ack(receipt(&mut d)?),
+            Op::ExtendAck => Request::ExtendAck(receipt(&mut d)?),
+            Op::Nack => Request::Nack(receipt(&mut d)?),
+            Op::CreateTopic => Request::CreateTopic(TopicBody {
+                topic: d.string("topic")?,
+                body: d.bytes("body")?,
+            }),
+            Op::AlterTopic => {
+                Request::AlterTopic(TopicBody { topic: d.string("topic")?, body: d.bytes("body")? })
+            }
+            Op::DeleteTopic => Request::DeleteTopic(d.string("topic")?),
+            Op::PurgeTopic => Request::PurgeTopic(d.string("topic")?),
+            Op::GetTopic => Request::GetTopic(d.string("topic")?),
+            Op::RegisterMember => Request::RegisterMember(RegisterMember {
+                id: d.string("id")?,
+                addr: d.string("addr")?,
+                cluster_addr: d.string("cluster_addr")?,
+                status: d.string("status")?,
+                last_heartbeat: d.i64("last_heartbeat")?,
+            }),
+            Op::CommitProduce => {
+                let mut r = CommitRecord::get(&mut d)?;
+                if d.remaining() > 0 {
+                    let id = d.u64("incarnation")?;
+                    r.incarnation =
+                        Some(NonZeroU64::new(id).ok_or_else(|| Error::InvalidField {
+                            field: "incarnation",
+                            reason: "0 is no incarnation id".into(),
+                        })?);
+                }
+                Request::CommitProduce(r)
+            }
+            Op::CommitProduceBatch => Request::CommitProduceBatch(batch(&mut d)?),
+            Op::CreateUser => Request::CreateUser(user(&mut d)?),
+            Op::UpdateUser => Request::UpdateUser(user(&mut d)?),
+            Op::DeleteUser => Request::DeleteUser(user(&mut d)?),
+            Op::AttachChild => Request::AttachChild(link(&mut d)?),
+            Op::DetachChild => Request::DetachChild(link(&mut d)?),
+            Op::JoinCluster => Request::JoinCluster(JoinCluster {
+                id: d.string("id")?,
+                cluster_addr: d.string("cluster_addr")?,
+            }),
+            Op::Produce
+            | Op::TopicPartitionStats
+            | Op::FanoutCursors
+            | Op::ListPartitionSegments
+            | Op::FetchSegmentChunk
+            | Op::PrepareHandoff
+            | Op::DecommissionMember
+            | Op::CompleteMove
+            | Op::AbortMove
+            | Op::GetAssignment => return Err(Error::UnsupportedOp(code)),
+        };
+        d.finish()?;
+        Ok(req)
+    }
+}
+
+/// Runs of consecutive records sharing an incarnation (0 = none).
+fn runs(records: &[CommitRecord]) -> Vec<(u32, u64)> {
+    let mut out: Vec<(u32, u64)> = Vec::new();
+    for r in records {
+        let id = r.incarnation.map_or(0, NonZeroU64::get);
+        match out.last_mut() {
+            Some((n, last)) if *last == id => *n += 1,
+            _ => out.push((1, id)),
+        }
+    }
+    out
+}
+
+fn receipt(d: &mut Dec<'_>) -> Result<Receipt> {
+    Ok(Receipt {
+        topic: d.string("topic")?,
+        partition: d.i32("partition")?,
+        offset: d.i64("offset")?,
+        nonce: d.i64("nonce")?,
+    })
+}
+
+fn user(d: &mut Dec<'_>) -> Result<UserBody> {
+    Ok(UserBody { username: d.string("username")?, body: d.bytes("body")? })
+}
+
+fn link(d: &mut Dec<'_>) -> Result<ChildLink> {
+    Ok(ChildLink {
+        parent: d.string("parent")?,
+        child: d.string("child")?,
+        delay_ms: d.i64("delay_ms")?,
+    })
+}
+
+fn batch(d: &mut Dec<'_>) -> Result<Vec<CommitRecord>> {
+    let count = d.i32("count")?;
+    let count = usize::try_from(count).map_err(|_| Error::InvalidField {
+        field: "count",
+        reason: format!("{count} is negative"),
+    })?;
+    // The count is only trusted as far as the bytes left could hold it.
+    if count > d.remaining() / MIN_RECORD_BYTES {
+        return Err(Error::Truncated {
+            what: "batch records",
+            need: (count as u64) * MIN_RECORD_BYTES as u64,
+            have: d.remaining(),
+        });
+    }
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        records.push(CommitRecord::get(d)?);
+    }
+    if d.remaining() == 0 {
+        return Ok(records);
+    }
+    let runs = d.u32("incarnation runs")? as usize;
+    if runs == 0 || runs > count || runs > d.remaining() / RUN_BYTES {
+        return Err(Error::InvalidField {
+            field: "incarnation runs",
+            reason: format!("{runs} runs for {count} records and {} bytes", d.remaining()),
+        });
+    }
+    let (mut at, mut previous, mut any_id) = (0usize, None, false);
+    for _ in 0..runs {
+        let n = d.u32("incarnation run records")? as usize;
+        let id = d.u64("incarnation id")?;
+        if n == 0 || n > count - at {
+            return Err(Error::InvalidField {
+                field: "incarnation run records",
+                reason: format!("run of {n} records at record {at} of {count}"),
+            });
+        }
+        // Runs are maximal: one encoding per batch.
+        if previous == Some(id) {
+            return Err(Error::InvalidField {
+                field: "incarnation runs",
+                reason: format!("two adjacent runs share id {id}"),
+            });
+        }
+        (previous, any_id) = (Some(id), any_id || id != 0);
+        for r in &mut records[at..at + n] {
+            r.incarnation = NonZeroU64::new(id);
+        }
+        at += n;
+    }
+    if at != count {
+        return Err(Error::InvalidField {
+            field: "incarnation runs",
+            reason: format!("runs cover {at} of {count} records"),
+        });
+    }
+    if !any_id {
+        return Err(Error::InvalidField {
+            field: "incarnation runs",
+            reason: "a section without any id (it is left out then)".into(),
+        });
+    }
+    Ok(records)
+}
+
+/// Which stream pool a request travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// CommitProduce, CommitProduceBatch.
+    Produce,
+    /// Consume.
+    Consume,
+    /// Ack, ExtendAck, Nack.
+    Ack,
+    /// Everything else (metadata, membership).
+    Control,
+}
+
+impl Lane {
+    /// Every lane.
+    pub const ALL: [Lane; 4] = [Lane::Produce, Lane::Consume, Lane::Ack, Lane::Control];
+
+    /// Streams pooled for the lane.
+    pub fn streams(self) -> usize {
+        match self {
+            Lane::Control => crate::limits::CONTROL_LANE_STREAMS,
+            _ => crate::limits::DATA_LANE_STREAMS,
+        }
+    }
+}
+
+/// A reply: `status u16 | u32 + content type | u32 + body`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// HTTP-like status.
+    pub status: u16,
+    /// Content type of the body ("" when there is none).
+    pub content_type: String,
+    /// Body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// A JSON reply.
+    pub fn json(status: u16, body: impl Into<Bytes>) -> Reply {
+        Reply { status, content_type: "application/json".into(), body: body.into() }
+    }
+
+    /// An error reply, `{"error": message}`.
+    pub fn error(status: u16, message: &str) -> Reply {
+        let body = serde_json::json!({ "error": message }).to_string();
+        Reply::json(status, body)
+    }
+
+    /// The reply a server gives a request that failed to decode.
+    pub fn for_decode_error(e: &Error) -> Reply {
+        Reply::error(e.status(), &e.to_string())
+    }
+
+    /// The reply's bytes (the NodeReply payload).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::default();
+        e.u16(self.status).str(&self.content_type).bytes(&self.body);
+        e.0
+    }
+
+    /// Decodes a NodeReply payload.
+    pub fn decode(buf: &[u8]) -> Result<Reply> {
+        let mut d = Dec::new(buf);
+        let reply = Reply {
+            status: d.u16("status")?,
+            content_type: d.string("content type")?,
+            body: d.bytes("body")?,
+        };
+        d.finish()?;
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+#[path = "rpc_tests.rs"]
+mod tests;

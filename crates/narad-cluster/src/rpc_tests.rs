@@ -1,0 +1,367 @@
+//! Golden bytes of every request and reply encoding, and every way a
+//! request can be malformed.
+
+use super::*;
+
+/// Checked-in encodings, computed independently (a Python `struct`
+/// script following SPEC §7.4), as hex: name → bytes.
+const GOLDEN: &[(&str, &str)] = &[
+    ("consume", "02000000066f72646572730000000201ffffffffffffffff0000000002540be40001"),
+    ("ack", "03000000066f726465727300000001000000000000002a0000000000000007"),
+    ("extend_ack", "12000000066f726465727300000001000000000000002a0000000000000007"),
+    ("nack", "13000000066f726465727300000001000000000000002a0000000000000007"),
+    ("create_topic", "04000000000000000c7b226e616d65223a2274227d"),
+    ("alter_topic", "050000000174000000127b22726574656e74696f6e223a223168227d"),
+    ("delete_topic", "060000000174"),
+    ("purge_topic", "070000000174"),
+    ("get_topic", "140000000174"),
+    (
+        "register_member",
+        "09000000026e310000000e3132372e302e302e313a373934320000000e3132372e302e302e313a3739343300000005616c69766517979cfe362a0000",
+    ),
+    ("commit_produce", "0a0000000174000000016b000000000000000568656c6c6f0000018bcfe56800"),
+    (
+        "commit_produce_incarnation",
+        "0a0000000174000000016b000000000000000568656c6c6f0000018bcfe568000000000000000005",
+    ),
+    (
+        "commit_produce_batch",
+        "0b000000020000000174000000016b000000000000000568656c6c6f0000018bcfe568000000000174000000000000000100000005776f726c640000018bcfe56801",
+    ),
+    (
+        "commit_produce_batch_incarnations",
+        "0b000000030000000174000000016b000000000000000568656c6c6f0000018bcfe568000000000174000000016b000000000000000568656c6c6f0000018bcfe568000000000174000000000000000100000005776f726c640000018bcfe5680100000002000000020000000000000005000000010000000000000000",
+    ),
+    ("create_user", "0c00000005616c696365000000107b2270617373776f7264223a2278227d"),
+    ("update_user", "0d00000005616c696365000000107b2270617373776f7264223a2279227d"),
+    ("delete_user", "0e00000005616c69636500000000"),
+    ("attach_child", "0f00000001700000000163000000000000ea60"),
+    ("detach_child", "10000000017000000001630000000000000000"),
+    ("join_cluster", "15000000026e340000000d31302e302e302e343a37393433"),
+    (
+        "reply_ok",
+        "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
+    ),
+    ("reply_empty", "00cc0000000000000000"),
+    (
+        "reply_error",
+        "0190000000106170706c69636174696f6e2f6a736f6e000000287b226572726f72223a22756e737570706f7274656420727063206f7065726174696f6e203939227d",
+    ),
+];
+
+fn golden(name: &str) -> Vec<u8> {
+    let hex =
+        GOLDEN.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("no golden {name}")).1;
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect()
+}
+
+fn record(
+    key: Option<&'static str>,
+    partition: i32,
+    payload: &'static str,
+    created_at: i64,
+    inc: u64,
+) -> CommitRecord {
+    CommitRecord {
+        topic: "t".into(),
+        key: key.map(|k| Bytes::from_static(k.as_bytes())),
+        partition,
+        payload: Bytes::from_static(payload.as_bytes()),
+        created_at,
+        incarnation: NonZeroU64::new(inc),
+    }
+}
+
+fn receipt() -> Receipt {
+    Receipt { topic: "orders".into(), partition: 1, offset: 42, nonce: 7 }
+}
+
+fn user(body: &'static str) -> UserBody {
+    UserBody { username: "alice".into(), body: Bytes::from_static(body.as_bytes()) }
+}
+
+fn samples() -> Vec<(&'static str, Request)> {
+    let r1 = || record(Some("k"), 0, "hello", 1_700_000_000_000, 0);
+    let r2 = || record(None, 1, "world", 1_700_000_000_001, 0);
+    let with = |mut r: CommitRecord, inc: u64| {
+        r.incarnation = NonZeroU64::new(inc);
+        r
+    };
+    vec![
+        (
+            "consume",
+            Request::Consume(Consume {
+                topic: "orders".into(),
+                partition: 2,
+                has_partition: true,
+                offset: -1,
+                has_offset: false,
+                wait_nanos: 10_000_000_000,
+                local_only: true,
+            }),
+        ),
+        ("ack", Request::Ack(receipt())),
+        ("extend_ack", Request::ExtendAck(receipt())),
+        ("nack", Request::Nack(receipt())),
+        (
+            "create_topic",
+            Request::CreateTopic(TopicBody {
+                topic: "".into(),
+                body: Bytes::from_static(br#"{"name":"t"}"#),
+            }),
+        ),
+        (
+            "alter_topic",
+            Request::AlterTopic(TopicBody {
+                topic: "t".into(),
+                body: Bytes::from_static(br#"{"retention":"1h"}"#),
+            }),
+        ),
+        ("delete_topic", Request::DeleteTopic("t".into())),
+        ("purge_topic", Request::PurgeTopic("t".into())),
+        ("get_topic", Request::GetTopic("t".into())),
+        (
+            "register_member",
+            Request::RegisterMember(RegisterMember {
+                id: "n1".into(),
+                addr: "127.0.0.1:7942".into(),
+                cluster_addr: "127.0.0.1:7943".into(),
+                status: "alive".into(),
+                last_heartbeat: 1_700_000_000_000_000_000,
+            }),
+        ),
+        ("commit_produce", Request::CommitProduce(r1())),
+        ("commit_produce_incarnation", Request::CommitProduce(with(r1(), 5))),
+        ("commit_produce_batch", Request::CommitProduceBatch(vec![r1(), r2()])),
+        (
+            "commit_produce_batch_incarnations",
+            Request::CommitProduceBatch(vec![with(r1(), 5), with(r1(), 5), r2()]),
+        ),
+        ("create_user", Request::CreateUser(user(r#"{"password":"x"}"#))),
+        ("update_user", Request::UpdateUser(user(r#"{"password":"y"}"#))),
+        ("delete_user", Request::DeleteUser(user(""))),
+        (
+            "attach_child",
+            Request::AttachChild(ChildLink {
+                parent: "p".into(),
+                child: "c".into(),
+                delay_ms: 60_000,
+            }),
+        ),
+        (
+            "detach_child",
+            Request::DetachChild(ChildLink { parent: "p".into(), child: "c".into(), delay_ms: 0 }),
+        ),
+        (
+            "join_cluster",
+            Request::JoinCluster(JoinCluster {
+                id: "n4".into(),
+                cluster_addr: "10.0.0.4:7943".into(),
+            }),
+        ),
+    ]
+}
+
+fn replies() -> Vec<(&'static str, Reply)> {
+    vec![
+        ("reply_ok", Reply::json(200, &br#"{"offset":42,"partition":1}"#[..])),
+        ("reply_empty", Reply { status: 204, content_type: String::new(), body: Bytes::new() }),
+        ("reply_error", Reply::for_decode_error(&Error::UnsupportedOp(99))),
+    ]
+}
+
+#[test]
+fn every_request_encodes_to_its_golden_bytes_and_decodes_back() {
+    let samples = samples();
+    assert_eq!(samples.len() + replies().len(), GOLDEN.len(), "a golden without a sample");
+    for (name, req) in samples {
+        let want = golden(name);
+        assert_eq!(req.encode(), want, "{name}: encoding");
+        assert_eq!(Request::decode(&want).unwrap(), req, "{name}: decoding");
+    }
+}
+
+#[test]
+fn every_reply_encodes_to_its_golden_bytes_and_decodes_back() {
+    for (name, reply) in replies() {
+        let want = golden(name);
+        assert_eq!(reply.encode(), want, "{name}: encoding");
+        assert_eq!(Reply::decode(&want).unwrap(), reply, "{name}: decoding");
+    }
+}
+
+#[test]
+fn a_batch_without_incarnations_is_the_bytes_an_older_release_sends() {
+    let plain = golden("commit_produce_batch");
+    let with = golden("commit_produce_batch_incarnations");
+    // No section at all when no record has an id.
+    assert_eq!(Request::decode(&plain).unwrap().encode(), plain);
+    // The section is exactly: runs 2 | (2, id 5) | (1, no id).
+    let tail = &with[with.len() - 28..];
+    assert_eq!(
+        tail,
+        [&[0, 0, 0, 2][..], &[0, 0, 0, 2], &5u64.to_be_bytes(), &[0, 0, 0, 1], &0u64.to_be_bytes()]
+            .concat()
+    );
+}
+
+#[test]
+fn op_codes_are_the_specs_numbering_and_append_only() {
+    for (i, op) in Op::ALL.iter().enumerate() {
+        assert_eq!(*op as u8 as usize, i + 1, "{op:?}");
+        assert_eq!(Op::from_u8(*op as u8), Some(*op));
+    }
+    assert_eq!(Op::from_u8(0), None);
+    assert_eq!(Op::from_u8(29), None);
+    assert_eq!(
+        (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
+        (11, 20, 21)
+    );
+}
+
+#[test]
+fn an_unknown_or_unserved_op_is_unsupported_with_400() {
+    for code in [0u8, 1, 8, 17, 22, 28, 29, 99, 255] {
+        let e = Request::decode(&[code, 0, 0]).unwrap_err();
+        assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
+        let reply = Reply::for_decode_error(&e);
+        assert_eq!(reply.status, 400);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["error"], format!("unsupported rpc operation {code}"));
+    }
+    assert!(matches!(Request::decode(&[]), Err(Error::Protocol(_))));
+}
+
+#[test]
+fn every_truncation_of_every_request_and_reply_is_refused() {
+    for (name, _) in GOLDEN {
+        let full = golden(name);
+        let reply = name.starts_with("reply");
+        for cut in 1..full.len() {
+            let part = &full[..cut];
+            let ok =
+                if reply { Reply::decode(part).is_ok() } else { Request::decode(part).is_ok() };
+            // Cutting exactly the optional incarnation field or section off
+            // leaves the valid, shorter form.
+            let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
+                || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
+            assert_eq!(ok, optional_cut, "{name} cut at {cut}");
+        }
+    }
+}
+
+#[test]
+fn trailing_bytes_are_refused() {
+    for (name, _) in GOLDEN {
+        let mut b = golden(name);
+        b.push(0);
+        let e = if name.starts_with("reply") {
+            Reply::decode(&b).unwrap_err()
+        } else {
+            Request::decode(&b).unwrap_err()
+        };
+        // CommitProduce reads a lone trailing byte as a cut incarnation id,
+        // and a batch as a cut incarnation section: refused all the same.
+        assert!(matches!(e, Error::TrailingBytes(1) | Error::Truncated { .. }), "{name}: {e}");
+    }
+}
+
+#[test]
+fn bad_fields_are_refused_with_what_is_wrong() {
+    // bool byte 2 (has_partition of consume: after op, topic, partition).
+    let mut b = golden("consume");
+    b[1 + 4 + 6 + 4] = 2;
+    assert!(matches!(Request::decode(&b), Err(Error::InvalidField { field: "has_partition", .. })));
+    // Invalid UTF-8 in a string.
+    let mut b = golden("delete_topic");
+    b[5] = 0xff;
+    assert!(matches!(Request::decode(&b), Err(Error::InvalidField { field: "topic", .. })));
+    // Incarnation id 0 on CommitProduce.
+    let mut b = golden("commit_produce");
+    b.extend_from_slice(&0u64.to_be_bytes());
+    assert!(matches!(Request::decode(&b), Err(Error::InvalidField { field: "incarnation", .. })));
+}
+
+fn batch_with_section(section: &[u8]) -> Vec<u8> {
+    let mut b = golden("commit_produce_batch");
+    b.extend_from_slice(section);
+    b
+}
+
+fn run(n: u32, id: u64) -> Vec<u8> {
+    [n.to_be_bytes().to_vec(), id.to_be_bytes().to_vec()].concat()
+}
+
+#[test]
+fn incarnation_sections_must_cover_every_record_exactly() {
+    let runs = |n: u32| n.to_be_bytes().to_vec();
+    let bad = [
+        ("zero runs", runs(0)),
+        ("more runs than records", [runs(3), run(1, 5), run(1, 5), run(1, 5)].concat()),
+        ("runs short of the records", [runs(1), run(1, 5)].concat()),
+        ("runs past the records", [runs(2), run(1, 5), run(2, 6)].concat()),
+        ("an empty run", [runs(2), run(0, 5), run(2, 6)].concat()),
+        ("a run count beyond the bytes", [runs(2), run(2, 5)].concat()),
+        ("a cut run", [runs(1), run(2, 5)[..6].to_vec()].concat()),
+        ("adjacent runs sharing an id", [runs(2), run(1, 5), run(1, 5)].concat()),
+        ("a section without an id", [runs(1), run(2, 0)].concat()),
+    ];
+    for (what, section) in bad {
+        assert!(Request::decode(&batch_with_section(&section)).is_err(), "{what}");
+    }
+    let Request::CommitProduceBatch(recs) =
+        Request::decode(&batch_with_section(&[runs(2), run(1, 0), run(1, 9)].concat())).unwrap()
+    else {
+        panic!("not a batch")
+    };
+    assert_eq!(
+        recs.iter().map(|r| r.incarnation.map(NonZeroU64::get)).collect::<Vec<_>>(),
+        [None, Some(9)]
+    );
+}
+
+#[test]
+fn a_lying_count_is_refused_before_allocating() {
+    // count i32::MAX with no records behind it; and a negative count.
+    let mut b = vec![Op::CommitProduceBatch as u8];
+    b.extend_from_slice(&i32::MAX.to_be_bytes());
+    assert!(matches!(Request::decode(&b), Err(Error::Truncated { what: "batch records", .. })));
+    let mut b = vec![Op::CommitProduceBatch as u8];
+    b.extend_from_slice(&(-1i32).to_be_bytes());
+    assert!(matches!(Request::decode(&b), Err(Error::InvalidField { field: "count", .. })));
+    // A string length of 4 GiB - 1 with three bytes behind it.
+    let mut b = vec![Op::DeleteTopic as u8, 0xff, 0xff, 0xff, 0xff, b'a', b'b', b'c'];
+    assert!(matches!(
+        Request::decode(&b),
+        Err(Error::Truncated { need: 0xffff_ffff, have: 3, .. })
+    ));
+    b[0] = Op::GetTopic as u8;
+    assert!(Request::decode(&b).is_err());
+}
+
+#[test]
+fn ops_pick_their_lane_and_timeout() {
+    use std::time::Duration;
+    let s = samples();
+    let get = |n: &str| &s.iter().find(|(name, _)| *name == n).unwrap().1;
+    assert_eq!(get("commit_produce_batch").lane(), Lane::Produce);
+    assert_eq!(get("consume").lane(), Lane::Consume);
+    assert_eq!(get("nack").lane(), Lane::Ack);
+    assert_eq!(get("join_cluster").lane(), Lane::Control);
+    assert_eq!(get("commit_produce").timeout(), Duration::from_secs(30));
+    assert_eq!(get("create_topic").timeout(), Duration::from_secs(75));
+    assert_eq!(get("delete_topic").timeout(), Duration::from_secs(30));
+    assert_eq!(get("purge_topic").timeout(), Duration::from_secs(17));
+    assert_eq!(get("consume").timeout(), Duration::from_secs(12), "10 s wait + 2 s");
+    assert_eq!(get("get_topic").timeout(), Duration::from_secs(5));
+    let long = Request::Consume(Consume {
+        topic: "t".into(),
+        partition: 0,
+        has_partition: false,
+        offset: 0,
+        has_offset: false,
+        wait_nanos: i64::MAX,
+        local_only: false,
+    });
+    assert_eq!(long.timeout(), Duration::from_secs(32), "wait clamped to 30 s + 2 s");
+}

@@ -1,0 +1,391 @@
+//! Loopback tests of the transport: two endpoints in one process on
+//! 127.0.0.1, port 0.
+
+use super::*;
+use crate::auth::TlsFiles;
+use crate::frame::FrameType;
+use crate::limits::FRAME_HEADER_LEN;
+use crate::rpc::{CommitRecord, TopicBody};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicUsize;
+use tokio::io::AsyncReadExt;
+
+/// Answers GetTopic(t) with 200 and body t, after sleeping
+/// `t.len() % 7` ms (so replies finish out of order); GetTopic("slow")
+/// sleeps 10 s. Counts every request it sees.
+#[derive(Debug, Default)]
+struct Echo {
+    seen: AtomicUsize,
+}
+
+impl Handler for Echo {
+    async fn handle(&self, request: Request) -> Reply {
+        self.seen.fetch_add(1, Ordering::SeqCst);
+        match request {
+            Request::GetTopic(t) if t == "slow" => {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Reply::json(200, t)
+            }
+            Request::GetTopic(t) => {
+                tokio::time::sleep(Duration::from_millis((t.len() % 7) as u64)).await;
+                Reply::json(200, t)
+            }
+            Request::CreateTopic(b) => Reply::json(201, b.body),
+            other => Reply::error(404, &format!("no {:?}", other.op())),
+        }
+    }
+}
+
+fn localhost() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+fn secret(s: &str) -> ClusterAuth {
+    ClusterAuth { secret: Some(ClusterSecret::new(s.as_bytes()).unwrap()), tls: None }
+}
+
+fn server(auth: ClusterAuth) -> (Transport, Arc<Echo>, RpcMetrics) {
+    let echo = Arc::new(Echo::default());
+    let metrics = RpcMetrics::default();
+    let t = Transport::serve(localhost(), auth, metrics.clone(), echo.clone()).unwrap();
+    (t, echo, metrics)
+}
+
+fn client(auth: ClusterAuth) -> (Transport, RpcMetrics) {
+    let metrics = RpcMetrics::default();
+    (Transport::client_only(localhost(), auth, metrics.clone()).unwrap(), metrics)
+}
+
+fn get(t: &str) -> Request {
+    Request::GetTopic(t.into())
+}
+
+fn exposition(m: &RpcMetrics) -> String {
+    let mut r = Registry::with_prefix("narad");
+    m.register(&mut r);
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+    out
+}
+
+#[tokio::test]
+async fn a_request_gets_its_reply_and_a_ping_its_pong() {
+    let (srv, echo, srv_metrics) = server(secret("s3cret"));
+    let (cli, cli_metrics) = client(secret("s3cret"));
+    let peer = cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let reply = peer.call(&get("orders")).await.unwrap();
+    assert_eq!(
+        (reply.status, &reply.content_type[..], &reply.body[..]),
+        (200, "application/json", &b"orders"[..])
+    );
+    let reply = peer.call(&Request::DeleteTopic("x".into())).await.unwrap();
+    assert_eq!(reply.status, 404);
+    peer.ping().await.unwrap();
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 2);
+    let c = exposition(&cli_metrics);
+    assert!(c.contains(r#"narad_node_rpc_requests_total{op="get_topic",side="client"} 1"#), "{c}");
+    assert!(
+        c.contains(
+            r#"narad_node_rpc_errors_total{op="delete_topic",side="client",kind="status_4xx"} 1"#
+        ),
+        "{c}"
+    );
+    assert!(
+        c.contains(
+            r#"narad_node_rpc_request_duration_seconds_count{op="get_topic",side="client"} 1"#
+        ),
+        "{c}"
+    );
+    // The server counts once its reply is written, just after the client has it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let s = exposition(&srv_metrics);
+    assert!(s.contains(r#"narad_node_rpc_requests_total{op="get_topic",side="server"} 1"#), "{s}");
+    // Same peer, same connection: the transport keeps one per address.
+    assert!(Arc::ptr_eq(&peer, &cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME)));
+}
+
+#[tokio::test]
+async fn many_concurrent_requests_are_multiplexed_and_each_gets_its_own_reply() {
+    let (srv, echo, _) = server(secret("s"));
+    let (cli, _) = client(secret("s"));
+    let peer = cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let calls = (0..1_000).map(|i| {
+        let peer = peer.clone();
+        tokio::spawn(async move {
+            let topic = format!("t{}", "x".repeat(i % 13)) + &i.to_string();
+            let reply = peer.call(&get(&topic)).await.unwrap();
+            assert_eq!(reply.body, topic.as_bytes(), "reply of another request");
+        })
+    });
+    for c in calls.collect::<Vec<_>>() {
+        c.await.unwrap();
+    }
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 1_000);
+    let control = peer.lanes[Lane::Control as usize].lock().await.streams.len();
+    assert!(
+        (1..=crate::limits::CONTROL_LANE_STREAMS).contains(&control),
+        "{control} control streams"
+    );
+}
+
+#[tokio::test]
+async fn a_late_reply_times_out_and_the_stream_stays_usable() {
+    let (srv, _, _) = server(ClusterAuth::default());
+    let (cli, metrics) = client(ClusterAuth::default());
+    let peer = cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let e = peer.call_with_timeout(&get("slow"), Duration::from_millis(200)).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout { op: "get_topic", .. }), "{e}");
+    assert_eq!(peer.call(&get("fast")).await.unwrap().body, &b"fast"[..]);
+    assert!(exposition(&metrics).contains(r#"kind="timeout"} 1"#));
+}
+
+#[tokio::test]
+async fn a_dial_to_nobody_fails_within_the_dial_timeout() {
+    let (cli, _) = client(ClusterAuth::default());
+    // A bound UDP socket that never answers.
+    let silent = std::net::UdpSocket::bind(localhost()).unwrap();
+    let peer = cli.peer(silent.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let start = Instant::now();
+    let e = peer.call(&get("t")).await.unwrap_err();
+    assert!(matches!(e, Error::Dial { .. }), "{e}");
+    assert!(start.elapsed() < REPLY_TIMEOUT, "{:?}", start.elapsed());
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_secret_gets_nothing_and_reaches_no_handler() {
+    let (srv, echo, metrics) = server(secret("right"));
+    let addr = srv.local_addr().unwrap();
+    for auth in [secret("wrong"), ClusterAuth::default()] {
+        let (cli, _) = client(auth);
+        let peer = cli.peer(addr, tls::DEFAULT_SERVER_NAME);
+        let e = peer
+            .call(&Request::CreateTopic(TopicBody { topic: "".into(), body: "{}".into() }))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Connection(_)), "{e}");
+        assert!(peer.ping().await.is_err());
+    }
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0, "a refused stream reached the handler");
+    let m = exposition(&metrics);
+    assert!(m.contains(r#"narad_node_rpc_streams_rejected_total{reason="auth"}"#), "{m}");
+    assert!(!m.contains("narad_node_rpc_requests_total"), "{m}");
+    // The right secret still gets in.
+    let (cli, _) = client(secret("right"));
+    assert_eq!(cli.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap().status, 200);
+}
+
+/// A raw stream to `addr`, for peers that lie.
+async fn raw_stream(
+    addr: SocketAddr,
+    auth: &ClusterAuth,
+) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+    let ep = quinn::Endpoint::client(localhost()).unwrap();
+    let conn = ep
+        .connect_with(client_config(auth).unwrap(), addr, tls::DEFAULT_SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, recv) = conn.open_bi().await.unwrap();
+    if let Some(s) = &auth.secret {
+        write_frame(&mut send, &Frame::new(FrameType::Auth, 0, s.tag().to_vec())).await.unwrap();
+    }
+    (ep, send, recv)
+}
+
+/// Reads what the server sent until it finished or reset the stream.
+async fn drain(recv: &mut quinn::RecvStream) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let reset =
+        tokio::time::timeout(Duration::from_secs(10), AsyncReadExt::read_to_end(recv, &mut out))
+            .await
+            .unwrap()
+            .is_err();
+    (out, reset)
+}
+
+async fn expect_error_frame(recv: &mut quinn::RecvStream, needle: &str) {
+    let (bytes, _) = drain(recv).await;
+    let (f, used) = Frame::decode(&bytes).unwrap_or_else(|e| panic!("{e}: {bytes:?}"));
+    assert_eq!((f.kind, f.request_id, used), (FrameType::Error, 0, bytes.len()));
+    let msg = Frame::error_message(&f.payload).unwrap();
+    assert!(msg.contains(needle), "{msg}");
+}
+
+#[tokio::test]
+async fn a_peer_that_lies_gets_an_error_frame_and_reaches_no_handler() {
+    let auth = secret("s");
+    let (srv, echo, metrics) = server(auth.clone());
+    let addr = srv.local_addr().unwrap();
+
+    // A length beyond 16 MiB: refused from the header alone.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    let mut header = Frame::new(FrameType::NodeRequest, 1, Bytes::new()).encode().unwrap();
+    header[16..20].copy_from_slice(&(FRAME_MAX_PAYLOAD as u32 + 1).to_be_bytes());
+    send.write_all(&header).await.unwrap();
+    expect_error_frame(&mut recv, "exceeds the 16777216-byte limit").await;
+
+    // Garbage after a good Auth frame.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    send.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    expect_error_frame(&mut recv, "bad frame magic").await;
+
+    // Our own header with the reserved bytes set.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    let mut f = Frame::new(FrameType::NodeRequest, 1, get("t").encode()).encode().unwrap();
+    f[7] = 1;
+    send.write_all(&f).await.unwrap();
+    expect_error_frame(&mut recv, "reserved").await;
+
+    // Half a frame, then the end of the stream.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    let f = Frame::new(FrameType::NodeRequest, 1, get("t").encode()).encode().unwrap();
+    send.write_all(&f[..FRAME_HEADER_LEN + 3]).await.unwrap();
+    send.finish().unwrap();
+    expect_error_frame(&mut recv, "truncated frame payload").await;
+
+    // A reply frame sent to a server.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    write_frame(&mut send, &Frame::new(FrameType::NodeReply, 1, Reply::json(200, "{}").encode()))
+        .await
+        .unwrap();
+    expect_error_frame(&mut recv, "unexpected NodeReply").await;
+
+    // An unknown op is answered (400), not a stream fault.
+    let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
+    write_frame(&mut send, &Frame::new(FrameType::NodeRequest, 9, vec![99u8])).await.unwrap();
+    send.finish().unwrap();
+    let (bytes, _) = drain(&mut recv).await;
+    let (f, _) = Frame::decode(&bytes).unwrap();
+    assert_eq!((f.kind, f.request_id), (FrameType::NodeReply, 9));
+    let reply = Reply::decode(&f.payload).unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(&reply.body[..], br#"{"error":"unsupported rpc operation 99"}"#);
+
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
+    let m = exposition(&metrics);
+    assert!(m.contains(r#"narad_node_rpc_streams_rejected_total{reason="too_large"} 1"#), "{m}");
+    assert!(m.contains(r#"narad_node_rpc_streams_rejected_total{reason="malformed"} 4"#), "{m}");
+    assert!(
+        m.contains(
+            r#"narad_node_rpc_errors_total{op="unknown",side="server",kind="status_4xx"} 1"#
+        ),
+        "{m}"
+    );
+    // The server still serves honest peers.
+    let (cli, _) = client(auth);
+    assert_eq!(cli.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_stream_without_auth_within_five_seconds_is_reset() {
+    let auth = secret("s");
+    let (srv, echo, metrics) = server(auth);
+    // Half an Auth frame, then silence.
+    let (_ep, mut send, mut recv) =
+        raw_stream(srv.local_addr().unwrap(), &ClusterAuth::default()).await;
+    send.write_all(&Frame::new(FrameType::Auth, 0, vec![0u8; 32]).encode().unwrap()[..10])
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let (bytes, reset) = drain(&mut recv).await;
+    assert!(bytes.is_empty() && reset, "{bytes:?} reset={reset}");
+    assert!(start.elapsed() >= AUTH_TIMEOUT - Duration::from_millis(500), "{:?}", start.elapsed());
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
+    assert!(exposition(&metrics).contains(r#"reason="auth_timeout"} 1"#));
+}
+
+#[tokio::test]
+async fn an_oversized_request_is_refused_before_it_is_sent() {
+    let (srv, echo, _) = server(ClusterAuth::default());
+    let (cli, _) = client(ClusterAuth::default());
+    let peer = cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let big = Request::CommitProduce(CommitRecord {
+        topic: "t".into(),
+        key: None,
+        partition: 0,
+        payload: vec![0u8; FRAME_MAX_PAYLOAD].into(),
+        created_at: 0,
+        incarnation: None,
+    });
+    let e = peer.call(&big).await.unwrap_err();
+    assert!(matches!(e, Error::FrameTooLarge { .. }), "{e}");
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
+    // Nothing was dialled for it.
+    assert!(peer.conn.lock().await.is_none());
+}
+
+#[tokio::test]
+async fn a_reply_after_the_stream_failed_reaches_the_waiter_as_an_error() {
+    // The server goes away while a request waits.
+    let (srv, _, _) = server(ClusterAuth::default());
+    let (cli, _) = client(ClusterAuth::default());
+    let peer = cli.peer(srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    let waiting = tokio::spawn({
+        let peer = peer.clone();
+        async move { peer.call(&get("slow")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    srv.endpoint.close(0u32.into(), b"bye");
+    let e =
+        tokio::time::timeout(Duration::from_secs(3), waiting).await.unwrap().unwrap().unwrap_err();
+    assert!(matches!(e, Error::Connection(_)), "{e}");
+}
+
+/// A CA and two node certificates (SAN localhost / 127.0.0.1) in a temp dir.
+fn mtls_files(dir: &std::path::Path) -> (TlsFiles, TlsFiles) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    std::fs::create_dir_all(dir).unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let node = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let (c, k) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        TlsFiles { cert: c, key: k, ca: dir.join("ca.pem") }
+    };
+    (node("a"), node("b"))
+}
+
+#[tokio::test]
+async fn mutual_tls_admits_nodes_of_the_cluster_ca_only() {
+    let dir = std::env::temp_dir().join(format!("narad-cluster-mtls-{}", std::process::id()));
+    let (a, b) = mtls_files(&dir);
+    let (srv, echo, _) = server(ClusterAuth { secret: None, tls: Some(a) });
+    let addr = srv.local_addr().unwrap();
+    let (cli, _) = client(ClusterAuth { secret: None, tls: Some(b) });
+    assert_eq!(cli.peer(addr, "localhost").call(&get("t")).await.unwrap().status, 200);
+    // A node with no client certificate does not get through the handshake.
+    let (stranger, _) = client(ClusterAuth::default());
+    let e = stranger.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap_err();
+    assert!(matches!(e, Error::Dial { .. } | Error::Connection(_)), "{e}");
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unreadable_tls_files_are_a_config_error() {
+    let files = TlsFiles {
+        cert: "/nonexistent/c".into(),
+        key: "/nonexistent/k".into(),
+        ca: "/nonexistent/a".into(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let e = Transport::client_only(
+            localhost(),
+            ClusterAuth { secret: None, tls: Some(files) },
+            RpcMetrics::default(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::Config(ref m) if m.contains("/nonexistent/c")), "{e}");
+    });
+}
