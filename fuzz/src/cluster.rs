@@ -33,10 +33,10 @@ pub fn node_rpc_frame(data: &[u8]) {
             assert_eq!(used, FRAME_HEADER_LEN + f.payload.len());
             assert_eq!(f.encode().expect("a decoded frame encodes"), &data[..used]);
             assert!(matches!(header, Some(Ok(h)) if h.len as usize == f.payload.len()));
-            if f.kind == FrameType::Error {
-                if let Ok(msg) = Frame::error_message(&f.payload) {
-                    assert_eq!(Frame::error(f.request_id, &msg), f);
-                }
+            if f.kind == FrameType::Error
+                && let Ok(msg) = Frame::error_message(&f.payload)
+            {
+                assert_eq!(Frame::error(f.request_id, &msg), f);
             }
         }
         Err(e) => {
