@@ -1,39 +1,176 @@
 //! Bad input to node RPC's decoders, in seconds: the checks of the
 //! `node_rpc_*` fuzz targets (`fuzz/src/cluster.rs`) over their checked-in
-//! corpora and seeded mutations. The long runs are `cargo +nightly fuzz
-//! run node_rpc_<frame|request|reply>` (docs/DURABILITY.md, Fuzzing).
+//! corpora `fuzz/corpus/<target>/` and seeded mutations. The long runs are
+//! `cargo +nightly fuzz run <target>` (docs/DURABILITY.md, Fuzzing).
 
 #[path = "../../../fuzz/src/cluster.rs"]
 mod checks;
 #[path = "../../../fuzz/src/harness.rs"]
 mod harness;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn run(target: &str) {
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz")
+}
+
+fn survives_corpus_and_mutations(target: &str) {
     let check = checks::CHECKS
         .iter()
         .find(|(n, _)| *n == target)
-        .unwrap_or_else(|| panic!("no check {target}"))
+        .unwrap_or_else(|| panic!("no check named {target}"))
         .1;
-    harness::survives_corpus_and_mutations(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz"),
-        target,
-        check,
-    );
+    harness::survives_corpus_and_mutations(&fuzz_dir(), target, check);
 }
 
 #[test]
 fn node_rpc_frame_decoding_never_panics_and_round_trips() {
-    run("node_rpc_frame");
+    survives_corpus_and_mutations("node_rpc_frame");
 }
 
 #[test]
-fn node_rpc_request_decoding_never_panics_and_round_trips() {
-    run("node_rpc_request");
+fn node_rpc_request_decoding_answers_400_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("node_rpc_request");
 }
 
 #[test]
 fn node_rpc_reply_decoding_never_panics_and_round_trips() {
-    run("node_rpc_reply");
+    survives_corpus_and_mutations("node_rpc_reply");
+}
+
+#[test]
+fn every_node_rpc_fuzz_target_has_a_corpus_and_a_test_here() {
+    let this = include_str!("bad_input.rs");
+    for (name, _) in checks::CHECKS {
+        assert!(fuzz_dir().join("corpus").join(name).is_dir(), "fuzz/corpus/{name} is missing");
+        assert!(
+            this.contains(&format!("survives_corpus_and_mutations(\"{name}\")")),
+            "no test runs the {name} check"
+        );
+        let target = fuzz_dir().join(format!("fuzz_targets/{name}.rs"));
+        assert!(target.is_file(), "fuzz/fuzz_targets/{name}.rs is missing");
+    }
+}
+
+/// Writes the seed inputs of the node RPC corpora (run once by hand):
+/// `cargo test -p narad-cluster --test bad_input -- --ignored write_seed_corpora`.
+#[test]
+#[ignore = "writes fuzz/corpus seeds into the source tree"]
+fn write_seed_corpora() {
+    for (target, seeds) in seeds::all() {
+        let dir = fuzz_dir().join("corpus").join(target);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in seeds {
+            std::fs::write(dir.join(format!("seed-{name}")), bytes).unwrap();
+        }
+    }
+}
+
+mod seeds {
+    use bytes::Bytes;
+    use narad_cluster::frame::{Frame, FrameType};
+    use narad_cluster::rpc::{
+        ChildLink, CommitRecord, Consume, JoinCluster, Receipt, RegisterMember, Reply, Request, TopicBody, UserBody,
+    };
+    use std::num::NonZeroU64;
+
+    type Seeds = Vec<(String, Vec<u8>)>;
+
+    pub fn all() -> Vec<(&'static str, Seeds)> {
+        vec![("node_rpc_frame", frames()), ("node_rpc_request", requests()), ("node_rpc_reply", replies())]
+    }
+
+    fn record(key: Option<&'static str>, incarnation: u64) -> CommitRecord {
+        CommitRecord {
+            topic: "orders".into(),
+            key: key.map(|k| Bytes::from_static(k.as_bytes())),
+            partition: 3,
+            payload: Bytes::from_static(b"{\"id\":1}"),
+            created_at: 1_700_000_000_000,
+            incarnation: NonZeroU64::new(incarnation),
+        }
+    }
+
+    fn request_list() -> Vec<(&'static str, Request)> {
+        let receipt = Receipt { topic: "orders".into(), partition: 1, offset: 42, nonce: 7 };
+        let user = |b: &'static str| UserBody { username: "alice".into(), body: Bytes::from_static(b.as_bytes()) };
+        let link = ChildLink { parent: "p".into(), child: "c".into(), delay_ms: 60_000 };
+        vec![
+            (
+                "consume",
+                Request::Consume(Consume {
+                    topic: "orders".into(),
+                    partition: 2,
+                    has_partition: true,
+                    offset: 0,
+                    has_offset: true,
+                    wait_nanos: 1_000_000_000,
+                    local_only: false,
+                }),
+            ),
+            ("ack", Request::Ack(receipt.clone())),
+            ("extend_ack", Request::ExtendAck(receipt.clone())),
+            ("nack", Request::Nack(receipt)),
+            ("create_topic", Request::CreateTopic(TopicBody { topic: "".into(), body: "{\"name\":\"t\"}".into() })),
+            ("alter_topic", Request::AlterTopic(TopicBody { topic: "t".into(), body: "{\"partitions\":4}".into() })),
+            ("delete_topic", Request::DeleteTopic("t".into())),
+            ("purge_topic", Request::PurgeTopic("t".into())),
+            ("get_topic", Request::GetTopic("t".into())),
+            (
+                "register_member",
+                Request::RegisterMember(RegisterMember {
+                    id: "n1".into(),
+                    addr: "127.0.0.1:7942".into(),
+                    cluster_addr: "127.0.0.1:7943".into(),
+                    status: "alive".into(),
+                    last_heartbeat: 1_700_000_000_000_000_000,
+                }),
+            ),
+            ("commit_produce", Request::CommitProduce(record(Some("k"), 0))),
+            ("commit_produce_incarnation", Request::CommitProduce(record(None, 9))),
+            ("commit_produce_batch", Request::CommitProduceBatch(vec![record(Some("k"), 0), record(None, 0)])),
+            (
+                "commit_produce_batch_incarnations",
+                Request::CommitProduceBatch(vec![record(Some("a"), 5), record(None, 5), record(None, 0), record(None, 6)]),
+            ),
+            ("create_user", Request::CreateUser(user("{\"password\":\"x\"}"))),
+            ("update_user", Request::UpdateUser(user("{\"grants\":[]}"))),
+            ("delete_user", Request::DeleteUser(user(""))),
+            ("attach_child", Request::AttachChild(link.clone())),
+            ("detach_child", Request::DetachChild(link)),
+            ("join_cluster", Request::JoinCluster(JoinCluster { id: "n4".into(), cluster_addr: "10.0.0.4:7943".into() })),
+        ]
+    }
+
+    fn requests() -> Seeds {
+        let mut s: Seeds = request_list().into_iter().map(|(n, r)| (n.to_owned(), r.encode())).collect();
+        s.push(("unknown_op".into(), vec![99, 0, 0, 0, 1, b't']));
+        s
+    }
+
+    fn reply_list() -> Vec<(&'static str, Reply)> {
+        vec![
+            ("ok", Reply::json(200, "{\"offset\":42,\"partition\":1}")),
+            ("no_content", Reply { status: 204, content_type: String::new(), body: Bytes::new() }),
+            ("error", Reply::error(400, "unsupported rpc operation 99")),
+        ]
+    }
+
+    fn replies() -> Seeds {
+        reply_list().into_iter().map(|(n, r)| (n.to_owned(), r.encode())).collect()
+    }
+
+    fn frames() -> Seeds {
+        let f = |kind, id, payload: Vec<u8>| Frame::new(kind, id, payload).encode().unwrap();
+        let mut s: Seeds = request_list()
+            .into_iter()
+            .map(|(n, r)| (format!("request-{n}"), f(FrameType::NodeRequest, 7, r.encode())))
+            .collect();
+        s.extend(reply_list().into_iter().map(|(n, r)| (format!("reply-{n}"), f(FrameType::NodeReply, 7, r.encode()))));
+        s.push(("error".into(), Frame::error(7, "no").encode().unwrap()));
+        s.push(("ping".into(), f(FrameType::Ping, 1, 42u64.to_be_bytes().to_vec())));
+        s.push(("pong".into(), f(FrameType::Pong, 1, 42u64.to_be_bytes().to_vec())));
+        s.push(("auth".into(), f(FrameType::Auth, 0, (0..32).collect())));
+        s
+    }
 }
