@@ -80,8 +80,20 @@ async fn a_request_gets_its_reply_and_a_ping_its_pong() {
     );
     let reply = peer.call(&Request::DeleteTopic("x".into())).await.unwrap();
     assert_eq!(reply.status, 404);
+    // A body made of our own frame headers is only bytes.
+    let mut own =
+        Frame::new(FrameType::Auth, 0, ClusterSecret::new(b"s3cret").unwrap().tag().to_vec())
+            .encode()
+            .unwrap();
+    own.extend(Frame::new(FrameType::NodeRequest, 1, get("x").encode()).encode().unwrap());
+    own.extend(&own[..FRAME_HEADER_LEN + 3].to_vec());
+    let reply = peer
+        .call(&Request::CreateTopic(TopicBody { topic: "".into(), body: own.clone().into() }))
+        .await
+        .unwrap();
+    assert_eq!((reply.status, &reply.body[..]), (201, &own[..]));
     peer.ping().await.unwrap();
-    assert_eq!(echo.seen.load(Ordering::SeqCst), 2);
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 3);
     let c = exposition(&cli_metrics);
     assert!(c.contains(r#"narad_node_rpc_requests_total{op="get_topic",side="client"} 1"#), "{c}");
     assert!(

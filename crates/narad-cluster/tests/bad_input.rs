@@ -70,14 +70,19 @@ mod seeds {
     use bytes::Bytes;
     use narad_cluster::frame::{Frame, FrameType};
     use narad_cluster::rpc::{
-        ChildLink, CommitRecord, Consume, JoinCluster, Receipt, RegisterMember, Reply, Request, TopicBody, UserBody,
+        ChildLink, CommitRecord, Consume, JoinCluster, Receipt, RegisterMember, Reply, Request,
+        TopicBody, UserBody,
     };
     use std::num::NonZeroU64;
 
     type Seeds = Vec<(String, Vec<u8>)>;
 
     pub fn all() -> Vec<(&'static str, Seeds)> {
-        vec![("node_rpc_frame", frames()), ("node_rpc_request", requests()), ("node_rpc_reply", replies())]
+        vec![
+            ("node_rpc_frame", frames()),
+            ("node_rpc_request", requests()),
+            ("node_rpc_reply", replies()),
+        ]
     }
 
     fn record(key: Option<&'static str>, incarnation: u64) -> CommitRecord {
@@ -93,7 +98,10 @@ mod seeds {
 
     fn request_list() -> Vec<(&'static str, Request)> {
         let receipt = Receipt { topic: "orders".into(), partition: 1, offset: 42, nonce: 7 };
-        let user = |b: &'static str| UserBody { username: "alice".into(), body: Bytes::from_static(b.as_bytes()) };
+        let user = |b: &'static str| UserBody {
+            username: "alice".into(),
+            body: Bytes::from_static(b.as_bytes()),
+        };
         let link = ChildLink { parent: "p".into(), child: "c".into(), delay_ms: 60_000 };
         vec![
             (
@@ -111,8 +119,20 @@ mod seeds {
             ("ack", Request::Ack(receipt.clone())),
             ("extend_ack", Request::ExtendAck(receipt.clone())),
             ("nack", Request::Nack(receipt)),
-            ("create_topic", Request::CreateTopic(TopicBody { topic: "".into(), body: "{\"name\":\"t\"}".into() })),
-            ("alter_topic", Request::AlterTopic(TopicBody { topic: "t".into(), body: "{\"partitions\":4}".into() })),
+            (
+                "create_topic",
+                Request::CreateTopic(TopicBody {
+                    topic: "".into(),
+                    body: "{\"name\":\"t\"}".into(),
+                }),
+            ),
+            (
+                "alter_topic",
+                Request::AlterTopic(TopicBody {
+                    topic: "t".into(),
+                    body: "{\"partitions\":4}".into(),
+                }),
+            ),
             ("delete_topic", Request::DeleteTopic("t".into())),
             ("purge_topic", Request::PurgeTopic("t".into())),
             ("get_topic", Request::GetTopic("t".into())),
@@ -128,22 +148,37 @@ mod seeds {
             ),
             ("commit_produce", Request::CommitProduce(record(Some("k"), 0))),
             ("commit_produce_incarnation", Request::CommitProduce(record(None, 9))),
-            ("commit_produce_batch", Request::CommitProduceBatch(vec![record(Some("k"), 0), record(None, 0)])),
+            (
+                "commit_produce_batch",
+                Request::CommitProduceBatch(vec![record(Some("k"), 0), record(None, 0)]),
+            ),
             (
                 "commit_produce_batch_incarnations",
-                Request::CommitProduceBatch(vec![record(Some("a"), 5), record(None, 5), record(None, 0), record(None, 6)]),
+                Request::CommitProduceBatch(vec![
+                    record(Some("a"), 5),
+                    record(None, 5),
+                    record(None, 0),
+                    record(None, 6),
+                ]),
             ),
             ("create_user", Request::CreateUser(user("{\"password\":\"x\"}"))),
             ("update_user", Request::UpdateUser(user("{\"grants\":[]}"))),
             ("delete_user", Request::DeleteUser(user(""))),
             ("attach_child", Request::AttachChild(link.clone())),
             ("detach_child", Request::DetachChild(link)),
-            ("join_cluster", Request::JoinCluster(JoinCluster { id: "n4".into(), cluster_addr: "10.0.0.4:7943".into() })),
+            (
+                "join_cluster",
+                Request::JoinCluster(JoinCluster {
+                    id: "n4".into(),
+                    cluster_addr: "10.0.0.4:7943".into(),
+                }),
+            ),
         ]
     }
 
     fn requests() -> Seeds {
-        let mut s: Seeds = request_list().into_iter().map(|(n, r)| (n.to_owned(), r.encode())).collect();
+        let mut s: Seeds =
+            request_list().into_iter().map(|(n, r)| (n.to_owned(), r.encode())).collect();
         s.push(("unknown_op".into(), vec![99, 0, 0, 0, 1, b't']));
         s
     }
@@ -166,7 +201,11 @@ mod seeds {
             .into_iter()
             .map(|(n, r)| (format!("request-{n}"), f(FrameType::NodeRequest, 7, r.encode())))
             .collect();
-        s.extend(reply_list().into_iter().map(|(n, r)| (format!("reply-{n}"), f(FrameType::NodeReply, 7, r.encode()))));
+        s.extend(
+            reply_list()
+                .into_iter()
+                .map(|(n, r)| (format!("reply-{n}"), f(FrameType::NodeReply, 7, r.encode()))),
+        );
         s.push(("error".into(), Frame::error(7, "no").encode().unwrap()));
         s.push(("ping".into(), f(FrameType::Ping, 1, 42u64.to_be_bytes().to_vec())));
         s.push(("pong".into(), f(FrameType::Pong, 1, 42u64.to_be_bytes().to_vec())));
