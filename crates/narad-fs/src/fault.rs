@@ -17,6 +17,8 @@ pub struct FaultRule {
     pub fail_writes: bool,
     /// `sync_data` fails with `EIO`.
     pub fail_syncs: bool,
+    /// Reads of open files fail with `EIO` (a bad sector).
+    pub fail_reads: bool,
 }
 
 /// Wraps a file system; operations under a rule's prefix fail.
@@ -109,6 +111,9 @@ impl Fs for FaultFs {
 
 impl File for FaultFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        if matching(&self.rules, &self.path, |r| r.fail_reads) {
+            return Err(injected("read", &self.path));
+        }
         self.inner.read_at(buf, offset)
     }
 
@@ -151,12 +156,26 @@ mod tests {
         fs.create_dir_all(Path::new("/b")).unwrap();
         let a = fs.open(Path::new("/a/f"), OpenMode::CreateNew).unwrap();
         let b = fs.open(Path::new("/b/f"), OpenMode::CreateNew).unwrap();
-        fs.add_rule(FaultRule { prefix: "/a".into(), fail_writes: false, fail_syncs: true });
+        fs.add_rule(FaultRule {
+            prefix: "/a".into(),
+            fail_writes: false,
+            fail_syncs: true,
+            fail_reads: false,
+        });
         a.write_all_at(b"x", 0).unwrap();
         assert!(a.sync_data().is_err());
         b.write_all_at(b"x", 0).unwrap();
         b.sync_data().unwrap();
+        fs.add_rule(FaultRule {
+            prefix: "/b".into(),
+            fail_writes: false,
+            fail_syncs: false,
+            fail_reads: true,
+        });
+        assert!(b.read_at(&mut [0u8; 1], 0).is_err());
+        assert_eq!(a.read_at(&mut [0u8; 1], 0).unwrap(), 1);
         fs.clear();
         a.sync_data().unwrap();
+        assert_eq!(b.read_at(&mut [0u8; 1], 0).unwrap(), 1);
     }
 }
