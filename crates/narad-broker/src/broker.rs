@@ -26,15 +26,15 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::consume::shard::{ResolveError, parse_receipt_handle, receipt_handle};
-use crate::consume::take::take;
+use crate::consume::take::{Taken, take};
 use crate::dispatch::driver::Dispatcher;
 use crate::dispatch::resolve::LocalResolver;
 use crate::error::BrokerError;
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
-    CONSUME_BATCH_BYTES, DATA_DIR_WALK_ENTRIES_PER_POLL, DATA_DIR_WALK_MAX_SKIP,
-    EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
-    METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
+    CONSUME_BATCH_BYTES, CONSUME_ERROR_WARN_EVERY, DATA_DIR_WALK_ENTRIES_PER_POLL,
+    DATA_DIR_WALK_MAX_SKIP, EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL,
+    IDLE_EVICTION_INTERVAL, METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
 };
 use crate::metrics::{
     BrokerMetrics, PartitionLabels, RejectionLabels, SourceLabels, TopicLabels, WaitLabels,
@@ -677,6 +677,12 @@ impl Broker {
     /// whether the pass stopped at a limit (`max` records or
     /// [`CONSUME_BATCH_BYTES`]) rather than because nothing takeable was
     /// left.
+    ///
+    /// A partition that fails (its consumer state cannot be loaded, a read
+    /// fails with an I/O error) is passed over in queue mode: the others
+    /// still serve, and the pass fails only if every partition did. A
+    /// pinned take fails only if it leased nothing. Either way what was
+    /// leased is answered, never dropped behind an error.
     fn take(
         &self,
         t: &Topic,
@@ -695,16 +701,51 @@ impl Broker {
         let limits = shard_limits(t);
         let mut out = Vec::new();
         let mut bytes = 0usize;
+        let (mut tried, mut failures, mut first_error) = (0usize, 0usize, None);
         for p in order {
             let Some(part) = rt.partition_if_open(p) else { continue };
-            self.take_from(&rt.name, &part, &limits, max - out.len(), &mut bytes, &mut out)?;
+            tried += 1;
+            let failed =
+                self.take_from(&rt.name, &part, &limits, max - out.len(), &mut bytes, &mut out);
+            if let Some(e) = failed {
+                failures += 1;
+                self.partition_failed(&rt.name, &part, &e);
+                first_error.get_or_insert(e);
+            }
             if out.len() >= max || bytes >= CONSUME_BATCH_BYTES {
                 return Ok((out, true));
             }
         }
-        Ok((out, false))
+        match first_error {
+            Some(e) if out.is_empty() && failures == tried => Err(e),
+            _ => Ok((out, false)),
+        }
     }
 
+    /// Counts a partition a consume could not take from, and warns (at most
+    /// every [`CONSUME_ERROR_WARN_EVERY`] per partition: a client polling a
+    /// bad partition must not flood the log).
+    fn partition_failed(&self, topic: &Arc<str>, part: &PartitionRt, e: &BrokerError) {
+        self.metrics.error("messaging", "consume");
+        self.metrics
+            .consume_partition_errors
+            .get_or_create(&PartitionLabels::new(topic, part.index))
+            .inc();
+        let now = self.clock.wall_ms();
+        let last = part.consume_warned_ms.load(Ordering::Relaxed);
+        let every = CONSUME_ERROR_WARN_EVERY.as_millis() as u64;
+        if (last == 0 || now.saturating_sub(last) >= every)
+            && part
+                .consume_warned_ms
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            warn!(topic = %topic, partition = part.index, error = %e, "consume passes over a partition it cannot read");
+        }
+    }
+
+    /// Leases from one partition into `out`; returns why it stopped early,
+    /// if it failed (what it leased before is in `out` all the same).
     fn take_from(
         &self,
         topic: &Arc<str>,
@@ -713,17 +754,11 @@ impl Broker {
         max: usize,
         bytes: &mut usize,
         out: &mut Vec<Delivered>,
-    ) -> Result<(), BrokerError> {
+    ) -> Option<BrokerError> {
         let labels = PartitionLabels::new(topic, part.index);
         let budget = CONSUME_BATCH_BYTES.saturating_sub(*bytes);
-        let result = take(topic, part, limits, self.clock.wall_ms(), max, budget);
-        let (leased, skipped) = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.metrics.error("messaging", "consume");
-                return Err(e);
-            }
-        };
+        let Taken { leased, skipped, failed } =
+            take(topic, part, limits, self.clock.wall_ms(), max, budget);
         if skipped.corrupt + skipped.dropped > 0 {
             self.metrics
                 .consumer_corrupt_skipped
@@ -745,7 +780,7 @@ impl Broker {
                 receipt_handle: Some(receipt_handle(part.index, r.offset, l.nonce)),
             });
         }
-        Ok(())
+        failed
     }
 
     /// Reads without leasing (replay mode): up to `max` records from

@@ -66,6 +66,9 @@ pub const DATA_DIR_WALK_ENTRIES_PER_POLL: u64 = 1_000;
 pub const DATA_DIR_WALK_MAX_SKIP: u32 = 11;
 /// A batch consume returns at most this many payload bytes.
 pub const CONSUME_BATCH_BYTES: usize = 8 << 20;
+/// At most one WARN per partition this often for a consume that cannot
+/// read it (a client polling a bad partition must not flood the log).
+pub const CONSUME_ERROR_WARN_EVERY: Duration = Duration::from_secs(10);
 /// A batch consume returns at most this many messages.
 pub const CONSUME_BATCH_MAX: usize = 100;
 
@@ -83,8 +86,12 @@ pub const FANOUT_COMMIT_TRIES: u32 = 3;
 pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// How often links are reconciled with running cursors.
 pub const FANOUT_RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
-/// How far back (records) a new cursor looks for its start.
-pub const FANOUT_ANCHOR_WALK_MAX: u64 = 1 << 20;
+/// The wait before restarting a fan-out cursor that ended while its link
+/// holds; it doubles with each restart in a row, up to
+/// [`FANOUT_RESTART_BACKOFF_MAX`].
+pub const FANOUT_RESTART_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The longest wait between restarts of a fan-out cursor.
+pub const FANOUT_RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a link change waits for each cursor of a dissolved link to
 /// stop before it removes the file anyway.
 pub const FANOUT_STOP_WAIT: Duration = Duration::from_secs(5);
@@ -96,4 +103,5 @@ const _: () = {
     assert!(FANOUT_COMMIT_TRIES >= 1);
     assert!(FANOUT_IDLE_WAIT.as_millis() <= FANOUT_DELAY_SLEEP_MAX.as_millis());
     assert!(FANOUT_SWEEP_EVERY >= 1);
+    assert!(FANOUT_RESTART_BACKOFF_MIN.as_millis() <= FANOUT_RESTART_BACKOFF_MAX.as_millis());
 };

@@ -103,6 +103,9 @@ pub struct BrokerMetrics {
     pub consume_empty: Family<TopicLabels, Counter>,
     /// Offsets skipped as unreadable.
     pub consumer_corrupt_skipped: Family<PartitionLabels, Counter>,
+    /// Consumes that could not take from a partition (its consumer state
+    /// could not be loaded, a read failed) and passed over it.
+    pub consume_partition_errors: Family<PartitionLabels, Counter>,
     /// Acks refused (`cap`: the acked-ahead set was full).
     pub ack_rejected: Family<ReasonLabels, Counter>,
     /// Lease extensions.
@@ -190,6 +193,8 @@ pub struct BrokerMetrics {
     pub fanout_child_dropped_messages: Family<crate::fanout::FanoutLabels, Gauge>,
     /// Times a delayed cursor found its next record not due yet and slept.
     pub fanout_delay_gate_holds: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Fan-out cursors started again after they ended while their link held.
+    pub fanout_cursor_restarts: Family<crate::fanout::FanoutLabels, Counter>,
     /// Records per slab a cursor committed into a child.
     pub fanout_batch_records: BatchRecords,
     /// Payload bytes per slab a cursor committed into a child.
@@ -270,6 +275,11 @@ impl BrokerMetrics {
         reg!("consume_wait_seconds", "Time consumes waited, by outcome", consume_wait_seconds.0);
         reg!("consume_empty", "Consumes that returned no message", consume_empty);
         reg!("consumer_corrupt_skipped", "Offsets skipped as unreadable", consumer_corrupt_skipped);
+        reg!(
+            "consume_partition_errors",
+            "Consumes that could not read a partition and passed over it",
+            consume_partition_errors
+        );
         reg!("ack_rejected", "Acks refused, by reason", ack_rejected);
         reg!("ack_extended", "Lease extensions", ack_extended);
         reg!("nack", "Nacks", nack);
@@ -383,6 +393,11 @@ impl BrokerMetrics {
             fanout_delay_gate_holds
         );
         reg!(
+            "fanout_cursor_restarts",
+            "Fan-out cursors started again after ending while their link held",
+            fanout_cursor_restarts
+        );
+        reg!(
             "fanout_batch_records",
             "Records per slab committed into a child",
             fanout_batch_records.0
@@ -409,6 +424,7 @@ impl BrokerMetrics {
         self.fanout_committed.remove(&l);
         self.fanout_child_dropped_messages.remove(&l);
         self.fanout_delay_gate_holds.remove(&l);
+        self.fanout_cursor_restarts.remove(&l);
     }
 
     /// Counts an error.
@@ -440,6 +456,7 @@ impl BrokerMetrics {
                 &self.messages_consumed,
                 &self.bytes_consumed,
                 &self.consumer_corrupt_skipped,
+                &self.consume_partition_errors,
                 &self.storage_retention_bytes_deleted,
                 &self.storage_retention_messages_deleted,
                 &self.storage_flush_bytes,

@@ -48,7 +48,7 @@ use narad_log::{ConsumerOffset, LogConfig, LogStats, PartitionLog};
 use narad_meta::Topic;
 use tracing::{info, warn};
 
-use crate::consume::shard::{Shard, ShardLimits};
+use crate::consume::shard::{Nonces, Shard, ShardLimits};
 use crate::consume::wake::ConsumeWake;
 use crate::error::BrokerError;
 use crate::metrics::BrokerMetrics;
@@ -94,6 +94,11 @@ pub struct PartitionRt {
     shard: Mutex<Option<Shard>>,
     /// [`Topics::frontier_moves`]' counter, bumped by the shard.
     frontier_moves: Arc<AtomicU64>,
+    /// The process's lease nonces.
+    nonces: Arc<Nonces>,
+    /// Wall-clock ms of the last WARN about a consume that could not take
+    /// from this partition (0: none yet).
+    pub(crate) consume_warned_ms: AtomicU64,
     /// Wall-clock ms of the last access through [`Topics::partition`] or
     /// [`TopicRt::partition_if_open`] (background passes do not count).
     last_access_ms: AtomicU64,
@@ -110,7 +115,7 @@ impl PartitionRt {
                 Ok(None) => oldest,
                 Err(e) => return Err(BrokerError::internal("consume", e)),
             };
-            let mut shard = Shard::tracked(next, self.frontier_moves.clone());
+            let mut shard = Shard::tracked(next, self.frontier_moves.clone(), self.nonces.clone());
             shard.skip_below(oldest);
             *g = Some(shard);
         }
@@ -303,6 +308,8 @@ pub struct Topics {
     metrics: Option<Arc<BrokerMetrics>>,
     /// Bumped by every consumer frontier move of every partition.
     frontier_moves: Arc<AtomicU64>,
+    /// Lease nonces of every shard (see [`Nonces`]).
+    nonces: Arc<Nonces>,
 }
 
 fn partition_dir(topic_dir: &Path, p: u32) -> PathBuf {
@@ -316,12 +323,13 @@ impl Topics {
             fs,
             root: data_dir.join("topics"),
             log_config,
-            clock,
             map: RwLock::new(BTreeMap::new()),
             open_lock: Mutex::new(HashMap::new()),
             open_logs: AtomicUsize::new(0),
             metrics: None,
             frontier_moves: Arc::default(),
+            nonces: Arc::new(Nonces::seeded(clock.wall_ms())),
+            clock,
         }
     }
 
@@ -391,6 +399,8 @@ impl Topics {
             frontier_gate: Mutex::new(false),
             shard: Mutex::new(None),
             frontier_moves: self.frontier_moves.clone(),
+            nonces: self.nonces.clone(),
+            consume_warned_ms: AtomicU64::new(0),
             last_access_ms: AtomicU64::new(self.clock.wall_ms()),
         });
         let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());

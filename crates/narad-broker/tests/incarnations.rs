@@ -141,7 +141,7 @@ fn the_frontier_pass_picks_exactly_the_partitions_whose_frontier_moved() {
     let picked = |rt: &narad_broker::topics::TopicRt| rt.frontier_dirty_partitions().len();
     assert_eq!(picked(&rt), 0, "nothing consumed yet");
     let limits = shard_limits(&t);
-    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    let leased = take("t", &part, &limits, 1_000, 10, 1 << 20).leased;
     assert_eq!(leased.len(), 1);
     assert_eq!(picked(&rt), 0, "a lease does not move the frontier");
     {
@@ -169,7 +169,7 @@ fn every_consumer_frontier_move_changes_the_count_the_frontier_pass_checks() {
     let part = topics.partition(&t, 0).unwrap();
     let limits = shard_limits(&t);
     let before = topics.frontier_moves();
-    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    let leased = take("t", &part, &limits, 1_000, 10, 1 << 20).leased;
     assert_eq!(leased.len(), 2);
     assert_eq!(topics.frontier_moves(), before, "leasing moves no frontier");
     let ack = |i: usize| {
@@ -256,7 +256,7 @@ fn a_frontier_pass_that_outlives_a_delete_never_moves_the_recreated_topics_front
     let t = meta.topic("t").unwrap();
     let part = topics.partition(&t, 0).unwrap();
     let limits = shard_limits(&t);
-    let (leased, _) = take("t", &part, &limits, 1_000, 10, 1 << 20).unwrap();
+    let leased = take("t", &part, &limits, 1_000, 10, 1 << 20).leased;
     assert_eq!(leased.len(), 3);
     {
         let mut g = part.shard().unwrap();
@@ -281,7 +281,7 @@ fn a_frontier_pass_that_outlives_a_delete_never_moves_the_recreated_topics_front
     drop(pass);
     let t = meta.topic("t").unwrap();
     let part = topics.partition(&t, 0).unwrap();
-    let (leased, _) = take("t", &part, &shard_limits(&t), 2_000, 10, 1 << 20).unwrap();
+    let leased = take("t", &part, &shard_limits(&t), 2_000, 10, 1 << 20).leased;
     let got: Vec<&[u8]> = leased.iter().map(|l| &l.record.payload[..]).collect();
     assert_eq!(got, vec![&b"n1"[..], b"n2", b"n3", b"n4", b"n5"]);
 }

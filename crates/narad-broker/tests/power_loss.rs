@@ -274,11 +274,8 @@ impl Node {
         let p = rng.below(u64::from(t.partitions())) as u32;
         let Some(part) = rt.partition_if_open(p) else { return };
         let limits: ShardLimits = shard_limits(&t);
-        let Ok((leased, _)) =
-            take(name, &part, &limits, now_ms, 1 + rng.below(5) as usize, 1 << 20)
-        else {
-            return;
-        };
+        // A failed read leaves what was leased before it (live leases).
+        let leased = take(name, &part, &limits, now_ms, 1 + rng.below(5) as usize, 1 << 20).leased;
         for l in leased {
             ledger.deliver(&l.record.payload, &t);
             self.leases.push((t.clone(), p, l.record.offset, l.nonce));
@@ -399,8 +396,11 @@ impl Node {
             for part in rt.open_partitions() {
                 loop {
                     let now = clock.wall_ms();
-                    let (leased, _) =
-                        take(name, &part, &shard_limits(&t), now, 100, 8 << 20).unwrap();
+                    let taken = take(name, &part, &shard_limits(&t), now, 100, 8 << 20);
+                    if let Some(e) = taken.failed {
+                        panic!("drain: {e}");
+                    }
+                    let leased = taken.leased;
                     if leased.is_empty() {
                         break;
                     }

@@ -54,3 +54,19 @@ fn sigkill_mid_fan_out_loses_nothing_in_any_child() {
     let parent = drain_ids(&s, "parent", sent.len());
     assert_eq!(parent.len(), sent.len(), "the parent's own consumers still get everything");
 }
+
+/// Any valid topic name (up to 255 characters) can be a child: its cursor
+/// files must fit the file system's name limit.
+#[test]
+fn a_child_with_a_250_character_name_receives_every_record() {
+    let s = Server::start("fanout-long-name");
+    s.create_topic(r#"{"name":"parent","partitions":3}"#);
+    let child = "c".repeat(250);
+    s.create_topic(&json!({"name": child, "parent": "parent"}).to_string());
+    let sent: Vec<String> = (0..30).map(|i| format!("r{i}")).collect();
+    for id in &sent {
+        assert_eq!(s.produce("parent", "", id.as_bytes()), 202);
+    }
+    let got = drain_ids(&s, &child, sent.len());
+    assert_none_lost(&child, sent.iter().cloned(), &got);
+}

@@ -156,3 +156,37 @@ fn start_up_fails_clearly_when_the_port_is_taken_or_the_data_dir_is_unusable() {
     assert!(err.contains("cannot start"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Leases `partition`'s next record, waiting up to 5 s; its handle.
+fn lease_handle(s: &Server, topic: &str, partition: u32) -> String {
+    let m = s
+        .consume(topic, &format!("partition={partition}&wait=5s"))
+        .unwrap_or_else(|| panic!("nothing to lease in {topic}/{partition}"));
+    m["receipt_handle"].as_str().unwrap().to_owned()
+}
+
+/// SPEC §1.8: a handle from an earlier topic of the same name, or from
+/// before a restart, is stale (410); it never resolves a lease someone else
+/// holds now, even one on the same partition and offset.
+#[test]
+fn a_handle_from_before_a_recreate_or_a_restart_never_resolves_a_new_lease() {
+    let mut s = Server::start("stale-handles");
+    s.create_topic(r#"{"name":"h","partitions":3}"#);
+    assert_eq!(s.produce("h", "partition=0", b"first"), 202);
+    let old = lease_handle(&s, "h", 0);
+    let r = s.client.delete(s.url("/v1/topics/h")).send().unwrap();
+    assert_eq!(r.status(), 204);
+    s.create_topic(r#"{"name":"h","partitions":3}"#);
+    assert_eq!(s.produce("h", "partition=0", b"second"), 202);
+    let new = lease_handle(&s, "h", 0);
+    assert_eq!(s.ack("h", &old, None), 410, "{old} (deleted topic) against {new}");
+    assert_eq!(s.ack("h", &new, None), 204, "the new consumer's ack");
+
+    assert_eq!(s.produce("h", "partition=0", b"third"), 202);
+    let before = lease_handle(&s, "h", 0);
+    s.kill9();
+    s.restart();
+    let after = lease_handle(&s, "h", 0);
+    assert_eq!(s.ack("h", &before, None), 410, "{before} (before the restart) against {after}");
+    assert_eq!(s.ack("h", &after, None), 204, "the lease taken after the restart");
+}

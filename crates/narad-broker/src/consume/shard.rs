@@ -6,8 +6,14 @@
 //!   acked-ahead and corrupt sets live in memory, so a crash redelivers
 //!   whatever was leased or acked ahead (at-least-once).
 //! * A lease is (offset, nonce, expiry); the receipt handle is
-//!   `partition:offset:nonce`. Nonces count from 1 per shard instance, so a
-//!   handle from before a restart never matches.
+//!   `partition:offset:nonce`. Nonces come from one [`Nonces`] counter per
+//!   process, shared by every shard of every topic and seeded at start-up
+//!   from the wall clock (ms × 2^20), so no shard ever reuses a nonce an
+//!   earlier shard of the same partition handed out: not after a delete and
+//!   recreate (same name, new shard), an idle close and reopen, or a restart
+//!   (an earlier process would have had to lease over 2^20 records per ms
+//!   of its life to reach the new seed). A handle from before any of them
+//!   therefore never matches a lease held now (SPEC §1.8: 410).
 //! * The acked-ahead and corrupt sets together hold at most
 //!   `max_acked_ahead` offsets; when they are full only `next` may be
 //!   leased, and an ack ahead of the frontier is refused (503) with the lease
@@ -22,6 +28,27 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The source of lease nonces (see the module docs): strictly increasing,
+/// never 0, at most 19 decimal digits until the year 2500.
+#[derive(Debug)]
+pub struct Nonces(AtomicU64);
+
+impl Nonces {
+    /// Nonces starting at `wall_ms` × 2^20 (at least 1).
+    pub fn seeded(wall_ms: u64) -> Nonces {
+        Nonces(AtomicU64::new(wall_ms.saturating_mul(1 << 20).max(1)))
+    }
+
+    /// Nonces starting at 1 (for a shard on its own, in tests).
+    pub fn from_one() -> Nonces {
+        Nonces(AtomicU64::new(1))
+    }
+
+    fn next(&self) -> u64 {
+        self.0.fetch_add(1, Ordering::Relaxed)
+    }
+}
 
 /// A live lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +95,7 @@ pub struct Shard {
     /// under the shard lock (64 consumers got a third of 16's throughput).
     /// Lowered when a lease ends without an ack (nack, expiry).
     free_from: u64,
-    next_nonce: u64,
+    nonces: Arc<Nonces>,
     /// The frontier moved since the last persist.
     dirty: bool,
     /// Bumped (after `dirty` is set, under the shard's lock) by every move.
@@ -91,13 +118,14 @@ impl Shard {
     /// `consumer.offset`, or the log's oldest offset when there is none),
     /// counting its moves on a counter of its own.
     pub fn new(next: u64) -> Shard {
-        Shard::tracked(next, Arc::default())
+        Shard::tracked(next, Arc::default(), Arc::new(Nonces::from_one()))
     }
 
     /// A shard that bumps `moves` every time its frontier moves (or is
     /// marked as not persisted), after setting its dirty flag: whoever reads
-    /// a new count and then looks at the shard finds it dirty.
-    pub fn tracked(next: u64, moves: Arc<AtomicU64>) -> Shard {
+    /// a new count and then looks at the shard finds it dirty. Its lease
+    /// nonces come from `nonces`.
+    pub fn tracked(next: u64, moves: Arc<AtomicU64>, nonces: Arc<Nonces>) -> Shard {
         Shard {
             next,
             leases: HashMap::new(),
@@ -105,7 +133,7 @@ impl Shard {
             acked_ahead: BTreeSet::new(),
             corrupt: BTreeSet::new(),
             free_from: next,
-            next_nonce: 1,
+            nonces,
             dirty: false,
             moves,
         }
@@ -208,8 +236,7 @@ impl Shard {
             }
             (o < hwm).then_some(o)?
         };
-        let nonce = self.next_nonce;
-        self.next_nonce += 1;
+        let nonce = self.nonces.next();
         let expires_ms = now_ms + limits.visibility_ms;
         self.leases.insert(offset, Lease { nonce, expires_ms });
         self.expiries.push(Reverse((expires_ms, offset, nonce)));
@@ -343,7 +370,7 @@ mod tests {
     fn the_shared_count_moves_with_the_frontier_and_only_with_it() {
         let moves = Arc::new(AtomicU64::new(0));
         let count = || moves.load(Ordering::Acquire);
-        let mut s = Shard::tracked(0, moves.clone());
+        let mut s = Shard::tracked(0, moves.clone(), Arc::new(Nonces::from_one()));
         let a = s.reserve(10, 0, &L).unwrap();
         let b = s.reserve(10, 0, &L).unwrap();
         let c = s.reserve(10, 0, &L).unwrap();
@@ -437,6 +464,25 @@ mod tests {
         assert_eq!(s.reserve(10, 0, &L), None, "max in flight");
         let mut t = Shard::new(5);
         assert_eq!(t.reserve(5, 0, &L), None);
+    }
+
+    #[test]
+    fn a_new_shard_of_a_partition_never_reuses_an_earlier_shards_nonce() {
+        let nonces = Arc::new(Nonces::seeded(1_800_000_000_000));
+        let mut old = Shard::tracked(0, Arc::default(), nonces.clone());
+        let a = old.reserve(10, 0, &L).unwrap();
+        // The topic is deleted and recreated: a new shard, same offsets.
+        let mut new = Shard::tracked(0, Arc::default(), nonces.clone());
+        let b = new.reserve(10, 0, &L).unwrap();
+        assert_eq!((a.offset, b.offset), (0, 0));
+        assert_eq!(new.ack(0, a.nonce, 1, &L), Err(ResolveError::Stale), "the old handle");
+        assert_eq!(new.ack(0, b.nonce, 1, &L), Ok(true));
+        // A restart seeds from a later wall clock: above every nonce used.
+        let later = Nonces::seeded(1_800_000_000_001);
+        assert!(later.next() > b.nonce);
+        // Within the handle's wire format (digits, nonce >= 1) for centuries.
+        let h = receipt_handle(107, u64::MAX, Nonces::seeded(16_725_225_600_000).next());
+        assert!(parse_receipt_handle(&h).is_some(), "{h}");
     }
 
     #[test]

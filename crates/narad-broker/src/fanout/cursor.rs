@@ -2,12 +2,18 @@
 //! child, for one attachment (epoch).
 //!
 //! # Start
-//! The cursor resumes from `fanout-<child>.offset` when the file holds its
-//! epoch. An attach writes that file at the parent's high watermark before
-//! the link is committed (see the module docs of [`crate::fanout`]), so a
-//! cursor of a new link finds its start there. Without a file of its epoch
-//! (a partition added later, a file that could not be written) it anchors
-//! at the first parent record committed at or after the link was made.
+//! The cursor resumes from its file (`fanout@<epoch>.offset`, see
+//! [`super::cursor_file`]). An attach writes that file at the parent's high
+//! watermark before the link is committed (see the module docs of
+//! [`crate::fanout`]), so a cursor of a new link finds its start there.
+//! Without a file of its epoch (a partition added later, a file that could
+//! not be written or was damaged) it anchors at the first parent record
+//! committed at or after the link was made, found by a binary search over
+//! commit times ([`anchor`]; no window: however long ago the link was
+//! made, nothing committed since is skipped). If the parent partition
+//! cannot be opened, the file cannot be read or written, or the search
+//! cannot read the log, the cursor does not start (it warns and ends; the
+//! runner starts it again after a backoff): it never starts at a guess.
 //!
 //! # Loop
 //! Read a slab (up to the high watermark, and for a delayed child up to
@@ -34,8 +40,8 @@ use tracing::{info, warn};
 use super::cursor_file::{self, CursorState};
 use super::{CursorKey, FanoutCtx, FanoutLabels, FanoutPartitionLabels};
 use crate::limits::{
-    FANOUT_ANCHOR_WALK_MAX, FANOUT_COMMIT_TRIES, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT,
-    FANOUT_RETRY_BACKOFF, FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
+    FANOUT_COMMIT_TRIES, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT, FANOUT_RETRY_BACKOFF,
+    FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
 };
 use crate::owner::{BatchRecord, CommitBatch};
 use crate::partition::keyed_partition;
@@ -191,18 +197,19 @@ impl Cursor {
     /// Resumes from the cursor file of this attachment, or anchors at the
     /// first record committed since the link was made (and stores that).
     async fn start_position(&self, part: &Arc<PartitionRt>) -> Option<u64> {
-        let path = cursor_file::path(part.log.dir(), &self.key.child);
+        let dir = part.log.dir().to_path_buf();
         let (fs, epoch, log, since) =
             (self.ctx.fs.clone(), self.key.epoch, part.log.clone(), self.since_ms);
-        let shared = self.shared.clone();
+        let (shared, child) = (self.shared.clone(), self.key.child.clone());
         let result = tokio::task::spawn_blocking(move || {
-            if let Some(s) = cursor_file::load(&*fs, &path, epoch)? {
+            if let Some(s) = cursor_file::load(&*fs, &dir, &child, epoch)? {
                 return Ok(Some(s.next_offset));
             }
             if shared.reason() == StopReason::Unlinked {
                 return Ok(None);
             }
-            let anchor = anchor(&log, since);
+            let anchor = anchor(&log, since).map_err(std::io::Error::other)?;
+            let path = cursor_file::path(&dir, epoch);
             cursor_file::store(&*fs, &path, CursorState { epoch, next_offset: anchor })?;
             Ok::<_, std::io::Error>(Some(anchor))
         })
@@ -210,7 +217,7 @@ impl Cursor {
         match result {
             Ok(Ok(n)) => n,
             Ok(Err(e)) => {
-                warn!(parent = %self.key.parent, child = %self.key.child, error = %e, "fan-out cursor cannot read or write its file");
+                warn!(parent = %self.key.parent, child = %self.key.child, partition = self.key.partition, error = %e, "fan-out cursor cannot find where to start (its file, or the parent log)");
                 None
             }
             Err(_) => None,
@@ -351,7 +358,7 @@ impl Cursor {
 
     /// Stores the cursor (unless the link is gone) and publishes it.
     async fn persist(&self, part: &Arc<PartitionRt>, next: u64) -> bool {
-        let path = cursor_file::path(part.log.dir(), &self.key.child);
+        let path = cursor_file::path(part.log.dir(), self.key.epoch);
         let (fs, epoch, shared) = (self.ctx.fs.clone(), self.key.epoch, self.shared.clone());
         let r = tokio::task::spawn_blocking(move || {
             if shared.reason() == StopReason::Unlinked {
@@ -375,22 +382,75 @@ impl Cursor {
     }
 }
 
-/// The first offset committed at or after `since_ms` (walking back from the
-/// high watermark; at most a bounded number of records).
-pub fn anchor(log: &PartitionLog, since_ms: u64) -> u64 {
-    let hwm = log.high_watermark();
-    let oldest = log.oldest_offset();
-    let mut lo = hwm;
-    let step = 256u64;
-    while lo > oldest && hwm - lo < FANOUT_ANCHOR_WALK_MAX {
-        let from = lo.saturating_sub(step).max(oldest);
-        let Ok(batch) = log.read(from, (lo - from) as usize, u64::MAX) else { return lo };
-        match batch.records.iter().position(|r| r.commit_time_ms >= since_ms) {
-            // Everything in this chunk is recent enough: look further back.
-            Some(0) if batch.records.first().is_some_and(|r| r.offset == from) => lo = from,
-            Some(i) => return batch.records[i].offset,
-            None => return lo,
+/// The first offset committed at or after `since_ms`, or the high
+/// watermark if none is: a binary search over the retained offsets by
+/// commit time (commit times never decrease along a partition), one
+/// one-record read per step. Offsets that cannot be read are placed as late
+/// as the next readable record, so an unreadable stretch is sent (and
+/// counted as dropped by the cursor), never skipped unseen. Fails if the
+/// log cannot be read.
+pub fn anchor(log: &PartitionLog, since_ms: u64) -> Result<u64, ReadError> {
+    // Everything below `lo` was committed before `since_ms`; the answer is
+    // at most `hi`.
+    let (mut lo, mut hi) = (log.oldest_offset(), log.high_watermark());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match log.read(mid, 1, u64::MAX) {
+            Ok(batch) => match batch.records.first() {
+                Some(r) if r.offset < hi && r.commit_time_ms < since_ms => lo = r.offset + 1,
+                // Recent enough, or nothing readable in [mid, hi).
+                _ => hi = mid,
+            },
+            // Retention moved the start past `mid`.
+            Err(ReadError::Gone { oldest, .. }) if oldest > mid => {
+                lo = oldest;
+                hi = hi.max(lo);
+            }
+            Err(e) => return Err(e),
         }
     }
-    lo
+    Ok(lo)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use narad_clock::ManualClock;
+    use narad_log::{CommitRecord, LogConfig, PartitionLog};
+
+    use super::anchor;
+
+    /// A cursor that lost its file long after its link was made starts at
+    /// the first record committed since the link, however many came after:
+    /// (the search once walked back at most 1 Mi records and skipped the
+    /// rest silently).
+    #[test]
+    fn the_fallback_start_is_the_first_record_since_the_attach_however_far_back() {
+        let fs = narad_fs::SimFs::new(1).shared();
+        let clock = ManualClock::new(1_000);
+        let log = PartitionLog::open(
+            fs,
+            PathBuf::from("/p"),
+            LogConfig::default(),
+            std::sync::Arc::new(clock.clone()),
+        )
+        .unwrap();
+        let commit = |n: usize| {
+            let recs = (0..n).map(|_| CommitRecord::new(None, &b"x"[..])).collect();
+            log.commit(recs).unwrap();
+        };
+        commit(100); // before the attach
+        clock.set_wall_ms(2_000); // the attach
+        for _ in 0..11 {
+            commit(100_000);
+            clock.advance(std::time::Duration::from_millis(1));
+        }
+        let hwm = log.high_watermark();
+        assert_eq!(hwm, 1_100_100);
+        assert_eq!(anchor(&log, 2_000).unwrap(), 100);
+        assert_eq!(anchor(&log, 0).unwrap(), 0);
+        assert_eq!(anchor(&log, 2_005).unwrap(), 100 + 5 * 100_000);
+        assert_eq!(anchor(&log, 9_999).unwrap(), hwm, "nothing since: the high watermark");
+    }
 }

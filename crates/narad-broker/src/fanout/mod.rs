@@ -45,6 +45,18 @@
 //!
 //! Each cursor is its own task: a lagging or failing child stalls only its
 //! own cursors.
+//!
+//! # A cursor that stops
+//!
+//! A cursor ends on its own only when it cannot go on: its parent
+//! partition cannot be opened, its file cannot be read or written at the
+//! start, or the start point cannot be found (see [`cursor`]). While its
+//! link holds, the reconciler starts it again after a backoff (1 s,
+//! doubling to [`FANOUT_RESTART_BACKOFF_MAX`]), counts it
+//! (`narad_fanout_cursor_restarts_total{parent,child}`) and warns; until
+//! then the child's `lag_complete` is `false` and its `lag_messages`
+//! counts that partition from the cursor's last known position (or its
+//! file).
 
 pub mod cursor;
 pub mod cursor_file;
@@ -60,12 +72,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::limits::{FANOUT_RECONCILE_INTERVAL, FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY};
+use crate::limits::{
+    FANOUT_RECONCILE_INTERVAL, FANOUT_RESTART_BACKOFF_MAX, FANOUT_RESTART_BACKOFF_MIN,
+    FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY,
+};
 use crate::metrics::BrokerMetrics;
 use crate::owner::Owner;
 use crate::topics::Topics;
 use cursor::{Cursor, CursorShared, NO_POSITION, StopReason};
-use cursor_file::CursorState;
+use cursor_file::{CursorFileOf, CursorState};
 
 pub use cursor::anchor;
 
@@ -124,6 +139,25 @@ pub struct FanoutCtx {
 struct Running {
     shared: Arc<CursorShared>,
     task: JoinHandle<()>,
+    /// Starts since the cursor last got going (0 for the first).
+    restarts: u32,
+    /// When a cursor found stopped may start again.
+    retry_at: Option<tokio::time::Instant>,
+}
+
+impl Running {
+    /// Whether the cursor's task has ended while its link may still hold.
+    fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
+}
+
+/// The wait before the `restarts`-th restart in a row: 1 s, doubling, at
+/// most [`FANOUT_RESTART_BACKOFF_MAX`].
+fn restart_backoff(restarts: u32) -> std::time::Duration {
+    FANOUT_RESTART_BACKOFF_MIN
+        .saturating_mul(1u32 << restarts.min(16))
+        .min(FANOUT_RESTART_BACKOFF_MAX)
 }
 
 /// One child's fan-out progress, for `GET /v1/topics/{parent}/children`.
@@ -141,7 +175,9 @@ pub struct ChildLag {
     /// record not yet fanned out is, in seconds; 0 when nothing is overdue.
     pub lag_seconds: f64,
     /// Whether every parent partition has a running cursor whose position
-    /// is known (else the figures cover only those that do).
+    /// is known. When `false`, `lag_messages` still counts each partition
+    /// whose cursor's last position is known (from memory or its file), and
+    /// leaves out only those where none is.
     pub lag_complete: bool,
 }
 
@@ -225,9 +261,10 @@ impl FanoutRunner {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts missing cursors and takes unwanted ones out of the running
-    /// set (asked to stop as unlinked). Cheap when nothing changed. Call
-    /// with the links lock held.
+    /// Starts missing cursors, restarts ended ones whose link holds (after
+    /// their backoff) and takes unwanted ones out of the running set (asked
+    /// to stop as unlinked). Cheap when nothing changed. Call with the
+    /// links lock held.
     fn reconcile(&self) -> Stopped {
         let want = desired(&self.ctx.meta);
         let mut running = self.running();
@@ -240,9 +277,35 @@ impl FanoutRunner {
                 stopped.push((k, r));
             }
         }
+        let now = tokio::time::Instant::now();
         for w in want {
-            if running.contains_key(&w.key) {
-                continue;
+            let mut restarts = 0;
+            if let Some(r) = running.get_mut(&w.key) {
+                if !r.ended() {
+                    continue;
+                }
+                // It had got going: a new run of failures starts over.
+                let got_going = r.shared.position.load(Ordering::Acquire) != NO_POSITION;
+                let n = if got_going { 0 } else { r.restarts };
+                match r.retry_at {
+                    None => {
+                        let wait = restart_backoff(n);
+                        r.retry_at = Some(now + wait);
+                        warn!(parent = %w.key.parent, child = %w.key.child, partition = w.key.partition, retry_in_ms = wait.as_millis() as u64, "fan-out cursor stopped while its link holds; restarting it");
+                        continue;
+                    }
+                    Some(at) if now < at => continue,
+                    Some(_) => {}
+                }
+                restarts = n + 1;
+                self.ctx
+                    .metrics
+                    .fanout_cursor_restarts
+                    .get_or_create(&FanoutLabels {
+                        parent: w.key.parent.clone(),
+                        child: w.key.child.clone(),
+                    })
+                    .inc();
             }
             let shared = Arc::new(CursorShared::new());
             let cursor = Cursor {
@@ -254,7 +317,7 @@ impl FanoutRunner {
                 spread: u64::from(w.key.partition),
             };
             let task = tokio::spawn(cursor.run());
-            running.insert(w.key, Running { shared, task });
+            running.insert(w.key, Running { shared, task, restarts, retry_at: None });
         }
         Stopped(stopped)
     }
@@ -268,9 +331,9 @@ impl FanoutRunner {
                 warn!(parent = %k.parent, child = %k.child, partition = k.partition, "fan-out cursor did not stop in time; its file is left to the sweep");
             }
             if let Some(dir) = r.shared.dir() {
-                let (fs, path) = (self.ctx.fs.clone(), cursor_file::path(&dir, &k.child));
+                let (fs, child) = (self.ctx.fs.clone(), k.child.clone());
                 let removed = tokio::task::spawn_blocking(move || {
-                    cursor_file::remove_if_epoch(&*fs, &path, k.epoch)
+                    cursor_file::remove_if_epoch(&*fs, &dir, &child, k.epoch)
                 })
                 .await;
                 if let Ok(Err(e)) = removed {
@@ -350,7 +413,7 @@ impl FanoutRunner {
                 }
             };
             let hwm = part.log.high_watermark();
-            let path = cursor_file::path(part.log.dir(), child);
+            let path = cursor_file::path(part.log.dir(), epoch);
             let state = CursorState { epoch, next_offset: hwm };
             match cursor_file::store(&*self.ctx.fs, &path, state) {
                 Ok(()) => anchored += 1,
@@ -371,8 +434,7 @@ impl FanoutRunner {
         };
         let mut removed = 0;
         for part in rt.open_partitions() {
-            let path = cursor_file::path(part.log.dir(), child);
-            match cursor_file::remove_if_epoch(&*self.ctx.fs, &path, epoch) {
+            match cursor_file::remove_if_epoch(&*self.ctx.fs, part.log.dir(), child, epoch) {
                 Ok(true) => removed += 1,
                 Ok(false) => {}
                 Err(e) => {
@@ -390,15 +452,16 @@ impl FanoutRunner {
         let snap = self.ctx.meta.snapshot();
         let mut removed = 0;
         for rt in self.ctx.topics.all() {
-            let linked: HashSet<&str> = match snap.topic(&rt.name) {
+            // The linked children and the epochs of their links.
+            let (linked, epochs): (HashSet<&str>, HashSet<u64>) = match snap.topic(&rt.name) {
                 Some(t) if t.incarnation() == rt.incarnation => t
                     .children()
                     .iter()
-                    .map(String::as_str)
-                    .filter(|c| {
-                        snap.topic(c).and_then(|c| c.parent()).is_some_and(|l| l.name == t.name())
+                    .filter_map(|c| {
+                        let link = snap.topic(c)?.parent().filter(|l| l.name == t.name())?;
+                        Some((c.as_str(), cursor_file::parse_epoch(&link.attach_epoch)?))
                     })
-                    .collect(),
+                    .unzip(),
                 _ => continue, // a topic being removed: its directory goes whole
             };
             for part in rt.open_partitions() {
@@ -411,8 +474,12 @@ impl FanoutRunner {
                     }
                 };
                 for e in entries.iter().filter(|e| !e.is_dir) {
-                    let Some(child) = cursor_file::child_of_file_name(&e.name) else { continue };
-                    if linked.contains(child) {
+                    let keep = match cursor_file::file_of(&e.name) {
+                        None => continue,
+                        Some(CursorFileOf::Epoch(epoch)) => epochs.contains(&epoch),
+                        Some(CursorFileOf::LegacyChild(child)) => linked.contains(child),
+                    };
+                    if keep {
                         continue;
                     }
                     match self.ctx.fs.remove_file(&dir.join(&e.name)) {
@@ -440,23 +507,37 @@ impl FanoutRunner {
         let now_ms = self.ctx.clock.wall_ms();
         let (mut lag_messages, mut late_ms, mut complete) = (0u64, 0u64, epoch.is_some());
         for p in 0..parent.partitions() {
-            let position = epoch.and_then(|epoch| {
-                let key = CursorKey {
-                    parent: parent.name().to_owned(),
-                    parent_incarnation: parent.incarnation(),
-                    partition: p,
-                    child: child.name().to_owned(),
-                    epoch,
-                };
-                let running = self.running();
-                let pos = running.get(&key)?.shared.position.load(Ordering::Acquire);
-                (pos != NO_POSITION).then_some(pos)
-            });
-            let Some(next) = position else {
-                complete = false;
-                continue;
+            let part = rt.as_ref().and_then(|rt| rt.peek_partition(p));
+            let (position, alive) = match epoch {
+                None => (None, false),
+                Some(epoch) => {
+                    let key = CursorKey {
+                        parent: parent.name().to_owned(),
+                        parent_incarnation: parent.incarnation(),
+                        partition: p,
+                        child: child.name().to_owned(),
+                        epoch,
+                    };
+                    let (pos, alive) = match self.running().get(&key) {
+                        Some(r) => (r.shared.position.load(Ordering::Acquire), !r.ended()),
+                        None => (NO_POSITION, false),
+                    };
+                    let pos = (pos != NO_POSITION).then_some(pos).or_else(|| {
+                        // Not started (or never got going): its file says.
+                        let dir = part.as_ref()?.log.dir();
+                        cursor_file::peek(&*self.ctx.fs, dir, child.name(), epoch)
+                            .ok()
+                            .flatten()
+                            .map(|s| s.next_offset)
+                    });
+                    (pos, alive)
+                }
             };
-            let Some(part) = rt.as_ref().and_then(|rt| rt.peek_partition(p)) else { continue };
+            if !alive || position.is_none() {
+                complete = false;
+            }
+            let Some(next) = position else { continue };
+            let Some(part) = part else { continue };
             let hwm = part.log.high_watermark();
             if next >= hwm {
                 continue;
