@@ -502,3 +502,42 @@ fn http_metrics_count_each_route_method_and_status() {
     );
     assert!(value("narad_http_requests_in_flight") >= 1.0, "the scrape itself is in flight");
 }
+
+/// A batch consume answers at most 8 MiB *as sent*: binary payloads go out
+/// as base64 (4/3 of their size), so twelve 1 MiB binary records may not
+/// all fit even though eight raw MiB would. What does not fit is given back
+/// at once (nacked), not left leased until the visibility timeout.
+#[test]
+fn batch_consume_answers_stay_within_8_mib_encoded_and_the_rest_stays_available() {
+    let s = Server::start("batch-encoded-budget");
+    s.create_topic(r#"{"name":"big","partitions":3}"#);
+    const MIB: usize = 1 << 20;
+    for i in 0..12u8 {
+        // 0xFF is never valid UTF-8: the payload is sent as base64.
+        let mut body = vec![0xFF; MIB];
+        body[0] = i;
+        assert_eq!(s.produce("big", "", &body), 202, "record {i}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut answers = 0;
+    while seen.len() < 12 {
+        assert!(Instant::now() < deadline, "only {seen:?} delivered");
+        let r = s.get("/v1/topics/big/consume?max=12&wait=1s");
+        if r.status() == 204 {
+            continue;
+        }
+        assert_eq!(r.status(), 200);
+        let body = r.bytes().unwrap();
+        assert!(body.len() <= 8 * MIB, "an answer of {} bytes (> 8 MiB)", body.len());
+        answers += 1;
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        for m in v["messages"].as_array().unwrap() {
+            let p = payload_bytes(m);
+            assert_eq!(p.len(), MIB);
+            seen.insert(p[0]);
+            assert_eq!(s.ack("big", m["receipt_handle"].as_str().unwrap(), None), 204);
+        }
+    }
+    assert!(answers >= 2, "twelve base64 MiB cannot fit one answer");
+}

@@ -19,6 +19,7 @@ use crate::openapi::ErrorBody;
 use crate::query::{decode_component, pairs, values};
 use crate::state::Shared;
 use crate::wire::{ConsumeReply, MessageView, encode_message, push_json_string};
+use narad_broker::limits::CONSUME_BATCH_BYTES;
 
 /// The parsed query of a consume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,24 +96,37 @@ fn view(d: &Delivered) -> MessageView<'_> {
     }
 }
 
-fn messages_response(got: &[Delivered], batch: bool) -> Response {
+/// The answer to a consume, and how many of `got` it holds: a batch
+/// answer is at most [`CONSUME_BATCH_BYTES`] as sent (base64, escapes,
+/// field names and the final newline counted), with at least one message.
+fn messages_response(got: &[Delivered], batch: bool) -> (Response, usize) {
     if got.is_empty() {
-        return StatusCode::NO_CONTENT.into_response();
+        return (StatusCode::NO_CONTENT.into_response(), 0);
     }
-    let mut s = String::with_capacity(got.iter().map(|d| d.payload.len() + 160).sum());
+    let mut s = String::with_capacity(
+        got.iter().map(|d| d.payload.len() + 160).sum::<usize>().min(CONSUME_BATCH_BYTES),
+    );
+    let mut sent = 1;
     if batch {
+        const CLOSE: usize = "]}\n".len();
         s.push_str("{\"messages\":[");
         for (i, d) in got.iter().enumerate() {
+            let before = s.len();
             if i > 0 {
                 s.push(',');
             }
             encode_message(&mut s, &view(d));
+            if i > 0 && s.len() + CLOSE > CONSUME_BATCH_BYTES {
+                s.truncate(before);
+                break;
+            }
+            sent = i + 1;
         }
         s.push_str("]}");
     } else {
         encode_message(&mut s, &view(&got[0]));
     }
-    json_response(StatusCode::OK, s)
+    (json_response(StatusCode::OK, s), sent)
 }
 
 /// `GET /v1/topics/{topic}/consume?partition=&offset=&wait=&max=`.
@@ -148,11 +162,19 @@ pub async fn consume(
     let max = q.max.unwrap_or(1);
     if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
         let got = s.broker.replay(&topic, partition, offset, max).await?;
-        return Ok(messages_response(&got, batch));
+        return Ok(messages_response(&got, batch).0);
     }
     let wait = q.wait.min(s.max_consume_wait);
     let got = s.broker.consume(&topic, q.partition, wait, max).await?;
-    Ok(messages_response(&got, batch))
+    let (response, sent) = messages_response(&got, batch);
+    // What did not fit is given back at once, not left leased until its
+    // visibility timeout. (A nack that finds the lease gone is harmless.)
+    for d in &got[sent..] {
+        if let Some(h) = &d.receipt_handle {
+            let _ = s.broker.resolve(&topic, h, AckAction::Nack);
+        }
+    }
+    Ok(response)
 }
 
 /// Parses `extend=`: absent, bare, empty or `false` ack; `true`/`1` extend;
