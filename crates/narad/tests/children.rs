@@ -115,17 +115,24 @@ fn drain_until(s: &Server, topic: &str, want: &[String]) -> BTreeSet<String> {
     seen
 }
 
-fn cursor_files(s: &Server, parent: &str, child: &str) -> Vec<PathBuf> {
+/// The cursor files of attachment `epoch` (16 hex digits) in `parent`'s
+/// partitions (`fanout@<epoch>.offset`).
+fn cursor_files(s: &Server, parent: &str, epoch: &str) -> Vec<PathBuf> {
     let dir = s.data_dir.join("topics").join(parent);
     let mut out = Vec::new();
     for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-        let f = e.path().join(format!("fanout-{child}.offset"));
+        let f = e.path().join(format!("fanout@{epoch}.offset"));
         if f.exists() {
             out.push(f);
         }
     }
     out.sort();
     out
+}
+
+/// The attach epoch of `child`'s link.
+fn epoch(s: &Server, child: &str) -> String {
+    topic(s, child)["attach_epoch"].as_str().unwrap().to_owned()
 }
 
 /// The attach epoch stored in a cursor file (bytes 8..16, big-endian).
@@ -382,20 +389,21 @@ fn detach_stops_delivery_and_removes_the_cursor_files() {
     s.create_topic(r#"{"name":"p","partitions":3}"#);
     s.create_topic(r#"{"name":"c"}"#);
     attach_ok(&s, "p", "c", 0);
-    assert_eq!(cursor_files(&s, "p", "c").len(), 3, "one cursor file per parent partition");
+    let e = epoch(&s, "c");
+    assert_eq!(cursor_files(&s, "p", &e).len(), 3, "one cursor file per parent partition");
     let first = ids("first", 30);
     produce_all(&s, "p", &first);
     let got = drain_until(&s, "c", &first);
     assert_eq!(got, first.iter().cloned().collect());
 
     assert_eq!(detach(&s, "p", "c").0, 204);
-    assert_eq!(cursor_files(&s, "p", "c"), Vec::<PathBuf>::new(), "gone when the 204 arrives");
+    assert_eq!(cursor_files(&s, "p", &e), Vec::<PathBuf>::new(), "gone when the 204 arrives");
     let second = ids("second", 30);
     produce_all(&s, "p", &second);
     wait_committed(&s, "p", 60);
     std::thread::sleep(Duration::from_millis(1500)); // past a reconcile tick
     assert!(s.drain("c").is_empty(), "a detached child gets nothing more");
-    assert!(cursor_files(&s, "p", "c").is_empty());
+    assert!(cursor_files(&s, "p", &e).is_empty());
     assert_eq!(s.drain("p").len(), 60);
 }
 
@@ -417,7 +425,8 @@ fn a_reattach_starts_fresh_under_a_new_epoch() {
     attach_ok(&s, "p", "c", 0);
     let new_epoch = topic(&s, "c")["attach_epoch"].as_str().unwrap().to_owned();
     assert_ne!(new_epoch, old_epoch, "every attach has its own epoch");
-    let files = cursor_files(&s, "p", "c");
+    assert!(cursor_files(&s, "p", &old_epoch).is_empty(), "the old epoch's files are gone");
+    let files = cursor_files(&s, "p", &new_epoch);
     assert_eq!(files.len(), 3);
     for f in &files {
         assert_eq!(file_epoch(f), new_epoch, "{}", f.display());
@@ -436,12 +445,13 @@ fn deleting_a_child_or_a_parent_dissolves_the_link_and_its_cursors() {
     s.create_topic(r#"{"name":"d"}"#);
     attach_ok(&s, "p", "c", 0);
     attach_ok(&s, "p", "d", 5_000);
-    assert_eq!(cursor_files(&s, "p", "c").len(), 3);
+    let (ec, ed) = (epoch(&s, "c"), epoch(&s, "d"));
+    assert_eq!(cursor_files(&s, "p", &ec).len(), 3);
     let r = s.client.delete(s.url("/v1/topics/c")).send().unwrap();
     assert_eq!(r.status(), 204);
-    assert!(cursor_files(&s, "p", "c").is_empty(), "a deleted child's cursor files go with it");
+    assert!(cursor_files(&s, "p", &ec).is_empty(), "a deleted child's cursor files go with it");
     assert_eq!(topic(&s, "p")["children"], json!(["d"]));
-    assert_eq!(cursor_files(&s, "p", "d").len(), 3);
+    assert_eq!(cursor_files(&s, "p", &ed).len(), 3);
 
     let r = s.client.delete(s.url("/v1/topics/p")).send().unwrap();
     assert_eq!(r.status(), 204);
@@ -537,7 +547,7 @@ fn a_grown_parent_fans_out_its_new_partitions_too() {
     let want = ids("new", 10);
     let got = drain_until(&s, "c", &want);
     assert!(want.iter().all(|id| got.contains(id)), "{got:?}");
-    assert_eq!(cursor_files(&s, "p", "c").len(), 5);
+    assert_eq!(cursor_files(&s, "p", &epoch(&s, "c")).len(), 5);
 }
 
 #[test]
@@ -546,16 +556,24 @@ fn a_cursor_file_without_a_link_is_swept_at_start() {
     s.create_topic(r#"{"name":"p","partitions":3}"#);
     s.create_topic(r#"{"name":"c"}"#);
     attach_ok(&s, "p", "c", 0);
+    let e = epoch(&s, "c");
     s.kill9();
     let dir = s.data_dir.join("topics/p/p00001");
-    let ghost = dir.join("fanout-ghost.offset");
-    std::fs::copy(dir.join("fanout-c.offset"), &ghost).unwrap();
-    std::fs::write(dir.join("fanout-ghost.offset.tmp"), b"torn").unwrap();
+    // A file of an attachment that no longer exists, its torn temporary
+    // file, and one under the earlier name of a child no longer linked.
+    let ghosts = [
+        dir.join("fanout@00000000000000aa.offset"),
+        dir.join("fanout@00000000000000aa.offset.tmp"),
+        dir.join("fanout-ghost.offset"),
+    ];
+    std::fs::copy(dir.join(format!("fanout@{e}.offset")), &ghosts[0]).unwrap();
+    std::fs::write(&ghosts[1], b"torn").unwrap();
+    std::fs::copy(dir.join(format!("fanout@{e}.offset")), &ghosts[2]).unwrap();
     s.restart();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ghost.exists() || dir.join("fanout-ghost.offset.tmp").exists() {
+    while ghosts.iter().any(|g| g.exists()) {
         assert!(Instant::now() < deadline, "the orphaned cursor files were not swept");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(cursor_files(&s, "p", "c").len(), 3, "the files of a live link stay");
+    assert_eq!(cursor_files(&s, "p", &e).len(), 3, "the files of a live link stay");
 }
