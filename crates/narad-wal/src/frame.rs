@@ -8,9 +8,14 @@
 //! Segment header (big-endian):
 //! ```text
 //! 0  magic "NARADWAL" (8) | 8 version u16 = 1 | 10 header_len u16 = 32
-//! 12 flags u32 = 0 | 16 base_seq u64 | 24 reserved u32 = 0
+//! 12 flags u32 | 16 base_seq u64 | 24 reserved u32 = 0
 //! 28 crc32c u32 over bytes [0, 28)
 //! ```
+//! Flags: bit 0 ([`SEGMENT_FLAG_PREPARED`]) marks a segment renamed in from
+//! a prepared file (see [`crate::prep`]); every other bit is zero. Readers
+//! that predate the flag ignore it: it only tells recovery that a trailer
+//! at the end of this file may be ours (a header is our bytes under a CRC,
+//! where the end of the file may be a client's payload).
 //! Frame (big-endian, 24-byte header):
 //! ```text
 //! 0 magic "NWAL" u32 | 4 len u32 (1..=16 MiB) | 8 seq u64
@@ -39,6 +44,9 @@ pub const FRAME_MAGIC: u32 = u32::from_be_bytes(*b"NWAL");
 pub const SEGMENT_MAGIC: [u8; 8] = *b"NARADWAL";
 /// The segment format version this code writes and reads.
 pub const SEGMENT_VERSION: u16 = 1;
+/// Segment header flag: the segment was a prepared file (zeros to the
+/// segment size, then a trailer) when it was renamed in.
+pub const SEGMENT_FLAG_PREPARED: u32 = 1;
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,12 +132,18 @@ pub fn seal_frame(out: &mut [u8], at: usize) {
     out[at + 20..header_end].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// Encodes a segment header.
+/// Encodes a segment header (no flags).
 pub fn segment_header(base_seq: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    segment_header_with_flags(base_seq, 0)
+}
+
+/// Encodes a segment header with `flags`.
+pub fn segment_header_with_flags(base_seq: u64, flags: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
     h[0..8].copy_from_slice(&SEGMENT_MAGIC);
     h[8..10].copy_from_slice(&SEGMENT_VERSION.to_be_bytes());
     h[10..12].copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_be_bytes());
+    h[12..16].copy_from_slice(&flags.to_be_bytes());
     h[16..24].copy_from_slice(&base_seq.to_be_bytes());
     let crc = crc32c::crc32c(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_be_bytes());
@@ -177,6 +191,11 @@ pub fn check_segment_header(b: &[u8], expected_base: u64) -> Result<(), SegmentH
     Ok(())
 }
 
+/// The flags of a segment header that passed [`check_segment_header`].
+pub fn segment_flags(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[12], b[13], b[14], b[15]])
+}
+
 /// The file name of the segment whose first sequence number is `base`.
 pub fn segment_file_name(base: u64) -> String {
     format!("{base:020}.wal")
@@ -210,6 +229,13 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0xD0, 0xF0, 0x32, 0x00,
     ];
 
+    const GOLDEN_PREPARED_SEGMENT_HEADER_BASE_42: &[u8] = &[
+        b'N', b'A', b'R', b'A', b'D', b'W', b'A', b'L', 0, 1, 0, 32, 0, 0, 0, 1, //
+        0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0xE0, 0x22, 0x0A, 0x65,
+    ];
+    // The CRC was computed independently (a bitwise CRC32C in Python, which
+    // also reproduces the unflagged header's D0 F0 32 00).
+
     #[test]
     fn frame_matches_golden_bytes_and_parses_them() {
         let mut out = Vec::new();
@@ -239,6 +265,15 @@ mod tests {
             Err(SegmentHeaderError::BaseMismatch { expected: 41, found: 42 })
         );
         assert_eq!(check_segment_header(&h[..31], 42), Err(SegmentHeaderError::Damaged));
+        assert_eq!(segment_flags(&h), 0);
+    }
+
+    #[test]
+    fn prepared_segment_header_matches_golden_bytes() {
+        let h = segment_header_with_flags(42, SEGMENT_FLAG_PREPARED);
+        assert_eq!(&h[..], GOLDEN_PREPARED_SEGMENT_HEADER_BASE_42, "{:02X?}", &h[28..]);
+        assert_eq!(check_segment_header(&h, 42), Ok(()));
+        assert_eq!(segment_flags(&h), SEGMENT_FLAG_PREPARED);
     }
 
     #[test]

@@ -20,13 +20,29 @@
 //! damage is to acked data: open fails and names the file and offset, for
 //! an operator to look at. Sealed segments were synced whole before the next
 //! segment was created, so any damage there is corruption.
+//!
+//! # Client bytes at the end of the file
+//!
+//! A record's payload is its last field, so when a write ends the file (a
+//! group too large to top up the zero runway, a record longer than the
+//! runway) the file's last bytes are a client's. No rule may read them as
+//! ours: the scan always runs over the whole file, and a preparation
+//! trailer is honoured only by [`prepared_tail`], which asks for our own
+//! header's flag and nothing but zeros between the frames and the trailer
+//! (a client's bytes are inside a valid frame, never behind the damage).
+//! What a client can still steer: a torn (never acked) write whose payload
+//! carries a CRC-valid frame of a "later write" makes the open fail instead
+//! of cutting the tear. That costs availability (an operator must look),
+//! never a record.
 
 use std::path::Path;
 
 use bytes::Bytes;
 
 use crate::error::WalError;
-use crate::frame::{FrameHeader, HeaderFault, check_segment_header};
+use crate::frame::{
+    FrameHeader, HeaderFault, SEGMENT_FLAG_PREPARED, check_segment_header, segment_flags,
+};
 use crate::limits::{FRAME_HEADER_BYTES, INDEX_STRIDE_BYTES, SEGMENT_BYTES, SEGMENT_HEADER_BYTES};
 use crate::record;
 
@@ -179,12 +195,43 @@ pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64) -> Behind 
     behind
 }
 
+/// Whether the last segment `image`, whose scan is `scan`, is a prepared
+/// segment in its normal state (see [`crate::prep`]): it ends in a valid
+/// trailer at its limit, its frames stop before that limit, everything
+/// from the last good frame up to the trailer is zeros, and its header
+/// carries [`SEGMENT_FLAG_PREPARED`] (or is zeros itself: the roll renamed
+/// the file in and no write reached it, so the whole file is zeros and a
+/// trailer). Then the zeros and the trailer are kept: the segment goes on
+/// overwriting allocated blocks. Any other tail is cut, trailer included.
+///
+/// Never steered by a payload: a client's bytes are in a frame that passed
+/// the scan, so they are before the first damage, and a trailer honoured
+/// here lies behind zeros that run from that damage to it.
+pub(crate) fn prepared_tail(image: &[u8], scan_damage: Option<(u64, Damage)>) -> bool {
+    // Frames run to the end of the file: its last bytes are a payload's,
+    // whatever they look like.
+    let Some((from, damage)) = scan_damage else { return false };
+    let Some(limit) = crate::prep::prepared_limit(image) else { return false };
+    if from > limit || image[from as usize..limit as usize].iter().any(|&b| b != 0) {
+        return false;
+    }
+    match damage {
+        Damage::SegmentHeader => from == 0,
+        _ => segment_flags(image) & SEGMENT_FLAG_PREPARED != 0,
+    }
+}
+
 /// What opening the WAL does with `image` as segment `base` (the last
 /// segment when `last`): `Ok(len)` keeps the first `len` bytes (a torn tail
 /// is cut; `len` is at least the segment header), `Err(offset)` refuses to
-/// open, naming that offset. [`crate::Wal::open`] applies the same steps.
+/// open, naming that offset; for a prepared last segment kept as it is
+/// ([`prepared_tail`]), `len` is where its frames end. [`crate::Wal::open`]
+/// applies the same steps.
 pub fn verdict(image: &Bytes, base: u64, last: bool) -> Result<u64, u64> {
     let scan = scan(image, base);
+    if last && prepared_tail(image, scan.damage) {
+        return Ok(scan.valid_len.max(SEGMENT_HEADER_BYTES));
+    }
     let Some((offset, damage)) = scan.damage else { return Ok(scan.valid_len) };
     let behind = if last { look_behind(image, offset, scan.next_seq) } else { Behind::Nothing };
     match decide(damage, last, behind) {
@@ -247,5 +294,74 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A segment image: `header`, one frame of `payload` (seq 0), `gap`
+    /// zeros, and a trailer naming the offset where it starts.
+    fn image(header: [u8; 32], payload: &[u8], gap: usize) -> Vec<u8> {
+        let mut out = header.to_vec();
+        let r = crate::RecordRef {
+            topic: "t",
+            incarnation: None,
+            key: None,
+            partition: 0,
+            accepted_at_ms: 0,
+            payload,
+        };
+        let at = crate::frame::begin_frame(&mut out, r.encoded_len().unwrap(), 0, 0);
+        r.encode_into(&mut out);
+        crate::frame::seal_frame(&mut out, at);
+        out.resize(out.len() + gap, 0);
+        let limit = out.len() as u32;
+        out.extend_from_slice(&crate::prep::trailer(limit));
+        out
+    }
+
+    fn honoured(image: &[u8]) -> bool {
+        prepared_tail(image, scan(&Bytes::copy_from_slice(image), 0).damage)
+    }
+
+    #[test]
+    fn a_trailer_counts_only_behind_zeros_in_a_segment_our_header_says_was_prepared() {
+        let flagged = crate::frame::segment_header_with_flags(0, SEGMENT_FLAG_PREPARED);
+        let plain = crate::frame::segment_header(0);
+        // The normal state of a prepared active segment.
+        assert!(honoured(&image(flagged, b"abc", 100)));
+        assert!(honoured(&image(flagged, b"abc", 0)), "frames filling it to the limit");
+        // Not prepared by us: the trailer is cut with the zeros.
+        assert!(!honoured(&image(plain, b"abc", 100)));
+        // Anything but zeros between the frames and the trailer.
+        let mut dirty = image(flagged, b"abc", 100);
+        dirty[90] = 1;
+        assert!(!honoured(&dirty));
+        // A payload that ends the file in a trailer naming where it starts:
+        // the frames run to the end of the file, so there is no trailer.
+        let mut payload = vec![7u8; 64];
+        let frame_end = 32 + 24 + (1 + 4 + 1 + 4 + 4 + 8 + 4 + payload.len());
+        let t = crate::prep::trailer((frame_end - 16) as u32);
+        payload[48..].copy_from_slice(&t);
+        let mut forged = flagged.to_vec();
+        let r = crate::RecordRef {
+            topic: "t",
+            incarnation: None,
+            key: None,
+            partition: 0,
+            accepted_at_ms: 0,
+            payload: &payload,
+        };
+        assert_eq!(32 + 24 + r.encoded_len().unwrap() as usize, frame_end);
+        let at = crate::frame::begin_frame(&mut forged, r.encoded_len().unwrap(), 0, 0);
+        r.encode_into(&mut forged);
+        crate::frame::seal_frame(&mut forged, at);
+        assert!(crate::prep::prepared_limit(&forged).is_some(), "the forgery is well formed");
+        assert!(!honoured(&forged));
+        assert_eq!(verdict(&Bytes::from(forged.clone()), 0, true), Ok(forged.len() as u64));
+        // A header that is zeros (renamed in, nothing written): only if the
+        // whole file is zeros up to the trailer.
+        let mut blank = vec![0u8; 200];
+        blank.extend_from_slice(&crate::prep::trailer(200));
+        assert!(honoured(&blank));
+        blank[150] = 1;
+        assert!(!honoured(&blank));
     }
 }

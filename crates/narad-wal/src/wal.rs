@@ -45,7 +45,10 @@ use tracing::{error, info, warn};
 
 use crate::checkpoint::{CheckpointFile, Stored};
 use crate::error::WalError;
-use crate::frame::{parse_segment_file_name, segment_file_name, segment_header};
+use crate::frame::{
+    SEGMENT_FLAG_PREPARED, parse_segment_file_name, segment_file_name, segment_header,
+    segment_header_with_flags,
+};
 use crate::group::Pending;
 use crate::limits::{
     CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, GATHER_MAX_WAIT,
@@ -665,28 +668,19 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
             .open(&path, OpenMode::Existing)
             .map_err(|e| WalError::io("open segment", &path, e))?;
         let image = recovery::read_image(&*file, &path, options.segment_bytes)?;
-        // Only the last segment may be a prepared one (a sealed segment was
-        // cut to its data before its successor existed); its frames end
-        // before the trailer's limit.
-        let limit = if last { prep::prepared_limit(&image) } else { None };
-        let image = match limit {
-            Some(limit) => image.slice(..limit as usize),
-            None => image,
-        };
+        // The whole file is scanned: its end may be a client's payload, so
+        // a trailer there counts only as `prepared_tail` says (our header's
+        // flag, and nothing but zeros from the last good frame to it).
         let scan = recovery::scan(&image, base);
         let mut valid_len = scan.valid_len;
-        let mut prepared = limit.is_some();
-        let clean_prepared_tail = prepared
-            && scan
-                .damage
-                .is_some_and(|(offset, _)| image[offset as usize..].iter().all(|&b| b == 0));
-        if clean_prepared_tail {
+        let mut prepared = last && recovery::prepared_tail(&image, scan.damage);
+        if prepared {
             // Zeros from the last good frame to the trailer: the normal state
             // of a prepared active segment. If even the segment header is
             // zeros, the roll renamed the file in but never synced a write:
             // nothing in it was acked.
             if let Some((0, recovery::Damage::SegmentHeader)) = scan.damage {
-                file.write_all_at(&segment_header(base), 0)
+                file.write_all_at(&segment_header_with_flags(base, SEGMENT_FLAG_PREPARED), 0)
                     .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
                 file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
                 valid_len = SEGMENT_HEADER_BYTES;
@@ -787,11 +781,21 @@ fn recover_checkpoint(
     let value = match stored {
         None => oldest,
         Some(Stored::Value(v)) if v > next_seq => {
-            return Err(corrupt(
-                &path,
-                0,
-                format!("checkpoint {v} is beyond the end of the WAL (next sequence {next_seq})"),
-            ));
+            // Only dispatched records are ever behind a stored checkpoint,
+            // and it never passed the durable frontier: records next_seq..v
+            // were dispatched and are gone from the WAL since (damage, or a
+            // recovery that cut them). Keeping v would mark the sequence
+            // numbers handed out again as dispatched and skip new records;
+            // refusing would keep the node down for records it already
+            // delivered. So dispatch resumes at the WAL's end.
+            warn!(
+                path = %path.display(),
+                checkpoint = v,
+                next_seq,
+                lost_dispatched_records = v - next_seq,
+                "ingress dispatch checkpoint is beyond the end of the WAL: records that were already dispatched are missing from it; dispatch resumes at the WAL's end"
+            );
+            next_seq
         }
         Some(Stored::Value(v)) if v < oldest => {
             warn!(
@@ -973,10 +977,17 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
             segs.get(&chunk.segment).cloned().expect("staged chunk targets a known segment")
         };
-        segment
-            .file
-            .write_all_at(&chunk.bytes, chunk.offset)
-            .map_err(|e| latched("write", &segment.path, e))?;
+        let (at, bytes) = if chunk.create && segment.is_prepared() {
+            // The staged header has no flags: a prepared segment's says so,
+            // which is what lets recovery honour its trailer (see
+            // `recovery::prepared_tail`). Both writes precede the sync.
+            let header = segment_header_with_flags(chunk.segment, SEGMENT_FLAG_PREPARED);
+            segment.file.write_all_at(&header, 0).map_err(|e| latched("write", &segment.path, e))?;
+            (SEGMENT_HEADER_BYTES, &chunk.bytes[SEGMENT_HEADER_BYTES as usize..])
+        } else {
+            (chunk.offset, &chunk.bytes[..])
+        };
+        segment.file.write_all_at(bytes, at).map_err(|e| latched("write", &segment.path, e))?;
         let end = chunk.offset + chunk.bytes.len() as u64;
         if !segment.is_prepared() {
             extend_runway(shared, &segment, end, chunk.bytes.len() as u64);

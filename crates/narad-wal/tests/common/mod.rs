@@ -8,6 +8,7 @@ use narad_wal::frame::{parse_segment_file_name, segment_file_name};
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 
 /// Small segments, so tests roll and compact cheaply.
+#[allow(dead_code)] // not every test binary uses small segments
 pub fn small() -> WalOptions {
     WalOptions {
         segment_bytes: 16 << 10,
