@@ -15,14 +15,27 @@
 //! and half (crossed with those) with a zero runway after the frames
 //! (`WalOptions::runway_bytes`).
 //!
+//! A third of the payloads are adversarial: they start and end with our own
+//! formats' bytes (segment headers, CRC-valid WAL frames, preparation
+//! trailers with a valid CRC, partition-log frames with a valid CRC, runs
+//! of zeros). Most of those that end in a trailer name the offset where
+//! they would land if their frame ended the file (predicted from the WAL's
+//! size as the append is made), which is what a client who wanted recovery
+//! to cut its record would send.
+//!
 //! `NARAD_SEEDS=N` runs N seeds instead of the default 1,000.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use narad_fs::{CrashMode, SimFs, SimRng};
-use narad_wal::{RecordRef, Wal, WalOptions};
+use narad_fs::{CrashMode, Fs, OpenMode, SimFs, SimRng};
+use narad_wal::frame::{
+    SEGMENT_FLAG_PREPARED, begin_frame, parse_segment_file_name, seal_frame, segment_file_name,
+    segment_header, segment_header_with_flags,
+};
+use narad_wal::limits::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use narad_wal::{RecordRef, Wal, WalOptions, prep};
 
 /// Half of the seeds run with segment preparation, so crashes also land
 /// around renames of prepared segments, overwrites of their zeros and the
@@ -70,6 +83,109 @@ fn make_record(rng: &mut SimRng, thread: u64, n: u64) -> Expect {
     Expect { key, partition: rng.below(8) as u32, payload }
 }
 
+/// Where the next frame would start in the active segment, from the WAL's
+/// durable size less the sealed segments' files (a sealed segment is
+/// exactly its frames). A guess: other appenders and compaction race it.
+fn predict_frame_start(wal: &Wal, fs: &SimFs, dir: &std::path::Path) -> u64 {
+    let (_, total) = wal.disk_usage();
+    let Ok(entries) = fs.list_dir(dir) else { return SEGMENT_HEADER_BYTES };
+    let mut bases: Vec<u64> = entries.iter().filter_map(|e| parse_segment_file_name(&e.name)).collect();
+    bases.sort_unstable();
+    bases.pop();
+    let sealed: u64 = bases
+        .iter()
+        .filter_map(|b| fs.open(&dir.join(segment_file_name(*b)), OpenMode::Existing).ok())
+        .filter_map(|f| f.len().ok())
+        .sum();
+    total.saturating_sub(sealed).max(SEGMENT_HEADER_BYTES)
+}
+
+/// A CRC-valid WAL frame holding a small record, of the first write ever
+/// (sequence numbers from 0, write index equal to them). Not of a *later*
+/// write: a torn write whose payload carries a valid frame of a later
+/// write makes the open fail (the price of refusing to cut acked records
+/// on real damage; docs/DURABILITY.md, "payloads that look like ours").
+fn wal_frame(rng: &mut SimRng) -> Vec<u8> {
+    let payload = vec![rng.below(256) as u8; 1 + rng.below(40) as usize];
+    let r = RecordRef {
+        topic: "orders",
+        incarnation: Some(7),
+        key: None,
+        partition: 0,
+        accepted_at_ms: 1,
+        payload: &payload,
+    };
+    let mut out = Vec::new();
+    let seq = rng.below(3);
+    let at = begin_frame(&mut out, r.encoded_len().unwrap(), seq, seq as u32);
+    r.encode_into(&mut out);
+    seal_frame(&mut out, at);
+    out
+}
+
+/// A partition-log frame (SPEC §5.2) whose header and CRC are valid.
+fn log_frame(rng: &mut SimRng) -> Vec<u8> {
+    let payload = vec![rng.below(256) as u8; 64];
+    let mut h = vec![0xCA, 0xFE, 0];
+    h.extend_from_slice(&1i32.to_be_bytes());
+    h.extend_from_slice(&(rng.below(1_000) as i64).to_be_bytes());
+    h.extend_from_slice(&(payload.len() as i32).to_be_bytes());
+    h.extend_from_slice(&(payload.len() as i32).to_be_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[2..23]), &payload);
+    h.extend_from_slice(&crc.to_be_bytes());
+    h.extend_from_slice(&payload);
+    h
+}
+
+/// One of our formats' byte patterns; `trailer_at` is the offset a
+/// trailer at the end of the payload would land at, if known.
+fn magic_block(rng: &mut SimRng, trailer_at: Option<u64>) -> Vec<u8> {
+    match rng.below(6) {
+        0 => segment_header(rng.below(5_000)).to_vec(),
+        1 => segment_header_with_flags(rng.below(5_000), SEGMENT_FLAG_PREPARED).to_vec(),
+        2 => wal_frame(rng),
+        3 => log_frame(rng),
+        4 => vec![0u8; 1 + rng.below(600) as usize],
+        _ => {
+            let limit = trailer_at.unwrap_or(rng.below(16 << 10));
+            prep::trailer(limit as u32).to_vec()
+        }
+    }
+}
+
+/// An adversarial record: unique, of a random size, starting with one of
+/// our byte patterns and ending with another; half of them end in a
+/// trailer naming where it lands if the frame starting at `frame_start`
+/// (or at the start of a fresh segment, if it would not fit) ends the file.
+fn make_adversarial(
+    rng: &mut SimRng,
+    thread: u64,
+    n: u64,
+    frame_start: u64,
+    segment_bytes: u64,
+) -> Expect {
+    let mut e = make_record(rng, thread, n);
+    let head = magic_block(rng, None);
+    let len = (head.len() + e.payload.len() + 16 + rng.below(1500) as usize).min(3900);
+    let mut payload = head;
+    payload.extend_from_slice(&e.payload);
+    payload.resize(len, 0x41);
+    e.payload = payload;
+    let enc = u64::from(as_ref(&e).encoded_len().unwrap());
+    let frame = FRAME_HEADER_BYTES + enc;
+    let start = if frame_start + frame > segment_bytes { SEGMENT_HEADER_BYTES } else { frame_start };
+    let end = start + frame;
+    let tail = if rng.chance(1, 2) {
+        prep::trailer((end - prep::PREP_TRAILER_BYTES) as u32).to_vec()
+    } else {
+        magic_block(rng, Some(end - prep::PREP_TRAILER_BYTES))
+    };
+    let at = e.payload.len().saturating_sub(tail.len()).max(e.payload.len() / 2);
+    let take = e.payload.len() - at;
+    e.payload[at..].copy_from_slice(&tail[tail.len() - take..]);
+    e
+}
+
 fn as_ref(e: &Expect) -> RecordRef<'_> {
     RecordRef {
         topic: "orders",
@@ -111,12 +227,27 @@ fn run_seed(seed: u64) {
         let mut handles = Vec::new();
         for t in 0..3u64 {
             let (wal, ledger, mut rng) = (wal.clone(), ledger.clone(), rng.fork());
+            let (fs, dir) = (fs.clone(), dir.clone());
             let thread = life * 10 + t;
             handles.push(std::thread::spawn(move || {
                 for n in 0..25 {
                     let batch = if rng.chance(1, 3) { 1 + rng.below(5) } else { 1 };
-                    let recs: Vec<Expect> =
-                        (0..batch).map(|i| make_record(&mut rng, thread, n * 10 + i)).collect();
+                    let mut at = predict_frame_start(&wal, &fs, &dir);
+                    let segment_bytes = options(seed).segment_bytes;
+                    let recs: Vec<Expect> = (0..batch)
+                        .map(|i| {
+                            let e = if rng.chance(1, 3) {
+                                make_adversarial(&mut rng, thread, n * 10 + i, at, segment_bytes)
+                            } else {
+                                make_record(&mut rng, thread, n * 10 + i)
+                            };
+                            let frame =
+                                FRAME_HEADER_BYTES + u64::from(as_ref(&e).encoded_len().unwrap());
+                            at = if at + frame > segment_bytes { SEGMENT_HEADER_BYTES } else { at }
+                                + frame;
+                            e
+                        })
+                        .collect();
                     {
                         let mut l = ledger.lock().unwrap();
                         for r in &recs {
