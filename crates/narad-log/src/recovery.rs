@@ -12,9 +12,9 @@
 //! | any    | clean                          | `CleanSegment`                | keep      |
 //! | last   | empty file                     | `EmptyActiveSegment`          | keep      |
 //! | last   | only zero bytes after the frames | `ZeroRunwayOfLastSegment`   | truncate  |
-//! | last   | file ends inside a frame       | `TornTailOfLastSegment`       | truncate  |
+//! | last   | file ends inside a frame, nothing valid after | `TornTailOfLastSegment` | truncate |
 //! | last   | bad frame, nothing valid after | `GarbageTailOfLastSegment`    | truncate  |
-//! | last   | bad frame, valid frame after   | `CorruptionBeforeValidFrames` | fail open |
+//! | last   | bad frame or sizes past the end, valid frame after | `CorruptionBeforeValidFrames` | fail open |
 //! | sealed | empty file                     | `EmptySealedSegment`          | fail open |
 //! | sealed | ends inside a frame / bad frame / zero bytes | `DamagedSealedSegment` | fail open |
 //! | any    | CRC-valid frame, wrong offsets | `FrameOutOfSequence`          | fail open |
@@ -29,6 +29,12 @@
 //! acked records, so opening stops with an error naming the file and the
 //! byte offset, and an operator decides. (SPEC v2 resynced past such damage;
 //! the v3 behaviour and issue 3 fail open instead.)
+//!
+//! A frame whose size fields run past the end of the file is what a crash
+//! in the middle of its write leaves, but also what one damaged size field
+//! of an acked frame leaves (with zstd, the stored size alone): the
+//! look-ahead tells them apart, as for a bad frame. The last frame of the
+//! file with a damaged size cannot be told from a torn write and is cut.
 //!
 //! "A valid frame after" means a position after the damage where a header
 //! passes its checks and its CRC: a torn write cannot produce one, because
@@ -76,7 +82,8 @@ pub enum Finding {
     /// After the last good frame there are only zero bytes (the writer's
     /// zero runway, or the start of one a crash left).
     ZeroTail,
-    /// The file ends inside a frame header or payload.
+    /// The file ends inside a frame header or payload, and no valid frame
+    /// follows (one that does makes it `BadFrameThenValidFrame`).
     EndsInsideFrame,
     /// A frame fails its checks, and no valid frame follows it.
     BadFrameThenNothingValid,
@@ -189,12 +196,17 @@ fn finding_of(scan: &SegmentScan) -> Finding {
         None => Finding::Clean,
         Some(d) => match d.kind {
             DefectKind::ShortHeader | DefectKind::BadHeader(_) if d.zero_tail => Finding::ZeroTail,
-            DefectKind::ShortHeader | DefectKind::ShortPayload => Finding::EndsInsideFrame,
             DefectKind::OutOfSequence { .. } => Finding::OutOfSequence,
-
-            DefectKind::BadHeader(_) | DefectKind::BadCrc(_) if d.valid_frame_after.is_some() => {
+            // Sizes pointing past the end with a valid frame after them: a
+            // damaged size field, not a cut (see below).
+            DefectKind::ShortPayload
+            | DefectKind::BadHeader(_)
+            | DefectKind::BadCrc(_)
+                if d.valid_frame_after.is_some() =>
+            {
                 Finding::BadFrameThenValidFrame
             }
+            DefectKind::ShortHeader | DefectKind::ShortPayload => Finding::EndsInsideFrame,
             DefectKind::BadHeader(_) | DefectKind::BadCrc(_) => Finding::BadFrameThenNothingValid,
         },
     }

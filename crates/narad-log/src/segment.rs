@@ -288,8 +288,14 @@ pub fn scan_segment(
             Err(kind) => kind,
         };
         let zero_tail = r.all_zero(pos)?;
-        let valid_frame_after =
-            if kind.is_short() || zero_tail { None } else { r.find_valid_frame(pos + 1)? };
+        // A frame whose sizes run past the end of the file is a torn tail
+        // only if nothing valid follows it: a size field damaged on an
+        // acked frame looks the same, with the frames after it intact.
+        let valid_frame_after = if kind == DefectKind::ShortHeader || zero_tail {
+            None
+        } else {
+            r.find_valid_frame(pos + 1)?
+        };
         scan.defect = Some(Defect { pos, kind, valid_frame_after, zero_tail });
         break;
     }

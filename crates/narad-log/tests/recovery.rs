@@ -458,3 +458,50 @@ fn recovery_after_a_torn_crash_in_the_middle_of_a_commit_keeps_every_acked_recor
         }
     }
 }
+
+/// A frame whose size fields point past the end of the file looks like a
+/// frame cut short by a crash; it is one only if nothing valid follows it.
+/// With valid frames after it, it is damage to acked data: the open fails
+/// naming file and offset, case by case (both sizes of an uncompressed
+/// frame; only the stored size of a zstd frame; the last frame, which is
+/// indistinguishable from a torn tail and is cut).
+#[test]
+fn a_size_field_pointing_past_the_end_fails_open_unless_nothing_valid_follows() {
+    let big = |fs: &SimFs, seg: &Path, pos: u64, fields: &[usize]| {
+        for &at in fields {
+            fs.poke(seg, pos + at as u64, &(1i32 << 20).to_be_bytes()).unwrap();
+        }
+    };
+    for (name, codec, fields, frame) in [
+        ("uncompressed, both sizes", Codec::None, &[15usize, 19][..], 2usize),
+        ("zstd, stored size only", Codec::Zstd { level: 3 }, &[19usize][..], 2),
+        ("uncompressed, first frame", Codec::None, &[15usize, 19][..], 0),
+    ] {
+        let fs = SimFs::new(40);
+        let config = LogConfig { codec, ..one_segment() };
+        log_with_frames(&fs, &config, 5);
+        let seg = only_segment(&fs);
+        let pos = frame_positions(&fs, &seg)[frame];
+        big(&fs, &seg, pos, fields);
+        match open_sim(&fs, &config, &ManualClock::new(T0)) {
+            Err(LogError::Corrupt { path, offset, reason }) => {
+                assert_eq!((path, offset), (seg.clone(), pos), "{name}");
+                assert!(reason.contains("followed by valid frames"), "{name}: {reason}");
+            }
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        }
+    }
+    // The last frame: nothing follows it, so it cannot be told from a torn
+    // write of the last commit; it is cut, and the frames before it stay.
+    let fs = SimFs::new(41);
+    let config = one_segment();
+    let records = log_with_frames(&fs, &config, 5);
+    let seg = only_segment(&fs);
+    let pos = *frame_positions(&fs, &seg).last().unwrap();
+    big(&fs, &seg, pos, &[15, 19]);
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    let t = log.recovery_report().truncation.clone().expect("a truncation");
+    assert_eq!((t.case, t.at), (Case::TornTailOfLastSegment, pos));
+    drop(log);
+    assert_records(&fs, &config, &records[..4]);
+}
