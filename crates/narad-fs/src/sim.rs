@@ -61,6 +61,10 @@ pub enum FaultKind {
     WriteError,
     /// The next write fails with `ENOSPC` after writing a random prefix.
     NoSpace,
+    /// The next namespace operation (create, rename, remove, mkdir) takes
+    /// effect, but the directory sync after it fails with `EIO`: the change
+    /// is visible and not durable until a later [`Fs::sync_dir`] succeeds.
+    DirSyncError,
 }
 
 /// The kind of a numbered operation, for fault matching.
@@ -169,6 +173,7 @@ impl State {
                 && match f {
                     FaultKind::SyncError => kind == OpKind::Sync,
                     FaultKind::WriteError | FaultKind::NoSpace => kind == OpKind::Write,
+                    FaultKind::DirSyncError => kind == OpKind::Namespace,
                 }
         });
         Ok(pos.map(|i| self.faults.remove(i).1))
@@ -503,6 +508,17 @@ impl Fs for SimFs {
         if fault.is_some() {
             return Err(eio("directory fsync"));
         }
+        // The directory's entries become durable as they are now (after a
+        // namespace operation whose own directory sync failed).
+        let live: Vec<(PathBuf, u64)> = st
+            .live
+            .files
+            .iter()
+            .filter(|(p, _)| parent_dir(p) == path)
+            .map(|(p, id)| (p.clone(), *id))
+            .collect();
+        st.durable.files.retain(|p, _| parent_dir(p) != path);
+        st.durable.files.extend(live);
         Ok(())
     }
 
@@ -727,6 +743,27 @@ mod tests {
             fs.crash(CrashMode::TornWithHoles);
             let got = read_all(&fs, "v");
             assert!(got == b"old-value" || got == b"new-value", "cut {cut}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn a_remove_whose_directory_sync_failed_is_durable_only_after_a_later_sync_dir() {
+        for sync_after in [false, true] {
+            let fs = SimFs::new(7);
+            fs.create_dir_all(&p("/d")).unwrap();
+            fs.open(&p("/d/x"), OpenMode::CreateNew).unwrap();
+            fs.open(&p("/d/y"), OpenMode::CreateNew).unwrap();
+            fs.inject(fs.op_count(), FaultKind::DirSyncError);
+            assert!(fs.remove_file(&p("/d/x")).is_err());
+            assert!(!fs.exists(&p("/d/x")).unwrap(), "gone from the live namespace");
+            let again = fs.remove_file(&p("/d/x")).unwrap_err();
+            assert_eq!(again.kind(), io::ErrorKind::NotFound);
+            if sync_after {
+                fs.sync_dir(&p("/d")).unwrap();
+            }
+            fs.crash(CrashMode::DropUnsynced);
+            assert_eq!(fs.exists(&p("/d/x")).unwrap(), !sync_after, "sync_dir {sync_after}");
+            assert!(fs.exists(&p("/d/y")).unwrap());
         }
     }
 

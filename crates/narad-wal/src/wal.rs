@@ -1217,9 +1217,22 @@ fn compact(shared: &Shared) {
         bases.windows(2).take_while(|w| w[1] <= synced).map(|w| segs[&w[0]].clone()).collect()
     };
     for seg in doomed {
-        if let Err(e) = shared.fs.remove_file(&seg.path) {
-            warn!(segment = %seg.path.display(), error = %e, "could not delete a compacted ingress WAL segment; will retry");
-            return;
+        match shared.fs.remove_file(&seg.path) {
+            Ok(()) => {}
+            // An earlier pass unlinked it and then failed to sync the
+            // directory: sync it now, so the unlink is durable before any
+            // later segment goes (a crash must never bring back an older
+            // segment beside a gap).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Err(e) = shared.fs.sync_dir(&shared.dir) {
+                    warn!(dir = %shared.dir.display(), error = %e, "could not sync the ingress WAL directory after compaction; will retry");
+                    return;
+                }
+            }
+            Err(e) => {
+                warn!(segment = %seg.path.display(), error = %e, "could not delete a compacted ingress WAL segment; will retry");
+                return;
+            }
         }
         shared.segments.write().unwrap_or_else(|p| p.into_inner()).remove(&seg.base);
         shared.counters.segments_compacted.fetch_add(1, Ordering::Relaxed);

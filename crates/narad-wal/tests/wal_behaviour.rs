@@ -439,6 +439,40 @@ fn compaction_only_deletes_segments_behind_a_synced_checkpoint() {
     assert_eq!(payloads(&wal, 15).len(), 5);
 }
 
+/// A segment unlinked whose directory sync then failed is gone from the
+/// directory but maybe not from the disk: the next pass finds it missing,
+/// syncs the directory and goes on; compaction never stops for good.
+#[test]
+fn compaction_resumes_after_a_failed_directory_sync_of_an_unlink() {
+    let fs = SimFs::new(22);
+    let wal = Wal::open_with(
+        fs.shared(),
+        dir(),
+        WalOptions { runway_bytes: 0, compaction_interval: Duration::from_secs(3600), ..small() },
+    )
+    .unwrap();
+    let big = vec![1u8; 3000];
+    for _ in 0..20 {
+        wal.append(&rec(&big)).unwrap();
+    }
+    let (before, _) = wal.disk_usage();
+    assert!(before >= 4, "{before} segments");
+    wal.store_checkpoint(20).unwrap();
+    fs.inject(fs.op_count(), FaultKind::DirSyncError);
+    let _ = wal.sync_checkpoint_now();
+    let after_fault = wal.disk_usage().0;
+    assert!(after_fault > 1, "the failed unlink stopped that pass");
+    wal.compact_now();
+    wal.compact_now();
+    assert_eq!(wal.disk_usage().0, 1, "compaction resumed behind the checkpoint");
+    assert_eq!(wal.oldest_seq(), 20);
+    // Every unlink is durable: a crash brings no compacted segment back.
+    drop(wal);
+    fs.crash(CrashMode::DropUnsynced);
+    let wal = open(&fs).unwrap();
+    assert_eq!((wal.oldest_seq(), wal.checkpoint(), wal.disk_usage().0), (20, 20, 1));
+}
+
 #[test]
 fn a_fully_dispatched_active_segment_is_rotated_and_reclaimed() {
     let fs = SimFs::new(20);
