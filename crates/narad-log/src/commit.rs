@@ -45,9 +45,12 @@
 //!
 //! If any step from 3 on fails, the cycle is rolled back: segments it
 //! created are removed, the segment it appended to is truncated to its old
-//! length and fdatasynced. If that fails too the log is poisoned: every
-//! later cycle fails until the log is reopened (a failed fsync is never
-//! retried).
+//! length and fdatasynced. If that fails too, or if the step that failed was
+//! an fdatasync, the log is poisoned: every later cycle fails until the log
+//! is reopened (a failed fsync latches and is never retried: a later
+//! fdatasync may report success for pages whose write-back failed; the
+//! rollback's own fdatasync only makes the truncation durable, and nothing
+//! is acked on it).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -210,6 +213,8 @@ struct Touched {
     /// A write was attempted (the file may hold bytes past `start_len`).
     dirty: bool,
     synced: bool,
+    /// Its fdatasync failed: the log latches (see `commit_cycle`).
+    sync_failed: bool,
     /// (frame index, byte position)
     frames: Vec<(usize, u64)>,
 }
@@ -393,7 +398,19 @@ impl PartitionLog {
                 dir = %self.dir.display(), error = %e, records = next - base,
                 "partition commit failed; truncating back to the high watermark"
             );
+            let sync_failed = cycle.touched.iter().any(|t| t.sync_failed);
             self.rollback(w, cycle);
+            if sync_failed && w.poisoned.is_none() {
+                // A failed fdatasync latches (DESIGN §3): a later one may
+                // report success for pages whose write-back failed, so no
+                // later cycle may trust one. Reopening re-runs recovery
+                // from what the disk holds.
+                error!(
+                    dir = %self.dir.display(), error = %e,
+                    "partition log fdatasync failed; the log refuses commits until it is reopened"
+                );
+                w.poisoned = Some(Arc::new(e.clone()));
+            }
             return Err(e);
         }
         let timings = CycleTimings {
@@ -488,6 +505,7 @@ impl PartitionLog {
                     created: false,
                     dirty: false,
                     synced: false,
+                    sync_failed: false,
                     frames: Vec::new(),
                 });
             }
@@ -562,6 +580,7 @@ impl PartitionLog {
             let started = Instant::now();
             let synced = t.file.sync_data();
             *spent += started.elapsed();
+            t.sync_failed = synced.is_err();
             synced.map_err(|e| LogError::io("fdatasync", &t.seg.path, e))?;
             Counters::add(&self.counters.syncs, 1);
             t.synced = true;
@@ -658,6 +677,7 @@ impl PartitionLog {
             len: 0,
             created: true,
             dirty: false,
+            sync_failed: false,
             synced: false,
             frames: Vec::new(),
         });

@@ -67,7 +67,7 @@ fn thirty_two_committers_get_contiguous_unique_offsets_with_far_fewer_fsyncs() {
 }
 
 #[test]
-fn every_caller_of_a_failed_cycle_gets_the_same_error_and_the_next_cycle_is_clean() {
+fn every_caller_of_a_failed_cycle_gets_the_same_error_and_the_log_latches() {
     let sim = SimFs::new(2);
     let fs = GateFs::new(sim.clone());
     let config = LogConfig { segment_bytes: 1 << 20, ..small_config() };
@@ -102,10 +102,11 @@ fn every_caller_of_a_failed_cycle_gets_the_same_error_and_the_next_cycle_is_clea
     assert!(errors.iter().all(|e| *e == errors[0]), "one cycle, one shared error: {errors:?}");
     let m = log.metrics();
     assert_eq!((m.commit_cycles, m.commit_failures, m.rollbacks), (2, 8, 1));
-    // The failed cycle left nothing behind; the next one continues at 3.
+    // The failed cycle left nothing behind, and the failed fdatasync
+    // latched the log: the next commit is refused until it is reopened.
     assert_eq!(log.high_watermark(), 3);
-    assert_eq!(log.commit(recs("after", 1)).unwrap().first_offset, 3);
-    assert_eq!(read_all(&log).len(), 4);
+    assert!(matches!(log.commit(recs("after", 1)), Err(LogError::Poisoned { .. })));
+    assert_eq!(read_all(&log).len(), 3);
 }
 
 #[test]

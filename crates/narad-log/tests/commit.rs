@@ -101,9 +101,39 @@ fn segment_bytes_total(fs: &SimFs) -> u64 {
     segment_paths(fs).iter().map(|p| fs.open(p, OpenMode::Existing).unwrap().len().unwrap()).sum()
 }
 
+/// A failed fdatasync latches the log (DESIGN §3: never retried, since a
+/// later fdatasync may report success for pages whose write-back failed):
+/// the cycle is truncated away, every later commit is refused until the log
+/// is reopened, reads go on, and the reopen's recovery starts from disk.
 #[test]
-fn failed_fsync_truncates_back_to_the_high_watermark_and_the_next_commit_starts_clean() {
-    for fault in [FaultKind::SyncError, FaultKind::WriteError, FaultKind::NoSpace] {
+fn a_failed_fsync_latches_the_log_until_it_is_reopened() {
+    let fs = SimFs::new(3);
+    let config = LogConfig { segment_bytes: 1 << 20, runway_bytes: 0, ..small_config() };
+    let clock = ManualClock::new(T0);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    let first = recs("ok", 5);
+    log.commit(first.clone()).unwrap();
+    let len = segment_bytes_total(&fs);
+    fs.inject(fs.op_count(), FaultKind::SyncError);
+    assert!(matches!(log.commit(recs("failed", 5)), Err(LogError::Io { .. })));
+    assert_eq!(log.high_watermark(), 5);
+    assert_eq!(segment_bytes_total(&fs), len, "the failed cycle is truncated away");
+    match log.commit(recs("refused", 1)) {
+        Err(LogError::Poisoned { source }) => assert!(matches!(*source, LogError::Io { .. })),
+        other => panic!("expected Poisoned, got {other:?}"),
+    }
+    assert_eq!(read_all(&log).len(), 5, "reads go on");
+    drop(log);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    assert_eq!(log.commit(recs("next", 3)).unwrap().offsets(), 5..8);
+    assert_eq!(read_all(&log).len(), 8);
+}
+
+/// A failed write (not an fdatasync) is rolled back and the log goes on:
+/// the rollback's fdatasync is the first one after it, not a retry.
+#[test]
+fn failed_write_truncates_back_to_the_high_watermark_and_the_next_commit_starts_clean() {
+    for fault in [FaultKind::WriteError, FaultKind::NoSpace] {
         let fs = SimFs::new(4);
         // File sizes are compared: no zero runway.
         let config = LogConfig { segment_bytes: 1 << 20, runway_bytes: 0, ..small_config() };
@@ -153,6 +183,10 @@ fn a_failure_inside_a_roll_removes_the_new_segment() {
     assert!(fs.sync_count() > syncs, "the first roll synced before failing later");
     assert_eq!(segment_paths(&fs), segments, "segments created by the failed cycle are removed");
     assert_eq!(log.high_watermark(), 20);
+    // The failed fdatasync latched the log: reopened, it goes on.
+    assert!(matches!(log.commit(big.clone()), Err(LogError::Poisoned { .. })));
+    drop(log);
+    let log = open_sim(&fs, &config, &clock).unwrap();
     let o = log.commit(big).unwrap();
     assert_eq!(o.offsets(), 20..26);
     assert!(segment_paths(&fs).len() >= segments.len() + 5);
