@@ -6,6 +6,11 @@
 //! 16 slot 0: value u64 | crc32c u32 over (value ++ slot index u8) | 4 zero
 //! 32 slot 1: same
 //! ```
+//! SPEC and DESIGN describe an 8-byte value; this file is that value twice,
+//! under CRCs, behind a magic and a version: it is overwritten in place on
+//! every move and synced only later, so a torn write must be detectable and
+//! must not destroy the previous value (docs/DURABILITY.md).
+//!
 //! # How it is written
 //! The file is created whole by write-temp + fdatasync + rename. After that,
 //! every move of the checkpoint overwrites one 12-byte slot in place, the two

@@ -17,7 +17,7 @@
 //!
 //! The file is written whole and fdatasynced before it counts as ready; the
 //! roll renames it to `%020d.wal` and writes the segment header over the
-//! first zeros. The roll that seals a prepared segment cuts it to its data
+//! first zeros, with the `PREPARED` flag set (see [`crate::frame`]). The roll that seals a prepared segment cuts it to its data
 //! and syncs that before the next segment exists, so a sealed segment looks
 //! exactly as it always did, and only the last segment can end in a trailer.
 //!
@@ -25,10 +25,13 @@
 //! * A prepared file is never renamed in unless its whole content is durable.
 //! * Only the last segment may carry a trailer; bytes between its last good
 //!   frame and the trailer are zeros unless a write was torn.
-//! * Recovery keeps a prepared last segment prepared only if everything after
-//!   the last good frame up to the trailer is zero; any other tail is cut
-//!   with the trailer (the segment becomes an ordinary appended one), so
-//!   stale frames of a torn write can never be mistaken for new ones.
+//! * Recovery keeps a prepared last segment prepared only if its header
+//!   says it was prepared and everything after the last good frame up to
+//!   the trailer is zero (`recovery::prepared_tail`); any other
+//!   tail is cut with the trailer (the segment becomes an ordinary appended
+//!   one), so stale frames of a torn write can never be mistaken for new
+//!   ones. The end of a file is never trusted alone: when a write ends the
+//!   file, its last bytes are a client's payload, which may be a trailer.
 
 use std::path::{Path, PathBuf};
 

@@ -126,3 +126,39 @@ fn torn_tails_are_truncated_and_everything_before_them_is_served() {
     }
     assert!(s.log().contains("trunc"), "the truncation is logged");
 }
+
+/// A payload whose last 16 bytes are a WAL preparation trailer naming the
+/// offset where they land: its record is the first of a fresh segment and,
+/// over an eighth of the zero runway, its group ends the file. Recovery
+/// must not take those bytes for a trailer (issue 20): after a kill -9
+/// (before or after dispatch, whichever came first) the node starts and
+/// the message is delivered.
+#[test]
+fn a_payload_ending_in_a_forged_wal_trailer_survives_a_restart() {
+    let mut s = Server::start("forged");
+    s.create_topic(r#"{"name":"f","partitions":3}"#);
+    let mut payload = vec![b'x'; 80 << 10];
+    let rec = narad_wal::RecordRef {
+        topic: "f",
+        incarnation: Some(1),
+        key: None,
+        partition: 0,
+        accepted_at_ms: 0,
+        payload: &payload,
+    };
+    let frame_end = 32 + 24 + u64::from(rec.encoded_len().unwrap());
+    let trailer = narad_wal::prep::trailer((frame_end - 16) as u32);
+    let n = payload.len();
+    payload[n - 16..].copy_from_slice(&trailer);
+    assert_eq!(s.produce("f", "", &payload), 202);
+    s.kill9();
+    let wal = s.data_dir.join("ingress/produce");
+    let seg = files_with_suffix(&wal, ".wal").pop().unwrap();
+    let on_disk = std::fs::read(&seg).unwrap();
+    assert_eq!(on_disk.len() as u64, frame_end, "the record's frame ends the file");
+    assert!(on_disk.ends_with(&trailer));
+    s.restart();
+    let got = s.drain("f");
+    assert_eq!(got.len(), 1, "the acked message is delivered once");
+    assert!(got[0] == payload, "the payload comes back byte for byte");
+}
