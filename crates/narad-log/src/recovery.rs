@@ -199,9 +199,7 @@ fn finding_of(scan: &SegmentScan) -> Finding {
             DefectKind::OutOfSequence { .. } => Finding::OutOfSequence,
             // Sizes pointing past the end with a valid frame after them: a
             // damaged size field, not a cut (see below).
-            DefectKind::ShortPayload
-            | DefectKind::BadHeader(_)
-            | DefectKind::BadCrc(_)
+            DefectKind::ShortPayload | DefectKind::BadHeader(_) | DefectKind::BadCrc(_)
                 if d.valid_frame_after.is_some() =>
             {
                 Finding::BadFrameThenValidFrame

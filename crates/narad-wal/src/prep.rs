@@ -17,9 +17,10 @@
 //!
 //! The file is written whole and fdatasynced before it counts as ready; the
 //! roll renames it to `%020d.wal` and writes the segment header over the
-//! first zeros, with the `PREPARED` flag set (see [`crate::frame`]). The roll that seals a prepared segment cuts it to its data
-//! and syncs that before the next segment exists, so a sealed segment looks
-//! exactly as it always did, and only the last segment can end in a trailer.
+//! first zeros, with the `PREPARED` flag set (see [`crate::frame`]). The
+//! roll that seals a prepared segment cuts it to its data and syncs that
+//! before the next segment exists, so a sealed segment looks exactly as it
+//! always did, and only the last segment can end in a trailer.
 //!
 //! # Invariants
 //! * A prepared file is never renamed in unless its whole content is durable.

@@ -982,7 +982,10 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             // which is what lets recovery honour its trailer (see
             // `recovery::prepared_tail`). Both writes precede the sync.
             let header = segment_header_with_flags(chunk.segment, SEGMENT_FLAG_PREPARED);
-            segment.file.write_all_at(&header, 0).map_err(|e| latched("write", &segment.path, e))?;
+            segment
+                .file
+                .write_all_at(&header, 0)
+                .map_err(|e| latched("write", &segment.path, e))?;
             (SEGMENT_HEADER_BYTES, &chunk.bytes[SEGMENT_HEADER_BYTES as usize..])
         } else {
             (chunk.offset, &chunk.bytes[..])

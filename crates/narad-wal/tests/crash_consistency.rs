@@ -89,7 +89,8 @@ fn make_record(rng: &mut SimRng, thread: u64, n: u64) -> Expect {
 fn predict_frame_start(wal: &Wal, fs: &SimFs, dir: &std::path::Path) -> u64 {
     let (_, total) = wal.disk_usage();
     let Ok(entries) = fs.list_dir(dir) else { return SEGMENT_HEADER_BYTES };
-    let mut bases: Vec<u64> = entries.iter().filter_map(|e| parse_segment_file_name(&e.name)).collect();
+    let mut bases: Vec<u64> =
+        entries.iter().filter_map(|e| parse_segment_file_name(&e.name)).collect();
     bases.sort_unstable();
     bases.pop();
     let sealed: u64 = bases
@@ -173,7 +174,8 @@ fn make_adversarial(
     e.payload = payload;
     let enc = u64::from(as_ref(&e).encoded_len().unwrap());
     let frame = FRAME_HEADER_BYTES + enc;
-    let start = if frame_start + frame > segment_bytes { SEGMENT_HEADER_BYTES } else { frame_start };
+    let start =
+        if frame_start + frame > segment_bytes { SEGMENT_HEADER_BYTES } else { frame_start };
     let end = start + frame;
     let tail = if rng.chance(1, 2) {
         prep::trailer((end - prep::PREP_TRAILER_BYTES) as u32).to_vec()
