@@ -26,6 +26,10 @@
 //!   invented, nothing half-written);
 //! * every restart succeeded (recovery never refuses a torn tail).
 //!
+//! A third of the payloads start and end with bytes of our own formats (WAL
+//! segment headers, preparation trailers, partition-log frames with valid
+//! CRCs, runs of zeros), as a client may send them.
+//!
 //! The workload is one thread and every background timer is pushed out of
 //! the way, so a seed replays the same disk operations: `NARAD_SEED=S` runs
 //! one seed; `NARAD_SEEDS=N` runs N (default 200).
@@ -138,6 +142,22 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
     })
 }
 
+/// Bytes of one of our on-disk formats, valid where they carry a CRC: a
+/// WAL segment header, a WAL preparation trailer, a partition-log frame, or
+/// a run of zeros. A client may send any of them as a payload.
+fn our_bytes(rng: &mut SimRng) -> Vec<u8> {
+    match rng.below(4) {
+        0 => narad_wal::frame::segment_header(rng.below(1_000)).to_vec(),
+        1 => narad_wal::prep::trailer(rng.below(16 << 10) as u32).to_vec(),
+        2 => {
+            let mut b = narad_log::frame::PayloadBuilder::new();
+            b.push(Some(b"k"), 1, b"a frame inside a payload");
+            b.finish(rng.below(1_000), narad_log::Codec::None).unwrap()
+        }
+        _ => vec![0u8; 1 + rng.below(600) as usize],
+    }
+}
+
 #[derive(Default)]
 struct Ledger {
     attempted: HashSet<Vec<u8>>,
@@ -183,6 +203,13 @@ impl Node {
             let mut p = format!("{name}:{id}:").into_bytes();
             let pad = rng.below(300) as usize;
             p.extend((0..pad).map(|i| b'a' + (i % 26) as u8));
+            if rng.chance(1, 3) {
+                // Our own formats' bytes at the payload's start and end.
+                let mut head = our_bytes(rng);
+                head.extend_from_slice(&p);
+                p = head;
+                p.extend_from_slice(&our_bytes(rng));
+            }
             ledger.attempted.insert(p.clone());
             ledger.incarnation.insert(p.clone(), t.incarnation());
             payloads.push(p);
