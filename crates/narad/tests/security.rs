@@ -354,3 +354,169 @@ fn dev_mode_has_security_off_and_topics_have_no_owner() {
     assert_eq!(r.status(), 201, "the users API works without security");
     assert!(!s.log().contains("seeded the root user"));
 }
+
+/// A client whose connections come from `source` (a loopback address).
+fn client_from(source: &str) -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().unwrap())
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn parallel_wrong_guesses_cannot_outrun_the_failed_password_throttle() {
+    let s = Server::start_secure("parallelguess");
+    add_user(&s, "bob", "right", json!([]));
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..41)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || {
+                    let pw = if i == 20 { "right".to_owned() } else { format!("wrong{i}") };
+                    let r = s.as_user(Method::GET, "/v1/topics", "bob", &pw).send().unwrap();
+                    r.status().as_u16()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let verified = statuses.iter().filter(|&&st| st != 429).count();
+    assert!(verified <= 5, "only the burst of 5 is verified: {statuses:?}");
+    assert!(statuses.iter().all(|st| [200, 401, 429].contains(st)), "{statuses:?}");
+}
+
+#[test]
+fn attaching_a_child_needs_the_childs_owner_or_an_admin_too() {
+    let s = Server::start_secure("attachowner");
+    add_user(&s, "alice", "apw", json!([{"action": "create", "patterns": ["al*"]}]));
+    add_user(&s, "bob", "bpw", json!([{"action": "create", "patterns": ["bob*"]}]));
+    assert_eq!(create_topic_as(&s, "alice", "apw", "al.p").0, 201);
+    assert_eq!(create_topic_as(&s, "alice", "apw", "al.c").0, 201);
+    assert_eq!(create_topic_as(&s, "bob", "bpw", "bob.t1").0, 201);
+    assert_eq!(create_topic_as(&s, "admin", ADMIN_PASSWORD, "orders").0, 201);
+    let attach = |user: &str, pw: &str, child: &str| {
+        let body = json!({"child": child, "delay_ms": 60000});
+        let r = s.as_user(Method::POST, "/v1/topics/al.p/children", user, pw);
+        status_and_json(r.body(body.to_string()).send().unwrap())
+    };
+    for child in ["orders", "bob.t1"] {
+        let (status, v) = attach("alice", "apw", child);
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (403, Some("only the topic owner or an admin may modify this topic")),
+            "{child}"
+        );
+    }
+    assert_eq!(produce_as(&s, "admin", ADMIN_PASSWORD, "orders"), 202, "orders is no child");
+    assert_eq!(attach("alice", "apw", "al.c").0, 200, "both hers");
+    assert_eq!(attach("admin", ADMIN_PASSWORD, "bob.t1").0, 200, "an admin may");
+    // A missing child is still a 404 (not a 403 that would hide it).
+    assert_eq!(attach("alice", "apw", "al.missing").0, 404);
+    // Create-with-parent: the new child is the caller's; the parent must be too.
+    let body = json!({"name": "al.c2", "parent": "orders"});
+    let r = s.as_user(Method::POST, "/v1/topics", "alice", "apw").body(body.to_string());
+    assert_eq!(r.send().unwrap().status(), 403);
+    let body = json!({"name": "al.c3", "parent": "al.p"});
+    let r = s.as_user(Method::POST, "/v1/topics", "alice", "apw").body(body.to_string());
+    assert_eq!(r.send().unwrap().status(), 201);
+}
+
+#[test]
+fn strangers_guessing_and_other_users_changes_do_not_lock_out_admin() {
+    let s = Server::start_secure("lockout");
+    add_user(&s, "low", "lpw", json!([]));
+    let stranger = client_from("127.0.0.2");
+    let guess = |c: &reqwest::blocking::Client, user: &str, pw: &str| {
+        let r = c.get(s.url("/v1/topics")).basic_auth(user, Some(pw)).send().unwrap();
+        r.status().as_u16()
+    };
+    // A stranger on another address exhausts its budget for `admin`...
+    let from_stranger: Vec<u16> = (0..8).map(|i| guess(&stranger, "admin", &format!("w{i}"))).collect();
+    assert_eq!(from_stranger.last(), Some(&429), "{from_stranger:?}");
+    // ... and the operator, never signed in yet, still gets in from its own.
+    assert_eq!(guess(&s.client, "admin", ADMIN_PASSWORD), 200, "per-address budget");
+    // Guessing from the operator's own address: a credential that verified
+    // keeps working, also after another user's password change.
+    let local: Vec<u16> = (0..8).map(|i| guess(&s.client, "admin", &format!("w{i}"))).collect();
+    assert_eq!(local.last(), Some(&429), "{local:?}");
+    let body = json!({"current_password": "lpw", "new_password": "lpw2"});
+    let r = s.as_user(Method::PUT, "/v1/users/low/password", "low", "lpw").body(body.to_string());
+    assert_eq!(r.send().unwrap().status(), 204);
+    assert_eq!(guess(&s.client, "admin", ADMIN_PASSWORD), 200, "verified credential kept");
+    assert_eq!(guess(&s.client, "admin", "w-again"), 429, "guesses still throttled");
+}
+
+#[test]
+fn the_current_password_check_is_throttled_like_a_login() {
+    let s = Server::start_secure("currentpw");
+    add_user(&s, "bob", "bpw", json!([]));
+    let change = |current: &str| {
+        let body = json!({"current_password": current, "new_password": "new"});
+        let r = s.as_user(Method::PUT, "/v1/users/bob/password", "bob", "bpw");
+        r.body(body.to_string()).send().unwrap().status().as_u16()
+    };
+    let statuses: Vec<u16> = (0..8).map(|i| change(&format!("wrong{i}"))).collect();
+    assert_eq!(&statuses[..5], &[403; 5], "{statuses:?}");
+    assert_eq!(statuses[7], 429, "{statuses:?}");
+    assert_eq!(change("bpw"), 429, "throttled before any verify");
+    assert_eq!(s.as_user(Method::GET, "/v1/topics", "bob", "bpw").send().unwrap().status(), 200);
+}
+
+#[test]
+fn overlong_usernames_are_refused_unverified_and_not_logged_in_full() {
+    let s = Server::start_secure("longname");
+    let long = "n".repeat(45_000);
+    for _ in 0..3 {
+        let r = s.as_user(Method::GET, "/v1/topics", &long, "x").send().unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let log = s.log();
+    assert!(!log.contains(&"n".repeat(100)), "the name is not logged in full");
+    assert!(log.len() < 20_000, "{} bytes of log", log.len());
+}
+
+#[test]
+fn passwords_over_72_bytes_are_refused() {
+    let s = Server::start_secure("longpw");
+    let p72 = "p".repeat(72);
+    let p73 = "p".repeat(73);
+    let create = |name: &str, pw: &str| {
+        let body = json!({"username": name, "password": pw});
+        status_and_json(s.as_admin(Method::POST, "/v1/users").body(body.to_string()).send().unwrap())
+    };
+    let (status, v) = create("long", &p73);
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (400, Some("password longer than 72 bytes"))
+    );
+    assert_eq!(create("edge", &p72).0, 201);
+    let ok = s.as_user(Method::GET, "/v1/topics", "edge", &p72).send().unwrap();
+    assert_eq!(ok.status(), 200);
+    let longer = format!("{p72}x");
+    let r = s.as_user(Method::GET, "/v1/topics", "edge", &longer).send().unwrap();
+    assert_eq!(r.status(), 401, "a 72-byte prefix is not the password");
+    let body = json!({"new_password": p73});
+    let (status, v) = status_and_json(
+        s.as_admin(Method::PUT, "/v1/users/edge/password").body(body.to_string()).send().unwrap(),
+    );
+    assert_eq!((status, v["error"].as_str()), (400, Some("password longer than 72 bytes")));
+}
+
+#[test]
+fn a_user_who_owns_topics_cannot_be_deleted() {
+    let s = Server::start_secure("ownerdelete");
+    add_user(&s, "alice", "apw", json!([{"action": "create", "patterns": ["al*"]}]));
+    assert_eq!(create_topic_as(&s, "alice", "apw", "al1").0, 201);
+    let (status, v) =
+        status_and_json(s.as_admin(Method::DELETE, "/v1/users/alice").send().unwrap());
+    assert_eq!(status, 409, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("al1"), "{v}");
+    assert_eq!(s.as_admin(Method::DELETE, "/v1/topics/al1").send().unwrap().status(), 204);
+    assert_eq!(s.as_admin(Method::DELETE, "/v1/users/alice").send().unwrap().status(), 204);
+    // A new alice owns nothing of the old one's.
+    add_user(&s, "alice", "apw2", json!([]));
+    assert_eq!(create_topic_as(&s, "admin", ADMIN_PASSWORD, "al1").0, 201);
+    let r = s.as_user(Method::DELETE, "/v1/topics/al1", "alice", "apw2").send().unwrap();
+    assert_eq!(r.status(), 403);
+}
