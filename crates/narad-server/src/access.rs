@@ -3,25 +3,31 @@
 //! authorization rule (SPEC §1.2) and the caller's rate limits, and hands
 //! the caller to the handler as a [`Caller`] extension.
 //!
+//! The rule is chosen by the matched route, whatever the method: axum
+//! answers `HEAD` with a route's `GET` handler, and a method the route does
+//! not serve must not get through unchecked on its way to the 405.
+//!
 //! | route | rule |
 //! |---|---|
 //! | `/healthz`, `/readyz`, `/metrics`, `/openapi.json` | open (exact paths) |
-//! | `POST .../produce`, `.../produce/batch` | `produce` on the topic, then the produce rate limit |
-//! | `GET .../consume` | `consume` on the topic, then the consume rate limit |
-//! | `POST .../ack` | `consume` on the topic |
-//! | `PATCH`/`DELETE /v1/topics/{topic}`, `POST .../children`, `DELETE .../children/{child}` | owner of the topic or admin (a missing topic passes: the handler answers 404) |
+//! | `.../produce`, `.../produce/batch` | `produce` on the topic, then the produce rate limit |
+//! | `.../consume` (`GET` and `HEAD`) | `consume` on the topic, then the consume rate limit |
+//! | `.../ack` | `consume` on the topic |
+//! | `/v1/topics/{topic}`, `.../children` other than `GET`/`HEAD`; `.../children/{child}` | owner of the topic or admin (a missing topic passes: the handler answers 404) |
 //! | `POST /v1/topics` | checked by the handler (`create` on the name; owner or admin of a parent) |
+//! | `POST .../children` | also checked by the handler: owner or admin of the child |
 //! | `/v1/users...` | checked by the handlers (admin; self-service password change) |
 //! | anything else | any authenticated user |
 //!
 //! With security off (`--dev`) nobody is authenticated, every rule passes
 //! and the rate limits apply to one anonymous user.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::RequestExt;
-use axum::extract::{MatchedPath, RawPathParams, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, RawPathParams, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,7 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::auth::{AuthError, Authenticator, basic_credentials};
+use crate::auth::{AuthError, Authenticator, UNKNOWN_CLIENT, basic_credentials};
 use crate::error::ApiError;
 use crate::ratelimit::{Op, RateLimiter, retry_after_secs};
 use crate::state::Shared;
@@ -85,7 +91,8 @@ impl Caller {
 /// `{reason}` of the throttled-requests counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ThrottleLabels {
-    /// `produce_rate`, `consume_rate` or `auth_failures`.
+    /// `produce_rate`, `consume_rate`, `auth_failures` (429) or
+    /// `auth_busy` (503: no password-verify slot).
     pub reason: String,
 }
 
@@ -114,14 +121,15 @@ impl Security {
         let throttled = Family::default();
         registry.register(
             "throttled_requests",
-            "Requests refused with 429 (rate limits, failed-password throttle)",
+            "Requests refused with 429 (rate limits, failed-password throttle) or 503 (password-verify queue full)",
             throttled.clone(),
         );
         let open = auth.is_none() && limits.is_unlimited();
         Security { enabled: auth.is_some(), auth, limits, throttled, open }
     }
 
-    fn count_throttled(&self, reason: &str) {
+    /// Counts a refusal in `narad_throttled_requests_total{reason}`.
+    pub fn count_throttled(&self, reason: &str) {
         self.throttled.get_or_create(&ThrottleLabels { reason: reason.to_owned() }).inc();
     }
 }
@@ -142,10 +150,22 @@ pub fn forbidden(message: &str) -> ApiError {
     ApiError::Json { status: StatusCode::FORBIDDEN, message: message.to_owned() }
 }
 
-fn too_many(message: &str, wait: std::time::Duration) -> Response {
+/// A 429 with `message` and `Retry-After`.
+pub fn too_many(message: &str, wait: std::time::Duration) -> Response {
     let mut r = ApiError::Json { status: StatusCode::TOO_MANY_REQUESTS, message: message.into() }
         .into_response();
     r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
+    r
+}
+
+/// The 503 of a request whose password verify found no slot.
+pub fn auth_busy() -> Response {
+    let mut r = ApiError::Json {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "authentication busy, retry later".into(),
+    }
+    .into_response();
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1u64));
     r
 }
 
@@ -157,18 +177,26 @@ enum Rule {
     Authenticated,
 }
 
+/// The rule of a matched route. Keyed by the route first, so that every
+/// method it answers (`HEAD` as `GET`) or refuses gets the route's rule;
+/// the method only tells the reads of a route from its changes.
 fn rule(method: &Method, route: &str) -> Rule {
-    match (method.as_str(), route) {
-        ("POST", "/v1/topics/{topic}/produce" | "/v1/topics/{topic}/produce/batch") => {
+    let read = *method == Method::GET || *method == Method::HEAD;
+    match route {
+        "/v1/topics/{topic}/produce" | "/v1/topics/{topic}/produce/batch" => {
             Rule::Grant(Action::Produce, Some(Op::Produce))
         }
-        ("GET", "/v1/topics/{topic}/consume") => Rule::Grant(Action::Consume, Some(Op::Consume)),
-        ("POST", "/v1/topics/{topic}/ack") => Rule::Grant(Action::Consume, None),
-        ("PATCH" | "DELETE", "/v1/topics/{topic}")
-        | ("POST", "/v1/topics/{topic}/children")
-        | ("DELETE", "/v1/topics/{topic}/children/{child}") => Rule::OwnerOrAdmin,
+        "/v1/topics/{topic}/consume" => Rule::Grant(Action::Consume, Some(Op::Consume)),
+        "/v1/topics/{topic}/ack" => Rule::Grant(Action::Consume, None),
+        "/v1/topics/{topic}" | "/v1/topics/{topic}/children" if !read => Rule::OwnerOrAdmin,
+        "/v1/topics/{topic}/children/{child}" => Rule::OwnerOrAdmin,
         _ => Rule::Authenticated,
     }
+}
+
+/// The address of the connection a request came on (its throttle key).
+pub fn client_addr(req: &Request) -> IpAddr {
+    req.extensions().get::<ConnectInfo<SocketAddr>>().map_or(UNKNOWN_CLIENT, |c| c.0.ip())
 }
 
 /// The access checks (authentication, grants, rate limits) of every
@@ -191,12 +219,16 @@ pub async fn guard(State(s): State<Shared>, mut req: Request, next: Next) -> Res
             else {
                 return unauthorized();
             };
-            match auth.authenticate(&user, &password).await {
+            match auth.authenticate(&user, &password, client_addr(&req)).await {
                 Ok(u) => Caller(Some(u)),
                 Err(AuthError::Unauthorized) => return unauthorized(),
                 Err(AuthError::Throttled(wait)) => {
                     sec.count_throttled("auth_failures");
                     return too_many("too many failed authentication attempts", wait);
+                }
+                Err(AuthError::Busy) => {
+                    sec.count_throttled("auth_busy");
+                    return auth_busy();
                 }
                 Err(AuthError::Unavailable) => {
                     return ApiError::Json {
@@ -262,5 +294,14 @@ mod tests {
         assert_eq!(r(Method::DELETE, "/v1/topics/{topic}/children/{child}"), Rule::OwnerOrAdmin);
         assert_eq!(r(Method::POST, "/v1/topics/{topic}/children"), Rule::OwnerOrAdmin);
         assert_eq!(r(Method::GET, "/v1/topics/{topic}/children"), Rule::Authenticated);
+        assert_eq!(r(Method::HEAD, "/v1/topics/{topic}/children"), Rule::Authenticated);
+        assert_eq!(r(Method::PUT, "/v1/topics/{topic}/children"), Rule::OwnerOrAdmin);
+        let consume = Rule::Grant(Action::Consume, Some(Op::Consume));
+        let junk = Method::from_bytes(b"FROB").unwrap();
+        for m in [Method::GET, Method::HEAD, Method::OPTIONS, Method::POST, junk] {
+            assert_eq!(r(m.clone(), "/v1/topics/{topic}/consume"), consume, "{m}");
+            assert_eq!(r(m.clone(), "/v1/topics/{topic}/ack"), Rule::Grant(Action::Consume, None));
+            assert_eq!(r(m, "/v1/topics/{topic}/children/{child}"), Rule::OwnerOrAdmin);
+        }
     }
 }
