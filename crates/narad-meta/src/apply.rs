@@ -588,6 +588,21 @@ fn delete_user(txn: &mut Txn, c: &DeleteUser) -> Result<Response, MetaError> {
     if current.root {
         return Err(MetaError::Forbidden("the root user cannot be deleted".into()));
     }
+    // A topic's owner is a username: a user created later under the same
+    // name must not inherit it, so its owner goes first.
+    let owned: Vec<&str> = txn
+        .state
+        .topics
+        .values()
+        .filter(|t| t.owner() == c.username)
+        .map(|t| t.name.as_str())
+        .collect();
+    if !owned.is_empty() {
+        let shown = owned.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+        let more =
+            if owned.len() > 5 { format!(" and {} more", owned.len() - 5) } else { String::new() };
+        return Err(conflict(format!("user owns topics ({shown}{more}): delete them first")));
+    }
     txn.remove_user(&c.username);
     Ok(Response::UserDeleted(current))
 }

@@ -780,6 +780,23 @@ fn users_are_created_updated_and_deleted_and_bump_the_users_counter() {
 }
 
 #[test]
+fn a_user_who_owns_topics_is_not_deleted() {
+    use crate::command::{CreateUser, DeleteUser};
+    let mut sm = Sm::default();
+    sm.run(Command::CreateUser(CreateUser { user: a_user("bob", vec![]) })).unwrap();
+    sm.create(CreateTopicRequest { owner: "bob".into(), ..req("b1") });
+    sm.create(CreateTopicRequest { owner: "bobby".into(), ..req("b2") });
+    let e = sm.refuse(Command::DeleteUser(DeleteUser { username: "bob".into() }));
+    assert_eq!(
+        (e.status(), e.to_string()),
+        (409, "user owns topics (b1): delete them first".to_owned())
+    );
+    sm.delete("b1").unwrap();
+    sm.run(Command::DeleteUser(DeleteUser { username: "bob".into() })).unwrap();
+    assert!(sm.state.user("bob").is_none());
+}
+
+#[test]
 fn the_root_user_is_seeded_once_and_protected() {
     use crate::command::{CreateUser, DeleteUser, SeedRootUser, UpdateUser};
     let mut sm = Sm::default();
