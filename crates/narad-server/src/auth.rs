@@ -2,40 +2,69 @@
 //! bcrypt hashes in the metastore.
 //!
 //! A bcrypt verify costs ~100 ms of CPU, so it never runs on the async
-//! threads (it goes to the blocking pool, at most one per core at a time)
-//! and its verdicts are cached:
+//! threads: it goes to the blocking pool, at most one per core at a time,
+//! and at most [`VERIFY_QUEUE_MAX`] more wait for a slot (beyond that the
+//! request is answered 503 at once, so unauthenticated callers cannot
+//! queue unbounded work). Verdicts are cached:
 //!
-//! * a verified credential is remembered per user until the users-domain
-//!   version changes (any user change: a new password, new grants or a
-//!   deletion applies at once);
-//! * a wrong password is remembered for 60 s (also dropped when the
-//!   version changes).
+//! * a verified credential is remembered per user for as long as that
+//!   user's password hash is unchanged (grants are read from the current
+//!   snapshot on every request, so a grant change or a deletion applies at
+//!   once, and another user's change leaves the cache alone);
+//! * a wrong password is remembered for 60 s.
 //!
 //! The cache keeps no password: it keys verdicts by an HMAC-SHA256 tag of
-//! username and password under a key drawn at start, and compares tags in
-//! constant time. Failed attempts take a token from a per-username bucket
-//! (5, +1 per 12 s); an empty bucket answers 429 before any verify. A
-//! cached correct credential is still accepted while its user is throttled,
-//! so an attacker guessing cannot lock out a client already signed in.
+//! username, stored hash and password under a key drawn at start, and
+//! compares tags in constant time; a new hash changes every tag.
+//!
+//! # The failed-password throttle
+//!
+//! A verify needs a token from two buckets: one per (username, client
+//! address) (5, +1 per 12 s) and one per client address over every
+//! username (20, +1 per 3 s). Both are taken *before* the verify (so
+//! parallel guesses cannot all be verified) and given back when it
+//! succeeds. An empty bucket answers 429 before any verify. A cached
+//! correct credential is accepted without a token, so guessing never locks
+//! out a client already signed in; and because the per-username budget is
+//! per address, a stranger guessing from elsewhere cannot lock anyone out.
+//! IPv6 clients are keyed by their /64. Usernames that cannot exist (over
+//! 64 bytes, or outside `[A-Za-z0-9._-]`) and passwords over 72 bytes
+//! (bcrypt's limit) fail without a verify and take only the address token.
+//! The self-service `current_password` check ([`Authenticator::check_password`])
+//! goes through the same throttle and verify queue.
 
 use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use narad_meta::user::validate_username;
 use narad_meta::{MetaStore, User};
 use ring::hmac;
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::ratelimit::TokenBucket;
 
 /// bcrypt cost of stored hashes.
 pub const BCRYPT_COST: u32 = 10;
-/// Failed attempts allowed in a burst, per username.
+/// bcrypt reads at most this many bytes of a password; longer ones are
+/// refused rather than silently truncated.
+pub const PASSWORD_BYTES_MAX: usize = 72;
+/// 400 text for a password over [`PASSWORD_BYTES_MAX`].
+pub const PASSWORD_TOO_LONG: &str = "password longer than 72 bytes";
+/// Failed attempts allowed in a burst, per username and client address.
 const FAIL_BURST: f64 = 5.0;
-/// One more failed attempt is allowed every this often.
+/// One more failed attempt per username and address every this often.
 const FAIL_REFILL: Duration = Duration::from_secs(12);
+/// Failed attempts allowed in a burst, per client address.
+const ADDR_FAIL_BURST: f64 = 20.0;
+/// One more failed attempt per address every this often.
+const ADDR_FAIL_REFILL: Duration = Duration::from_secs(3);
+/// Verifies allowed to wait for a slot beyond the running ones.
+pub const VERIFY_QUEUE_MAX: usize = 32;
 /// How long a wrong password is remembered.
 const WRONG_TTL: Duration = Duration::from_secs(60);
 /// More entries than this in a cache map and the stale ones are dropped.
@@ -46,17 +75,23 @@ const CACHE_SOFT_MAX: usize = 10_000;
 pub enum AuthError {
     /// 401: missing, unknown or wrong credentials.
     Unauthorized,
-    /// 429: too many failed attempts for this username; retry after this.
+    /// 429: too many failed attempts for this username or address; retry
+    /// after this.
     Throttled(Duration),
+    /// 503: every verify slot and queue place is taken.
+    Busy,
     /// 500: the verify could not run.
     Unavailable,
 }
 
 type Tag = [u8; 32];
 
+/// A throttle key: the client address (IPv6 by its /64), and the
+/// username or `None` for the address's own bucket.
+type FailKey = (IpAddr, Option<String>);
+
 #[derive(Debug, Default)]
 struct Cache {
-    users_version: u64,
     verified: HashMap<String, Tag>,
     wrong: HashMap<Tag, Instant>,
 }
@@ -66,8 +101,8 @@ pub struct Authenticator {
     meta: Arc<MetaStore>,
     key: hmac::Key,
     cache: Mutex<Cache>,
-    failures: Mutex<HashMap<String, TokenBucket>>,
-    verify_slots: Semaphore,
+    failures: Mutex<HashMap<FailKey, TokenBucket>>,
+    verifies: VerifyQueue,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -80,8 +115,37 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn fail_rate() -> f64 {
-    1.0 / FAIL_REFILL.as_secs_f64()
+/// (rate per second, burst) of a throttle bucket.
+fn budget(key: &FailKey) -> (f64, f64) {
+    match key.1 {
+        Some(_) => (1.0 / FAIL_REFILL.as_secs_f64(), FAIL_BURST),
+        None => (1.0 / ADDR_FAIL_REFILL.as_secs_f64(), ADDR_FAIL_BURST),
+    }
+}
+
+/// The address a client is throttled by: IPv4 as is (an IPv4-mapped IPv6
+/// address as its IPv4), IPv6 by its /64 (one host holds a whole /64).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
+/// The address used when the connection's is unknown (in-process tests).
+pub const UNKNOWN_CLIENT: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+
+/// A username as it may be logged: whole when it could be a user, else
+/// only its length (a client chooses it, and it may be megabytes).
+fn loggable(username: &str) -> std::borrow::Cow<'_, str> {
+    if validate_username(username).is_ok() {
+        username.into()
+    } else {
+        format!("<invalid username, {} bytes>", username.len()).into()
+    }
 }
 
 /// A hash to verify against when the user does not exist, so an unknown
@@ -93,8 +157,15 @@ fn dummy_hash() -> &'static str {
     })
 }
 
+/// Refuses a password bcrypt would truncate (the 400 of create and change).
+pub fn check_password_len(password: &str) -> Result<(), &'static str> {
+    if password.len() > PASSWORD_BYTES_MAX { Err(PASSWORD_TOO_LONG) } else { Ok(()) }
+}
+
 /// Hashes a password with bcrypt (blocking: call it off the async threads).
+/// A password over 72 bytes is refused, never truncated.
 pub fn hash_password(password: &str) -> Result<String, String> {
+    check_password_len(password).map_err(str::to_owned)?;
     bcrypt::hash(password, BCRYPT_COST).map_err(|e| format!("cannot hash password: {e}"))
 }
 
@@ -111,6 +182,41 @@ pub fn random_password() -> Result<String, String> {
     Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
+/// The bcrypt verifies: at most one running per slot, at most `queue_max`
+/// more waiting for one; beyond that [`VerifyQueue::enter`] refuses at once.
+#[derive(Debug)]
+struct VerifyQueue {
+    slots: Semaphore,
+    waiting: AtomicUsize,
+    queue_max: usize,
+}
+
+/// Decrements the waiting count when dropped.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl VerifyQueue {
+    fn new(slots: usize, queue_max: usize) -> VerifyQueue {
+        VerifyQueue { slots: Semaphore::new(slots), waiting: AtomicUsize::new(0), queue_max }
+    }
+
+    /// A slot, after waiting in the queue; `Busy` when the queue is full.
+    async fn enter(&self) -> Result<tokio::sync::SemaphorePermit<'_>, AuthError> {
+        let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.waiting);
+        if ahead >= self.queue_max {
+            debug!("authentication busy: verify queue full");
+            return Err(AuthError::Busy);
+        }
+        self.slots.acquire().await.map_err(|_| AuthError::Unavailable)
+    }
+}
+
 impl Authenticator {
     /// An authenticator over the users of `meta`.
     pub fn new(meta: Arc<MetaStore>) -> Result<Authenticator, String> {
@@ -122,72 +228,117 @@ impl Authenticator {
             key: hmac::Key::new(hmac::HMAC_SHA256, &key),
             cache: Mutex::new(Cache::default()),
             failures: Mutex::new(HashMap::new()),
-            verify_slots: Semaphore::new(cores),
+            verifies: VerifyQueue::new(cores, VERIFY_QUEUE_MAX),
         })
     }
 
-    fn tag(&self, username: &str, password: &str) -> Tag {
+    /// The cache key of a credential against the user's current hash
+    /// (`""` for no user): a new hash gives every password a new tag.
+    fn tag(&self, username: &str, hash: &str, password: &str) -> Tag {
         let mut ctx = hmac::Context::with_key(&self.key);
         ctx.update(&(username.len() as u64).to_le_bytes());
         ctx.update(username.as_bytes());
+        ctx.update(&(hash.len() as u64).to_le_bytes());
+        ctx.update(hash.as_bytes());
         ctx.update(password.as_bytes());
         let mut tag = [0u8; 32];
         tag.copy_from_slice(ctx.sign().as_ref());
         tag
     }
 
-    /// The user these credentials belong to.
+    /// The user these credentials belong to; `client` is the connection's
+    /// address (the throttle's key).
     pub async fn authenticate(
         &self,
         username: &str,
         password: &str,
+        client: IpAddr,
     ) -> Result<Arc<User>, AuthError> {
-        let snapshot = self.meta.snapshot();
-        let version = snapshot.versions().users;
-        let user = snapshot.user(username).cloned();
-        let tag = self.tag(username, password);
+        let client = client_key(client);
+        if validate_username(username).is_err() {
+            // No such user can exist: no verify, and nothing stored per name.
+            self.reserve(client, None, Instant::now())?;
+            info!(user = %loggable(username), %client, "authentication failed");
+            return Err(AuthError::Unauthorized);
+        }
+        let user = self.meta.snapshot().user(username).cloned();
+        let hash = user.as_deref().map_or("", |u| u.password_hash.as_str());
+        let tag = self.tag(username, hash, password);
         let now = Instant::now();
-        let cached_wrong = {
-            let mut cache = lock(&self.cache);
-            if cache.users_version != version {
-                *cache = Cache { users_version: version, ..Cache::default() };
-            }
+        let known_wrong = {
+            let cache = lock(&self.cache);
             if let (Some(user), Some(known)) = (&user, cache.verified.get(username))
                 && bool::from(known[..].ct_eq(&tag[..]))
             {
                 return Ok(user.clone());
             }
-            cache.wrong.get(&tag).is_some_and(|at| now.duration_since(*at) < WRONG_TTL)
+            check_password_len(password).is_err()
+                || cache.wrong.get(&tag).is_some_and(|at| now.duration_since(*at) < WRONG_TTL)
         };
-        self.check_throttle(username, now)?;
-        let ok = if cached_wrong { false } else { self.verify(user.as_deref(), password).await? };
+        let ok =
+            self.throttled_verify(username, user.as_deref(), password, known_wrong, client).await?;
         let mut cache = lock(&self.cache);
-        if !ok {
-            if cache.users_version == version {
+        match user {
+            Some(user) if ok => {
+                if cache.verified.len() >= CACHE_SOFT_MAX {
+                    cache.verified.clear();
+                }
+                cache.verified.insert(username.to_owned(), tag);
+                Ok(user)
+            }
+            _ => {
                 if cache.wrong.len() >= CACHE_SOFT_MAX {
                     cache.wrong.retain(|_, at| now.duration_since(*at) < WRONG_TTL);
                 }
                 if cache.wrong.len() < CACHE_SOFT_MAX {
                     cache.wrong.insert(tag, now);
                 }
+                drop(cache);
+                info!(user = username, %client, "authentication failed");
+                Err(AuthError::Unauthorized)
             }
-            drop(cache);
-            self.record_failure(username, now);
-            info!(user = username, "authentication failed");
-            return Err(AuthError::Unauthorized);
         }
-        let user = user.ok_or(AuthError::Unauthorized)?;
-        if cache.users_version == version {
-            if cache.verified.len() >= CACHE_SOFT_MAX {
-                cache.verified.clear();
-            }
-            cache.verified.insert(username.to_owned(), tag);
+    }
+
+    /// Whether `password` is `user`'s (the self-service `current_password`
+    /// check): throttled and queued like a login, never cached.
+    pub async fn check_password(
+        &self,
+        user: &User,
+        password: &str,
+        client: IpAddr,
+    ) -> Result<bool, AuthError> {
+        let client = client_key(client);
+        let too_long = check_password_len(password).is_err();
+        let ok =
+            self.throttled_verify(&user.username, Some(user), password, too_long, client).await?;
+        if !ok {
+            info!(user = %user.username, %client, "current password check failed");
         }
-        Ok(user)
+        Ok(ok)
+    }
+
+    /// Takes the throttle tokens, verifies (unless the answer is `known_wrong`
+    /// already) and gives the tokens back on success or when no verify ran
+    /// for want of a slot.
+    async fn throttled_verify(
+        &self,
+        username: &str,
+        user: Option<&User>,
+        password: &str,
+        known_wrong: bool,
+        client: IpAddr,
+    ) -> Result<bool, AuthError> {
+        self.reserve(client, Some(username), Instant::now())?;
+        let outcome = if known_wrong { Ok(false) } else { self.verify(user, password).await };
+        if !matches!(outcome, Ok(false)) {
+            self.refund(client, username);
+        }
+        outcome
     }
 
     async fn verify(&self, user: Option<&User>, password: &str) -> Result<bool, AuthError> {
-        let _slot = self.verify_slots.acquire().await.map_err(|_| AuthError::Unavailable)?;
+        let _slot = self.verifies.enter().await?;
         let hash = user.map(|u| u.password_hash.clone());
         let password = password.to_owned();
         let outcome = blocking(move || match hash {
@@ -205,26 +356,52 @@ impl Authenticator {
         })
     }
 
-    fn check_throttle(&self, username: &str, now: Instant) -> Result<(), AuthError> {
-        let mut failures = lock(&self.failures);
-        match failures.get_mut(username) {
-            Some(bucket) => bucket.peek(fail_rate(), FAIL_BURST, now).map_err(|wait| {
-                warn!(user = username, "authentication throttled");
-                AuthError::Throttled(wait)
-            }),
-            None => Ok(()),
-        }
-    }
-
-    fn record_failure(&self, username: &str, now: Instant) {
+    /// Takes a token from the address's bucket and, with a username, from
+    /// the (address, username) bucket: both or neither.
+    fn reserve(
+        &self,
+        client: IpAddr,
+        username: Option<&str>,
+        now: Instant,
+    ) -> Result<(), AuthError> {
         let mut failures = lock(&self.failures);
         if failures.len() >= CACHE_SOFT_MAX {
-            failures.retain(|_, b| !b.is_full(fail_rate(), FAIL_BURST, now));
+            failures.retain(|k, b| {
+                let (rate, burst) = budget(k);
+                !b.is_full(rate, burst, now)
+            });
         }
-        let bucket = failures
-            .entry(username.to_owned())
-            .or_insert_with(|| TokenBucket::full(FAIL_BURST, now));
-        let _ = bucket.take(fail_rate(), FAIL_BURST, now);
+        let mut keys = vec![(client, None)];
+        if let Some(name) = username {
+            keys.push((client, Some(name.to_owned())));
+        }
+        for key in &keys {
+            let (rate, burst) = budget(key);
+            if let Some(bucket) = failures.get_mut(key)
+                && let Err(wait) = bucket.peek(rate, burst, now)
+            {
+                debug!(user = username.unwrap_or(""), %client, "authentication throttled");
+                return Err(AuthError::Throttled(wait));
+            }
+        }
+        for key in keys {
+            let (rate, burst) = budget(&key);
+            let bucket = failures.entry(key).or_insert_with(|| TokenBucket::full(burst, now));
+            let _ = bucket.take(rate, burst, now);
+        }
+        Ok(())
+    }
+
+    /// Gives back the tokens [`Self::reserve`] took for a verify that
+    /// succeeded (or did not run).
+    fn refund(&self, client: IpAddr, username: &str) {
+        let mut failures = lock(&self.failures);
+        for key in [(client, None), (client, Some(username.to_owned()))] {
+            let (_, burst) = budget(&key);
+            if let Some(bucket) = failures.get_mut(&key) {
+                bucket.refund(burst);
+            }
+        }
     }
 }
 
@@ -292,6 +469,48 @@ mod tests {
             assert_eq!(basic_credentials(Some(&HeaderValue::from_static(bad))), None, "{bad}");
         }
         assert_eq!(basic_credentials(None), None);
+    }
+
+    #[tokio::test]
+    async fn the_verify_queue_refuses_beyond_its_slots_and_queue() {
+        let q = VerifyQueue::new(1, 2);
+        let running = q.enter().await.unwrap();
+        let mut waiters = Vec::new();
+        for _ in 0..2 {
+            let mut w = Box::pin(q.enter());
+            assert!(futures_poll_pending(&mut w), "waits for the slot");
+            waiters.push(w);
+        }
+        assert_eq!(q.enter().await.unwrap_err(), AuthError::Busy, "the queue is full");
+        drop(waiters.pop());
+        let mut w = Box::pin(q.enter());
+        assert!(futures_poll_pending(&mut w), "a place came free");
+        drop(running);
+        assert!(waiters.pop().unwrap().await.is_ok(), "the slot passes to a waiter");
+    }
+
+    /// Polls once: whether the future is still pending.
+    fn futures_poll_pending<F: std::future::Future + Unpin>(f: &mut F) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        std::pin::Pin::new(f).poll(&mut cx).is_pending()
+    }
+
+    #[test]
+    fn ipv6_clients_are_throttled_by_their_64_and_mapped_v4_as_v4() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(client_key(a), client_key("2001:db8:1:3::1".parse().unwrap()));
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(client_key(mapped), "10.0.0.7".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn passwords_over_72_bytes_are_refused_not_truncated() {
+        assert!(check_password_len(&"p".repeat(72)).is_ok());
+        assert_eq!(check_password_len(&"p".repeat(73)), Err(PASSWORD_TOO_LONG));
+        assert_eq!(hash_password(&"p".repeat(73)).unwrap_err(), PASSWORD_TOO_LONG);
     }
 
     #[test]

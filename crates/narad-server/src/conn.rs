@@ -30,6 +30,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,6 +39,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{Request, Version};
 use axum::serve::{Listener, ListenerExt};
 use bytes::Bytes;
@@ -361,6 +363,7 @@ fn builder(config: ConnConfig) -> Builder<TokioExecutor> {
 /// asks for a graceful close (finish what is in flight, take nothing new).
 async fn serve_connection<I>(
     io: I,
+    peer: SocketAddr,
     app: Router,
     config: ConnConfig,
     mut stop: watch::Receiver<bool>,
@@ -374,7 +377,10 @@ async fn serve_connection<I>(
         let in_flight = requests.request_started(req.version());
         let deadline = Instant::now() + config.read_timeout;
         let timeout = config.read_timeout;
-        let req = req.map(|inner| Body::new(TimedBody { inner, deadline, timeout, sleep: None }));
+        let mut req =
+            req.map(|inner| Body::new(TimedBody { inner, deadline, timeout, sleep: None }));
+        // The peer's address: the failed-password throttle is per address.
+        req.extensions_mut().insert(ConnectInfo(peer));
         let answer = app.clone().call(req);
         async move {
             let response = answer.await?;
@@ -430,7 +436,9 @@ pub fn set_nodelay(tcp: &tokio::net::TcpStream) {
 
 /// The plain-TCP listener `serve` takes: `tcp`, with Nagle's algorithm
 /// turned off on every connection it accepts ([`set_nodelay`]).
-pub fn plain_listener(tcp: tokio::net::TcpListener) -> impl Listener<Io = tokio::net::TcpStream> {
+pub fn plain_listener(
+    tcp: tokio::net::TcpListener,
+) -> impl Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
     tcp.tap_io(|stream| set_nodelay(stream))
 }
 
@@ -444,16 +452,16 @@ pub async fn serve<L>(
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) where
-    L: Listener,
+    L: Listener<Addr = SocketAddr>,
 {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            (io, _peer) = listener.accept() => {
+            (io, peer) = listener.accept() => {
                 while conns.try_join_next().is_some() {}
-                conns.spawn(serve_connection(io, app.clone(), config, stop_rx.clone()));
+                conns.spawn(serve_connection(io, peer, app.clone(), config, stop_rx.clone()));
             }
             () = &mut shutdown => break,
         }

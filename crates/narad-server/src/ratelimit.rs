@@ -47,6 +47,11 @@ impl TokenBucket {
         if self.tokens >= 1.0 { Ok(()) } else { Err(self.wait(rate)) }
     }
 
+    /// Gives back a token taken by [`Self::take`] (never above `burst`).
+    pub fn refund(&mut self, burst: f64) {
+        self.tokens = (self.tokens + 1.0).min(burst);
+    }
+
     /// Whether the bucket is full again (and so can be forgotten).
     pub fn is_full(&mut self, rate: f64, burst: f64, now: Instant) -> bool {
         self.refill(rate, burst, now);
@@ -152,6 +157,8 @@ mod tests {
         assert!(b.take(1.0 / 12.0, 5.0, t0 + Duration::from_secs(11)).is_err());
         b.take(1.0 / 12.0, 5.0, t0 + Duration::from_secs(12)).unwrap();
         assert!(b.peek(1.0 / 12.0, 5.0, t0 + Duration::from_secs(12)).is_err());
+        b.refund(5.0);
+        b.peek(1.0 / 12.0, 5.0, t0 + Duration::from_secs(12)).unwrap();
         assert!(b.is_full(1.0 / 12.0, 5.0, t0 + Duration::from_secs(200)));
     }
 

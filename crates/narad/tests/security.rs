@@ -432,7 +432,8 @@ fn strangers_guessing_and_other_users_changes_do_not_lock_out_admin() {
         r.status().as_u16()
     };
     // A stranger on another address exhausts its budget for `admin`...
-    let from_stranger: Vec<u16> = (0..8).map(|i| guess(&stranger, "admin", &format!("w{i}"))).collect();
+    let from_stranger: Vec<u16> =
+        (0..8).map(|i| guess(&stranger, "admin", &format!("w{i}"))).collect();
     assert_eq!(from_stranger.last(), Some(&429), "{from_stranger:?}");
     // ... and the operator, never signed in yet, still gets in from its own.
     assert_eq!(guess(&s.client, "admin", ADMIN_PASSWORD), 200, "per-address budget");
@@ -483,13 +484,12 @@ fn passwords_over_72_bytes_are_refused() {
     let p73 = "p".repeat(73);
     let create = |name: &str, pw: &str| {
         let body = json!({"username": name, "password": pw});
-        status_and_json(s.as_admin(Method::POST, "/v1/users").body(body.to_string()).send().unwrap())
+        status_and_json(
+            s.as_admin(Method::POST, "/v1/users").body(body.to_string()).send().unwrap(),
+        )
     };
     let (status, v) = create("long", &p73);
-    assert_eq!(
-        (status, v["error"].as_str()),
-        (400, Some("password longer than 72 bytes"))
-    );
+    assert_eq!((status, v["error"].as_str()), (400, Some("password longer than 72 bytes")));
     assert_eq!(create("edge", &p72).0, 201);
     let ok = s.as_user(Method::GET, "/v1/topics", "edge", &p72).send().unwrap();
     assert_eq!(ok.status(), 200);

@@ -3,15 +3,19 @@
 //! Every route is for admins, except that a user may read itself and
 //! change its own password (with the current one). Only root grants
 //! `admin`; admins grant any scoped grant. The root user cannot be deleted
-//! and keeps its grants; only root changes root's password. Password
-//! hashing and verifying run on the blocking pool. Every change is logged
-//! as an `audit` event.
+//! and keeps its grants; only root changes root's password. Passwords are
+//! at most 72 bytes (bcrypt's limit: longer is a 400, never truncated).
+//! Hashing runs on the blocking pool; the self-service `current_password`
+//! check goes through the authenticator's throttle and verify queue. A
+//! user who owns topics cannot be deleted (409). Every change is logged as
+//! an `audit` event.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Extension;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_meta::user::UserJson;
@@ -21,8 +25,8 @@ use serde::Deserialize;
 use tracing::info;
 use utoipa::ToSchema;
 
-use crate::access::{ADMIN_DENIED, Caller, forbidden};
-use crate::auth::{blocking, hash_password};
+use crate::access::{ADMIN_DENIED, Caller, auth_busy, forbidden, too_many};
+use crate::auth::{AuthError, UNKNOWN_CLIENT, blocking, check_password_len, hash_password};
 use crate::body::read_streamed_json;
 use crate::error::{ApiError, json_response};
 use crate::limits::STREAMED_BODY_BYTES;
@@ -134,6 +138,7 @@ pub async fn create(
     if b.password.is_empty() {
         return Err(ApiError::bad_request("password required"));
     }
+    check_password_len(&b.password).map_err(ApiError::bad_request)?;
     validate_grants(&b.grants)?;
     check_delegation(&caller, &b.grants)?;
     let meta = s.broker.meta().clone();
@@ -200,7 +205,9 @@ pub async fn get(
     Ok(user_reply(StatusCode::OK, &user))
 }
 
-/// `DELETE /v1/users/{user}`: never root, never yourself.
+/// `DELETE /v1/users/{user}`: never root, never yourself, never a user
+/// who owns topics (409: a user created later under the name would own
+/// them).
 #[utoipa::path(
     delete,
     operation_id = "delete_user",
@@ -211,6 +218,7 @@ pub async fn get(
         (status = 204, description = "Deleted"),
         (status = 403, description = "Not an admin, root, or yourself", body = ErrorBody),
         (status = 404, description = "No such user", body = ErrorBody),
+        (status = 409, description = "The user owns topics", body = ErrorBody),
     )
 )]
 pub async fn delete(
@@ -281,14 +289,17 @@ pub async fn put_grants(
     request_body = PasswordBody,
     responses(
         (status = 204, description = "Changed"),
-        (status = 400, description = "Empty new password", body = ErrorBody),
+        (status = 400, description = "Empty new password, or over 72 bytes", body = ErrorBody),
         (status = 403, description = "Not allowed, or the current password is wrong", body = ErrorBody),
         (status = 404, description = "No such user", body = ErrorBody),
+        (status = 429, description = "Too many wrong current passwords", body = ErrorBody),
+        (status = 503, description = "No password-verify slot free", body = ErrorBody),
     )
 )]
 pub async fn put_password(
     State(s): State<Shared>,
     Extension(caller): Extension<Caller>,
+    conn: Option<Extension<ConnectInfo<SocketAddr>>>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Body,
@@ -301,19 +312,35 @@ pub async fn put_password(
     if b.new_password.is_empty() {
         return Err(ApiError::bad_request("new_password required"));
     }
+    check_password_len(&b.new_password).map_err(ApiError::bad_request)?;
     let target = find(&s, &name)?;
     if target.root && !self_service && caller.0.as_deref().is_some_and(|u| !u.root) {
         return Err(forbidden("only the root user may change the root user's password"));
     }
+    if self_service && let Some(auth) = &s.security.auth {
+        let client = conn.map_or(UNKNOWN_CLIENT, |Extension(ConnectInfo(a))| a.ip());
+        match auth.check_password(&target, &b.current_password, client).await {
+            Ok(true) => {}
+            Ok(false) => return Err(forbidden("current password is incorrect")),
+            Err(AuthError::Throttled(wait)) => {
+                s.security.count_throttled("auth_failures");
+                return Ok(too_many("too many failed authentication attempts", wait));
+            }
+            Err(AuthError::Busy) => {
+                s.security.count_throttled("auth_busy");
+                return Ok(auth_busy());
+            }
+            Err(AuthError::Unauthorized | AuthError::Unavailable) => {
+                return Err(ApiError::Json {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: "authentication unavailable".into(),
+                });
+            }
+        }
+    }
     let meta = s.broker.meta().clone();
     let n = name.clone();
     run(move || {
-        if self_service {
-            let ok = bcrypt::verify(&b.current_password, &target.password_hash).unwrap_or(false);
-            if !ok {
-                return Err(forbidden("current password is incorrect"));
-            }
-        }
         let hash = hashed(&b.new_password)?;
         Ok(meta.update_user(&n, None, Some(hash))?)
     })
