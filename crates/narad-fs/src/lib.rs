@@ -14,6 +14,9 @@
 //!   power cut) can be injected at a chosen operation number. It is
 //!   deterministic from a seed.
 //!
+//! Beside them, [`DirLock`] keeps a second process off a data directory (a
+//! real `flock`, so it is outside the traits: a simulation has one process).
+//!
 //! # The contract callers may rely on
 //!
 //! * Bytes written with [`File::write_all_at`] are durable once a later
@@ -26,6 +29,7 @@
 //!   the error; the simulation punishes a retry by never making those bytes
 //!   durable.
 
+mod dir_lock;
 mod fault;
 pub mod probe;
 mod real;
@@ -37,6 +41,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use dir_lock::{DirLock, LOCK_FILE};
 pub use fault::{FaultFs, FaultRule};
 pub use real::RealFs;
 pub use rng::SimRng;

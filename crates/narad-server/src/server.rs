@@ -121,6 +121,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The data directory could not be locked (another process uses it).
+    #[error("cannot start: {0}")]
+    DataDir(#[source] std::io::Error),
     /// The broker could not start (unusable data dir, damaged files).
     #[error("cannot start: {0}")]
     Start(#[source] narad_broker::BrokerError),
@@ -172,6 +175,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let boot_started = std::time::Instant::now();
+    // Before anything under the data directory is opened; held until the
+    // server has stopped (the process's life).
+    let _data_dir_lock =
+        narad_fs::DirLock::acquire(&config.data_dir).map_err(ServerError::DataDir)?;
     let tls = match &config.tls {
         Some(f) => Some(
             crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
