@@ -186,6 +186,7 @@ impl Broker {
                     format!("{}: {e}", cfg.data_dir.display()),
                 )
             })?;
+            crate::start_check::metastore_missing_beside_data(&*fs2, &cfg.data_dir)?;
             let meta = MetaStore::open(
                 &*fs2,
                 &cfg.data_dir,
@@ -195,6 +196,9 @@ impl Broker {
                     rng_seed: None,
                 },
             )?;
+            let topics_root = cfg.data_dir.join("topics");
+            let applied = meta.snapshot().applied_index();
+            crate::start_check::markers_not_newer(&*fs2, &topics_root, applied)?;
             let now_s = (clock2.wall_ms() / 1000) as i64;
             meta.member_join(Member {
                 id: cfg.node_id.clone(),

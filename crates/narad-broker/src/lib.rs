@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod owner;
 pub mod partition;
 pub mod placement;
+mod start_check;
 pub mod topics;
 
 pub use broker::{AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord};

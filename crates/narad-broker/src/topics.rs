@@ -53,7 +53,7 @@ use crate::consume::wake::ConsumeWake;
 use crate::error::BrokerError;
 use crate::metrics::BrokerMetrics;
 
-const MARKER_FILE: &str = "incarnation";
+pub(crate) const MARKER_FILE: &str = "incarnation";
 const MARKER_MAGIC: &[u8; 8] = b"NTOPINC1";
 
 /// Encodes the incarnation marker.

@@ -5,6 +5,7 @@
 //! `{"error": err.to_string()}`. The `Display` texts are the wire texts.
 
 use std::io;
+use std::path::PathBuf;
 
 /// Everything a metastore read or write can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +91,42 @@ pub enum StorageError {
         /// The version this build reads and writes.
         supported: u64,
     },
+    /// Opening the metastore failed; names the file.
+    #[error("cannot open the metastore {path}: {source}")]
+    Open {
+        /// The metastore file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: Box<StorageError>,
+    },
+    /// The metastore is behind its applied-index record: it was rolled back
+    /// (an older copy restored, a damaged newest commit).
+    #[error(
+        "its applied index {applied} is behind the applied index {recorded} in {record}: the metastore was rolled back (an older copy, or a lost commit) and would forget acknowledged changes; restore the newest copy"
+    )]
+    RolledBack {
+        /// The metastore's applied index.
+        applied: u64,
+        /// The index the record holds.
+        recorded: u64,
+        /// The record file.
+        record: PathBuf,
+    },
+    /// The metastore file is missing although its applied-index record
+    /// exists: it was deleted or moved.
+    #[error(
+        "the file is missing but {record} says applied index {recorded} was reached: refusing to start with an empty metastore; restore the file"
+    )]
+    Missing {
+        /// The index the record holds.
+        recorded: u64,
+        /// The record file.
+        record: PathBuf,
+    },
+    /// The applied-index record cannot be read or is damaged.
+    #[error("applied-index record {0}")]
+    Record(String),
     /// An earlier commit failed; the store refuses writes until reopened.
     #[error("metastore is unavailable after an earlier storage failure: {first}")]
     Poisoned {

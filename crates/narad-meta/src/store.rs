@@ -45,6 +45,7 @@ use crate::request::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest};
 use crate::schema::CompiledSchema;
 use crate::state::{MetaState, TopicPage, Versions};
 use crate::storage::MetaDb;
+use crate::storage::applied::{AppliedRecord, applied_path};
 use crate::topic::{ParentLink, Topic};
 use crate::user::{Action, Grant, ROOT_USERNAME, User};
 
@@ -74,6 +75,8 @@ pub struct MetaStoreOptions {
 
 struct Writer {
     db: MetaDb,
+    /// The applied-index record, written after each commit.
+    record: AppliedRecord,
     poisoned: Option<String>,
 }
 
@@ -100,7 +103,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl MetaStore {
     /// Opens the metastore under `data_dir` ([`metastore_path`]), creating
-    /// it if needed, and loads its state.
+    /// it if needed, and loads its state. Refuses (naming the file) a
+    /// metastore that is missing or behind its applied-index record
+    /// ([`crate::storage::applied`]); every storage error names the file.
     pub fn open(
         fs: &dyn Fs,
         data_dir: &Path,
@@ -108,7 +113,27 @@ impl MetaStore {
     ) -> Result<Self, MetaError> {
         options.defaults.validate().map_err(MetaError::Invalid)?;
         let path = metastore_path(data_dir);
-        let (db, state) = MetaDb::open(fs, &path)?;
+        let named = |e: StorageError| StorageError::Open { path: path.clone(), source: Box::new(e) };
+        let record_path = applied_path(data_dir);
+        let recorded =
+            AppliedRecord::read(fs, &record_path).map_err(|why| named(StorageError::Record(why)))?;
+        if let Some(recorded) = recorded {
+            let exists = fs.exists(&path).map_err(|source| {
+                named(StorageError::Io { context: "stat".to_owned(), source })
+            })?;
+            if !exists {
+                return Err(named(StorageError::Missing { recorded, record: record_path }).into());
+            }
+        }
+        let (db, state) = MetaDb::open(fs, &path).map_err(named)?;
+        if let Some(recorded) = recorded.filter(|r| *r > state.applied_index()) {
+            let applied = state.applied_index();
+            return Err(named(StorageError::RolledBack { applied, recorded, record: record_path })
+                .into());
+        }
+        let record = AppliedRecord::open(fs, &record_path, state.applied_index()).map_err(|e| {
+            named(StorageError::Record(format!("{}: {e}", record_path.display())))
+        })?;
         tracing::info!(
             path = %path.display(),
             applied_index = state.applied_index(),
@@ -119,7 +144,7 @@ impl MetaStore {
             .rng_seed
             .unwrap_or_else(|| RandomState::new().hash_one(options.clock.wall_ms()));
         Ok(MetaStore {
-            writer: Mutex::new(Writer { db, poisoned: None }),
+            writer: Mutex::new(Writer { db, record, poisoned: None }),
             snapshot: RwLock::new(Arc::new(state)),
             defaults: options.defaults,
             clock: options.clock,
@@ -369,6 +394,13 @@ impl MetaWriter for MetaStore {
             return Err(e.into());
         }
         let index = applied.state.applied_index();
+        if let Err(e) = writer.record.store(index) {
+            // The command is durable in the metastore; only the witness is
+            // not. Latch, as after a failed fsync anywhere.
+            let why = format!("cannot record applied index {index} in {}: {e}", writer.record.path().display());
+            tracing::error!(error = %why, "metastore applied-index record failed; refusing further writes");
+            writer.poisoned = Some(why);
+        }
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(applied.state);
         match &applied.response {
             Response::Topic(t) if matches!(command, Command::CreateTopic(_)) => {

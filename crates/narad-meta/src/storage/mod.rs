@@ -23,8 +23,15 @@
 //!
 //! * One redb write transaction per applied command carries everything the
 //!   command changed together with its index and the change counters, and
-//!   is durable when the commit returns (redb's immediate durability: the
-//!   data pages and the commit slot are fsynced before it returns).
+//!   is durable when the commit returns (redb's immediate durability with
+//!   two-phase commit: the data pages and the new commit slot are fsynced,
+//!   then the slot is made primary and fsynced again, before it returns).
+//! * Two-phase commit also means redb trusts only the primary slot at open:
+//!   a damaged newest commit fails the open ("Primary is corrupted despite
+//!   2-phase commit") instead of being replaced, silently, by the previous
+//!   commit, as redb's one-phase recovery does.
+//! * After each commit the applied index is also written to an independent
+//!   record ([`applied`]); a metastore behind it is refused at open.
 //! * Rows mirror the in-memory state exactly: a command rewrites every row
 //!   of each key it touched (a topic's whole schema history, a topic's whole
 //!   assignment set) from the state after the command.
@@ -40,6 +47,7 @@
 //! renamed into place, so a crash during creation leaves no database (the
 //! next open starts over) rather than a torn header.
 
+pub(crate) mod applied;
 pub(crate) mod backend;
 
 use std::collections::BTreeMap;
@@ -131,7 +139,8 @@ impl MetaDb {
     /// Brings a database of an older format to the current one (see the
     /// format history in the module docs), in one transaction.
     fn upgrade(&self) -> Result<(), StorageError> {
-        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin upgrade", e))?;
+        let mut txn = self.db.begin_write().map_err(|e| StorageError::redb("begin upgrade", e))?;
+        txn.set_two_phase_commit(true);
         let upgraded = (|| -> Result<Option<u64>, redb::Error> {
             let mut meta = txn.open_table(META)?;
             let from = match meta.get(KEY_FORMAT)?.map(|g| g.value()) {
@@ -197,7 +206,8 @@ impl MetaDb {
     /// Persists one applied command: its changed rows, its index and the
     /// counters, in one transaction, durable when this returns.
     pub(crate) fn commit(&self, applied: &Applied) -> Result<(), StorageError> {
-        let txn = self.db.begin_write().map_err(|e| StorageError::redb("begin write", e))?;
+        let mut txn = self.db.begin_write().map_err(|e| StorageError::redb("begin write", e))?;
+        txn.set_two_phase_commit(true);
         write_changes(&txn, applied).map_err(redb_err("write"))?;
         txn.commit().map_err(|e| StorageError::redb("commit", e))
     }
@@ -221,7 +231,8 @@ fn create(fs: &dyn Fs, path: &Path) -> Result<(), StorageError> {
         .open(&tmp, OpenMode::CreateOrTruncate)
         .map_err(io_err(format!("create {}", tmp.display())))?;
     let db = open_database(file)?;
-    let txn = db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
+    let mut txn = db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
+    txn.set_two_phase_commit(true);
     init_tables(&txn).map_err(redb_err("init"))?;
     txn.commit().map_err(|e| StorageError::redb("commit init", e))?;
     drop(db);
