@@ -33,12 +33,30 @@ pub const DISPATCH_COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DISPATCH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Encoded bytes per commit to a remote owner (half the 16 MiB frame).
 pub const DISPATCH_REMOTE_BATCH_BYTES: usize = 8 << 20;
+/// Encoded bytes per commit to any owner, the local one included (a tighter
+/// owner budget, e.g. [`DISPATCH_REMOTE_BATCH_BYTES`], wins). Well under the
+/// partition log's `MAX_COMMIT_BYTES` (which refuses a larger commit
+/// whole), and the log's drain size, so one commit is one commit cycle.
+/// A commit always carries at least one record.
+pub const DISPATCH_COMMIT_MAX_BYTES: usize = 64 << 20;
+/// Encoded bytes of records held (queued or in flight): the reader stops
+/// reading new records at this, as it does at the record window, so a
+/// backlog of big records cannot fill memory (at most this plus one record).
+pub const DISPATCH_WINDOW_MAX_BYTES: usize = 256 << 20;
+/// Encoded bytes one destination may queue: a full commit in flight and
+/// one full commit waiting.
+pub const DISPATCH_DEST_QUEUE_MAX_BYTES: usize = 2 * DISPATCH_COMMIT_MAX_BYTES;
 
 const _: () = {
     assert!(DISPATCH_WINDOW_MIN <= DISPATCH_WINDOW_MAX);
     assert!(DISPATCH_TARGET_PER_DEST * DISPATCH_COMMIT_SLOTS <= DISPATCH_WINDOW_MIN);
     assert!(DISPATCH_LINGER_MAX.as_millis() < DISPATCH_HUNG_AFTER.as_millis());
     assert!(DISPATCH_PROBE_TIMEOUT.as_secs() < DISPATCH_COMMIT_TIMEOUT.as_secs());
+    assert!(DISPATCH_REMOTE_BATCH_BYTES <= DISPATCH_COMMIT_MAX_BYTES);
+    // The encoded size counts key + payload + 32, more than the log counts.
+    assert!((DISPATCH_COMMIT_MAX_BYTES as u64) * 4 <= narad_log::limits::MAX_COMMIT_BYTES);
+    assert!(DISPATCH_COMMIT_MAX_BYTES as u64 <= narad_log::limits::CYCLE_DRAIN_BYTES);
+    assert!(DISPATCH_DEST_QUEUE_MAX_BYTES * 2 <= DISPATCH_WINDOW_MAX_BYTES);
 };
 
 /// Consumer frontiers are persisted at most this often.

@@ -41,8 +41,7 @@ pub(crate) fn metastore_missing_beside_data(
     }
     let wal = narad_wal::wal_dir(data_dir);
     for dir in [data_dir.join("topics"), wal] {
-        if fs.exists(&dir).map_err(io(&dir))? && !fs.list_dir(&dir).map_err(io(&dir))?.is_empty()
-        {
+        if fs.exists(&dir).map_err(io(&dir))? && !fs.list_dir(&dir).map_err(io(&dir))?.is_empty() {
             return Err(refuse(format!(
                 "the metastore {} is missing but {} holds data: refusing to start with an empty metastore, which would delete every topic's files and discard their undispatched records; restore the metastore",
                 meta.display(),

@@ -16,9 +16,13 @@
 //!
 //! # Rules (the v3 "Dispatch stage")
 //! * Window: records held (queued or in flight, hung commits aside) stay
-//!   below `clamp(64 × destinations, 4,096, 65,536)`; the reader also never
+//!   below `clamp(64 × destinations, 4,096, 65,536)` and below 256 MiB of
+//!   encoded bytes (plus the one record read last); the reader also never
 //!   reads more than 16 windows past the checkpoint. A destination's queue
-//!   holds at most `max(window / 4, 4,096)`.
+//!   holds at most `max(window / 4, 4,096)` records and 128 MiB.
+//! * A commit carries at most 64 MiB (or its owner's tighter budget), well
+//!   under the partition log's 512 MiB commit limit, and at least one
+//!   record.
 //! * At most 16 commits in flight; one running past 1 s is *hung*: it
 //!   stops counting, whatever queued behind it goes back to the WAL, and its
 //!   destination takes nothing new until it lands.
@@ -45,9 +49,10 @@ use std::time::Duration;
 use narad_wal::WalRecord;
 
 use crate::limits::{
-    DISPATCH_COMMIT_SLOTS, DISPATCH_FAILURE_BACKOFF, DISPATCH_HUNG_AFTER, DISPATCH_LINGER_MAX,
-    DISPATCH_LOOKAHEAD_WINDOWS, DISPATCH_REROUTE_GRACE, DISPATCH_RESCAN_INTERVAL,
-    DISPATCH_TARGET_PER_DEST, DISPATCH_UNRESOLVED_RETRY, DISPATCH_WINDOW_MAX, DISPATCH_WINDOW_MIN,
+    DISPATCH_COMMIT_MAX_BYTES, DISPATCH_COMMIT_SLOTS, DISPATCH_DEST_QUEUE_MAX_BYTES,
+    DISPATCH_FAILURE_BACKOFF, DISPATCH_HUNG_AFTER, DISPATCH_LINGER_MAX, DISPATCH_LOOKAHEAD_WINDOWS,
+    DISPATCH_REROUTE_GRACE, DISPATCH_RESCAN_INTERVAL, DISPATCH_TARGET_PER_DEST,
+    DISPATCH_UNRESOLVED_RETRY, DISPATCH_WINDOW_MAX, DISPATCH_WINDOW_MAX_BYTES, DISPATCH_WINDOW_MIN,
 };
 
 /// The bytes a record costs in a commit (payload, key, envelope overhead).
@@ -122,8 +127,9 @@ pub trait Topology {
 pub enum Placed {
     /// Queued on its destination.
     Queued,
-    /// Queued on a sibling partition.
-    Rerouted(u32),
+    /// Queued on a sibling partition: (that partition, whether the owner
+    /// is dead rather than failing).
+    Rerouted(u32, bool),
     /// Left in the WAL.
     Skipped,
     /// Dropped for good.
@@ -163,6 +169,8 @@ struct InFlight {
     id: u64,
     started: Duration,
     count: usize,
+    /// Encoded bytes of its records.
+    bytes: usize,
     hung: bool,
 }
 
@@ -178,6 +186,8 @@ struct DestState {
     alive: bool,
     partitions: u32,
     queue: VecDeque<Item>,
+    /// Encoded bytes of `queue`.
+    queued_bytes: usize,
     oldest_queued: Option<Duration>,
     in_flight: Option<InFlight>,
     failing: Option<Failing>,
@@ -218,6 +228,8 @@ pub struct Core {
     /// Destinations with a queue and nothing in flight.
     ready: BTreeSet<Dest>,
     held: usize,
+    /// Encoded bytes of the held records.
+    held_bytes: usize,
     in_flight: usize,
     skipped: usize,
     window: usize,
@@ -240,6 +252,7 @@ impl Core {
             dests: HashMap::new(),
             ready: BTreeSet::new(),
             held: 0,
+            held_bytes: 0,
             in_flight: 0,
             skipped: 0,
             window: DISPATCH_WINDOW_MIN,
@@ -266,6 +279,11 @@ impl Core {
     /// Records held (queued or in flight, hung commits aside).
     pub fn held(&self) -> usize {
         self.held
+    }
+
+    /// Encoded bytes of the held records.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
     }
 
     /// Records left in the WAL.
@@ -301,6 +319,7 @@ impl Core {
     pub fn wants_read(&self) -> bool {
         let limit = self.window.max(4 * self.per_dest_cap());
         self.held < limit
+            && self.held_bytes < DISPATCH_WINDOW_MAX_BYTES
             && (self.marks.len() as u64) < (DISPATCH_LOOKAHEAD_WINDOWS * self.window) as u64
     }
 
@@ -375,7 +394,7 @@ impl Core {
         if reroute && let Some(to) = self.healthy_sibling(&dest, partitions, topo, cap) {
             self.enqueue(&to, item, now);
             self.stats.rerouted += 1;
-            return Placed::Rerouted(to.partition);
+            return Placed::Rerouted(to.partition, !alive);
         }
         let st = self.dests.get_mut(&dest).expect("inserted above");
         // A failing destination holds exactly one record: its probe.
@@ -383,6 +402,7 @@ impl Core {
         let blocked = (st.failing.is_some() && !needs_probe)
             || st.in_flight.as_ref().is_some_and(|f| f.hung)
             || st.queue.len() >= cap
+            || st.queued_bytes >= DISPATCH_DEST_QUEUE_MAX_BYTES
             || st.skipped > 0;
         if blocked {
             st.skipped += 1;
@@ -410,6 +430,7 @@ impl Core {
             if st.failing.is_none()
                 && !st.in_flight.as_ref().is_some_and(|f| f.hung)
                 && st.queue.len() < cap
+                && st.queued_bytes < DISPATCH_DEST_QUEUE_MAX_BYTES
                 && st.skipped == 0
             {
                 st.owner = owner;
@@ -425,10 +446,13 @@ impl Core {
         self.set_mark(item.seq, Mark::Held);
         self.skipped -= 1;
         self.held += 1;
+        let size = encoded_size(&item.record);
+        self.held_bytes += size;
         let st = self.dests.get_mut(dest).expect("destination exists");
         if st.queue.is_empty() {
             st.oldest_queued = Some(now);
         }
+        st.queued_bytes += size;
         st.queue.push_back(item);
         if st.in_flight.is_none() {
             self.ready.insert(dest.clone());
@@ -459,9 +483,10 @@ impl Core {
                 || self.unresolved_retry.is_some_and(|t| now >= t))
     }
 
-    /// The commits to start now. `max_bytes(owner)` is the owner's byte
-    /// budget per commit (`None`: unbounded, e.g. a local owner); a commit
-    /// always carries at least one record.
+    /// The commits to start now. Each carries at most
+    /// [`DISPATCH_COMMIT_MAX_BYTES`] encoded bytes, or `max_bytes(owner)`
+    /// when that is tighter (`None`: no tighter budget, e.g. a local
+    /// owner); a commit always carries at least one record.
     pub fn take_orders(
         &mut self,
         now: Duration,
@@ -499,23 +524,26 @@ impl Core {
                     }
                 }
             }
-            let budget = max_bytes(owner);
+            let budget = max_bytes(owner)
+                .map_or(DISPATCH_COMMIT_MAX_BYTES, |b| b.min(DISPATCH_COMMIT_MAX_BYTES));
             let st = self.dests.get_mut(&dest).expect("ready destinations exist");
             let mut items = Vec::new();
             let mut bytes = 0usize;
             while let Some(next) = st.queue.front() {
                 let size = encoded_size(&next.record);
-                let over_budget = budget.is_some_and(|b| bytes + size > b);
+                let over_budget = bytes + size > budget;
                 if !items.is_empty() && (probe || over_budget) {
                     break;
                 }
                 bytes += size;
+                st.queued_bytes -= size;
                 items.push(st.queue.pop_front().expect("front exists"));
             }
             st.oldest_queued = if st.queue.is_empty() { None } else { Some(now) };
             let id = self.next_order;
             self.next_order += 1;
-            st.in_flight = Some(InFlight { id, started: now, count: items.len(), hung: false });
+            st.in_flight =
+                Some(InFlight { id, started: now, count: items.len(), bytes, hung: false });
             self.started.push_back((now, id, dest.clone()));
             self.in_flight += 1;
             self.ready.remove(&dest);
@@ -539,6 +567,7 @@ impl Core {
             f.hung = true;
             self.in_flight -= 1;
             self.held -= f.count;
+            self.held_bytes -= f.bytes + std::mem::take(&mut st.queued_bytes);
             self.stats.hung_commits += 1;
             // Whatever queued behind it goes back to the WAL.
             let returned: Vec<u64> = st.queue.drain(..).map(|i| i.seq).collect();
@@ -568,6 +597,7 @@ impl Core {
         if !f.hung {
             self.in_flight -= 1;
             self.held -= f.count;
+            self.held_bytes -= f.bytes;
         }
         let mut back_to_wal: Vec<u64> = Vec::new();
         match outcome {
@@ -591,6 +621,7 @@ impl Core {
                 back_to_wal.extend(items.iter().map(|i| i.seq));
                 back_to_wal.extend(st.queue.drain(..).map(|i| i.seq));
                 self.held -= back_to_wal.len() - items.len();
+                self.held_bytes -= std::mem::take(&mut st.queued_bytes);
                 st.oldest_queued = None;
                 self.rescan_asap = true;
             }
@@ -604,10 +635,14 @@ impl Core {
                 back_to_wal.extend(rest.map(|i| i.seq));
                 let queued: Vec<u64> = st.queue.drain(..).map(|i| i.seq).collect();
                 self.held -= queued.len();
+                self.held_bytes -= std::mem::take(&mut st.queued_bytes);
                 back_to_wal.extend(queued);
+                let size = encoded_size(&probe.record);
                 st.queue.push_back(probe);
+                st.queued_bytes = size;
                 st.oldest_queued = Some(now);
                 self.held += 1;
+                self.held_bytes += size;
                 self.ready.insert(dest.clone());
             }
         }

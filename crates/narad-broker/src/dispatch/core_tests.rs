@@ -195,7 +195,7 @@ fn after_three_seconds_of_failures_records_go_to_a_healthy_sibling() {
     let o = c.take_orders(Duration::ZERO, &unbounded).pop().unwrap();
     c.finish(o.id, &o.dest, o.items, Outcome::Failed, 10 * MS);
     assert_eq!(place(&mut c, 1, 2_000 * MS), Placed::Skipped);
-    assert_eq!(place(&mut c, 1, 3_001 * MS), Placed::Rerouted(2));
+    assert_eq!(place(&mut c, 1, 3_001 * MS), Placed::Rerouted(2, false));
     // The sibling commits; the probe keeps testing the original.
     let orders = c.take_orders(3_001 * MS, &unbounded);
     let parts: BTreeSet<u32> = orders.iter().map(|o| o.dest.partition).collect();
@@ -210,7 +210,7 @@ fn a_dead_owner_reroutes_at_once() {
     let seq = c.read_next();
     let placed =
         c.place_new(Item { seq, record: wal_record(seq, 3) }, t, &AllAlive(4), Duration::ZERO);
-    assert_eq!(placed, Placed::Rerouted(0));
+    assert_eq!(placed, Placed::Rerouted(0, true));
 }
 
 #[test]
@@ -285,6 +285,86 @@ fn the_reader_stops_at_the_window() {
     assert!(c.skipped() > 0);
 }
 
+/// A record whose payload is `payload` (shared, not copied: a test can
+/// hold thousands of "1 MiB records" in a few MiB).
+fn big_record(seq: u64, partition: u32, payload: &Bytes) -> WalRecord {
+    let mut r = wal_record(seq, partition);
+    r.payload = payload.clone();
+    r
+}
+
+#[test]
+fn no_commit_exceeds_the_dispatch_byte_budget_even_for_an_unbounded_owner() {
+    // A backlog of one partition beyond the partition log's commit limit,
+    // fed in as the reader would: commit after commit, none above the
+    // budget (so the log never refuses one), every record exactly once.
+    let mib = Bytes::from(vec![7u8; 1 << 20]);
+    let mut c = Core::new(0);
+    let total = (narad_log::limits::MAX_COMMIT_BYTES as usize >> 20) + 64;
+    let mut committed = 0;
+    let mut now = Duration::ZERO;
+    let mut orders_seen = 0;
+    while committed < total {
+        while c.wants_read() && c.read_next() < total as u64 {
+            let seq = c.read_next();
+            let item = Item { seq, record: big_record(seq, 0, &mib) };
+            c.place_new(item, target(0), &AllAlive(4), now);
+        }
+        if let Some((from, to)) = c.rescan_due(now).then(|| c.begin_rescan(now)).flatten() {
+            for seq in from..to {
+                if c.mark(seq) == Some(Mark::Skipped) {
+                    let item = Item { seq, record: big_record(seq, 0, &mib) };
+                    c.place_skipped(item, target(0), &AllAlive(4), now);
+                }
+            }
+        }
+        let orders = c.take_orders(now, &unbounded);
+        assert!(!orders.is_empty() || c.rescan_due(now + 2_000 * MS), "dispatch stalled");
+        for o in orders {
+            let bytes: usize = o.items.iter().map(|i| encoded_size(&i.record)).sum();
+            assert!(
+                bytes <= DISPATCH_COMMIT_MAX_BYTES,
+                "a commit of {bytes} bytes is over the {DISPATCH_COMMIT_MAX_BYTES}-byte budget"
+            );
+            committed += o.items.len();
+            orders_seen += 1;
+            c.finish(o.id, &o.dest, o.items, Outcome::Committed, now + MS);
+        }
+        now += 2_000 * MS;
+    }
+    assert_eq!(c.checkpoint(), total as u64);
+    assert!(orders_seen > 1);
+    assert_eq!((c.held(), c.held_bytes()), (0, 0));
+}
+
+#[test]
+fn the_reader_stops_at_the_byte_window_with_big_records() {
+    // ~1 MiB records over many partitions: the record window alone would
+    // admit tens of thousands (tens of GiB); the byte window stops it.
+    let mib = Bytes::from(vec![7u8; 1 << 20]);
+    let mut c = Core::new(0);
+    let mut n = 0u32;
+    while c.wants_read() && n < 100_000 {
+        let seq = c.read_next();
+        let p = n % 64;
+        let t = Target::Commit { dest: dest(p), owner: u64::from(p), alive: true, partitions: 64 };
+        c.place_new(
+            Item { seq, record: big_record(seq, p, &mib) },
+            t,
+            &AllAlive(64),
+            Duration::ZERO,
+        );
+        n += 1;
+    }
+    let record = encoded_size(&big_record(0, 0, &mib));
+    assert!(
+        c.held_bytes() < DISPATCH_WINDOW_MAX_BYTES + record,
+        "{} bytes held in {} records",
+        c.held_bytes(),
+        c.held()
+    );
+}
+
 /// A randomized run against a fake owner: commits land, fail, hang and are
 /// refused at random while time moves; then everything is allowed to
 /// succeed. Every record is committed exactly once, records of a partition
@@ -331,7 +411,7 @@ fn run_random(seed: u64) {
             let r = wal[c.read_next() as usize].clone();
             let t = target_of(&r);
             let seq = r.seq;
-            if let Placed::Rerouted(_) = c.place_new(Item { seq, record: r }, t, &topo, now) {
+            if let Placed::Rerouted(..) = c.place_new(Item { seq, record: r }, t, &topo, now) {
                 ever_rerouted.insert(seq);
             }
         }
@@ -343,7 +423,7 @@ fn run_random(seed: u64) {
                 if c.mark(seq) == Some(Mark::Skipped) {
                     let r = wal[seq as usize].clone();
                     let t = target_of(&r);
-                    if let Placed::Rerouted(_) =
+                    if let Placed::Rerouted(..) =
                         c.place_skipped(Item { seq, record: r }, t, &topo, now)
                     {
                         ever_rerouted.insert(seq);
@@ -399,6 +479,9 @@ fn run_random(seed: u64) {
         }
         if !chaos && c.checkpoint() == total && wal.len() as u64 == total {
             assert_eq!(committed.len() as u64, total, "seed {seed}");
+            if c.held() == 0 {
+                assert_eq!(c.held_bytes(), 0, "seed {seed}: held bytes leak");
+            }
             return;
         }
     }

@@ -57,6 +57,8 @@ impl Dispatcher {
             interned: HashMap::new(),
             last_stored: 0,
             outstanding: 0,
+            reroutes_unlogged: 0,
+            last_reroute_log: None,
             reported: Default::default(),
         };
         let task = tokio::spawn(driver.run(wake, stop.clone()));
@@ -73,6 +75,10 @@ impl Dispatcher {
 
 type Done = (u64, Dest, Vec<Item>, Outcome);
 
+/// At most one reroute WARN this often; each names how many records were
+/// rerouted since the last one.
+const REROUTE_LOG_INTERVAL: Duration = Duration::from_secs(1);
+
 struct Driver {
     core: Core,
     reader: WalReader,
@@ -85,6 +91,10 @@ struct Driver {
     interned: HashMap<Box<str>, Arc<str>>,
     last_stored: u64,
     outstanding: usize,
+    /// Reroutes since the last reroute WARN (rate-limited: a client can
+    /// produce to a failing partition as fast as it likes).
+    reroutes_unlogged: u64,
+    last_reroute_log: Option<Duration>,
     reported: super::core::CoreStats,
 }
 
@@ -154,7 +164,32 @@ impl Driver {
         (Item { seq, record }, target)
     }
 
-    fn log_placement(&self, placed: &Placed, item_seq: u64, topic: &str, partition: u32) {
+    fn log_placement(&mut self, placed: &Placed, item_seq: u64, topic: &str, partition: u32) {
+        if let Placed::Rerouted(to, dead) = *placed {
+            self.reroutes_unlogged += 1;
+            let now = self.clock.mono();
+            if self.last_reroute_log.is_none_or(|t| now.saturating_sub(t) >= REROUTE_LOG_INTERVAL) {
+                self.last_reroute_log = Some(now);
+                let records = std::mem::take(&mut self.reroutes_unlogged);
+                if dead {
+                    warn!(
+                        topic,
+                        partition,
+                        to,
+                        records,
+                        "rerouting produce records for dead partition owner"
+                    );
+                } else {
+                    warn!(
+                        topic,
+                        partition,
+                        to,
+                        records,
+                        "rerouting produce records for stuck partition owner"
+                    );
+                }
+            }
+        }
         if *placed == Placed::Discarded {
             warn!(
                 topic,
@@ -293,5 +328,93 @@ impl Driver {
         self.metrics.dispatch_rerouted.inc_by(s.rerouted - self.reported.rerouted);
         self.metrics.dispatch_discarded.inc_by(s.discarded - self.reported.discarded);
         self.reported = s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use narad_fs::SimFs;
+    use narad_wal::RecordRef;
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::owner::CommitFuture;
+
+    /// Every partition of topic `t` (4 of them) is assigned; partition 0's
+    /// owner is dead.
+    #[derive(Debug)]
+    struct DeadZero;
+    impl Topology for DeadZero {
+        fn owner_of(&self, _topic: &str, partition: u32) -> Option<(OwnerId, bool)> {
+            (partition < 4).then_some((u64::from(partition), partition != 0))
+        }
+    }
+    impl Resolver for DeadZero {
+        fn resolve(&self, record: &WalRecord, topic: &Arc<str>) -> Target {
+            let partition = record.partition % 4;
+            Target::Commit {
+                dest: Dest { topic: topic.clone(), partition },
+                owner: u64::from(partition),
+                alive: partition != 0,
+                partitions: 4,
+            }
+        }
+    }
+
+    /// Commits everything; counts records per partition.
+    #[derive(Debug, Default)]
+    struct Counting([AtomicU32; 4]);
+    impl Owner for Arc<Counting> {
+        fn commit(&self, _owner: OwnerId, batch: CommitBatch) -> CommitFuture {
+            self.0[batch.partition as usize]
+                .fetch_add(batch.records.len() as u32, Ordering::SeqCst);
+            Box::pin(async { Ok(()) })
+        }
+        fn max_batch_bytes(&self, _owner: OwnerId) -> Option<usize> {
+            None
+        }
+    }
+
+    #[tokio::test]
+    async fn rerouted_records_are_counted_in_the_rerouted_metric() {
+        let fs: narad_fs::FsRef = Arc::new(SimFs::new(7));
+        let wal = Arc::new(Wal::open(fs, "/wal").unwrap());
+        for i in 0..5u32 {
+            let payload = format!("m{i}");
+            let r = RecordRef {
+                topic: "t",
+                incarnation: Some(1),
+                key: None,
+                partition: 0,
+                accepted_at_ms: 0,
+                payload: payload.as_bytes(),
+            };
+            wal.append(&r).unwrap();
+        }
+        let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
+        let owner = Arc::new(Counting::default());
+        let wake = Arc::new(Notify::new());
+        let d = Dispatcher::start(
+            wal.clone(),
+            Arc::new(owner.clone()),
+            Arc::new(DeadZero),
+            narad_clock::SystemClock::shared(),
+            wake.clone(),
+            metrics.clone(),
+        );
+        wake.notify_one();
+        for _ in 0..500 {
+            if wal.checkpoint() == 5 && metrics.dispatch_rerouted.get() == 5 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        d.stop().await;
+        assert_eq!(metrics.dispatch_rerouted.get(), 5, "every record of the dead owner rerouted");
+        assert_eq!(owner.0[0].load(Ordering::SeqCst), 0);
+        assert_eq!(owner.0[1].load(Ordering::SeqCst), 5, "to the next partition up");
     }
 }
