@@ -60,7 +60,9 @@ pub trait Owner: Send + Sync + Debug {
     /// visible when the future resolves `Ok`.
     fn commit(&self, owner: OwnerId, batch: CommitBatch) -> CommitFuture;
 
-    /// The byte budget of one commit to `owner` (`None`: unbounded).
+    /// The byte budget of one commit to `owner`, when tighter than the
+    /// dispatcher's own cap for every commit
+    /// ([`crate::limits::DISPATCH_COMMIT_MAX_BYTES`]); `None`: that cap.
     fn max_batch_bytes(&self, owner: OwnerId) -> Option<usize>;
 }
 

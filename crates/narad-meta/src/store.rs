@@ -113,14 +113,15 @@ impl MetaStore {
     ) -> Result<Self, MetaError> {
         options.defaults.validate().map_err(MetaError::Invalid)?;
         let path = metastore_path(data_dir);
-        let named = |e: StorageError| StorageError::Open { path: path.clone(), source: Box::new(e) };
+        let named =
+            |e: StorageError| StorageError::Open { path: path.clone(), source: Box::new(e) };
         let record_path = applied_path(data_dir);
-        let recorded =
-            AppliedRecord::read(fs, &record_path).map_err(|why| named(StorageError::Record(why)))?;
+        let recorded = AppliedRecord::read(fs, &record_path)
+            .map_err(|why| named(StorageError::Record(why)))?;
         if let Some(recorded) = recorded {
-            let exists = fs.exists(&path).map_err(|source| {
-                named(StorageError::Io { context: "stat".to_owned(), source })
-            })?;
+            let exists = fs
+                .exists(&path)
+                .map_err(|source| named(StorageError::Io { context: "stat".to_owned(), source }))?;
             if !exists {
                 return Err(named(StorageError::Missing { recorded, record: record_path }).into());
             }
@@ -128,12 +129,12 @@ impl MetaStore {
         let (db, state) = MetaDb::open(fs, &path).map_err(named)?;
         if let Some(recorded) = recorded.filter(|r| *r > state.applied_index()) {
             let applied = state.applied_index();
-            return Err(named(StorageError::RolledBack { applied, recorded, record: record_path })
-                .into());
+            return Err(
+                named(StorageError::RolledBack { applied, recorded, record: record_path }).into()
+            );
         }
-        let record = AppliedRecord::open(fs, &record_path, state.applied_index()).map_err(|e| {
-            named(StorageError::Record(format!("{}: {e}", record_path.display())))
-        })?;
+        let record = AppliedRecord::open(fs, &record_path, state.applied_index())
+            .map_err(|e| named(StorageError::Record(format!("{}: {e}", record_path.display()))))?;
         tracing::info!(
             path = %path.display(),
             applied_index = state.applied_index(),
@@ -397,7 +398,10 @@ impl MetaWriter for MetaStore {
         if let Err(e) = writer.record.store(index) {
             // The command is durable in the metastore; only the witness is
             // not. Latch, as after a failed fsync anywhere.
-            let why = format!("cannot record applied index {index} in {}: {e}", writer.record.path().display());
+            let why = format!(
+                "cannot record applied index {index} in {}: {e}",
+                writer.record.path().display()
+            );
             tracing::error!(error = %why, "metastore applied-index record failed; refusing further writes");
             writer.poisoned = Some(why);
         }

@@ -46,7 +46,10 @@ fn a_second_server_on_the_same_data_dir_exits_naming_it_while_the_first_keeps_wo
     s.create_topic(r#"{"name":"t"}"#);
     assert_eq!(s.produce("t", "", b"before"), 202);
     let (code, log) = start_expecting_exit(&s.data_dir);
-    assert!(matches!(code, Some(c) if c != 0), "second server must exit non-zero ({code:?}): {log}");
+    assert!(
+        matches!(code, Some(c) if c != 0),
+        "second server must exit non-zero ({code:?}): {log}"
+    );
     let dir = s.data_dir.display().to_string();
     assert!(log.contains(&dir) && log.contains("in use"), "the error names the data dir: {log}");
     assert!(log.contains("pid"), "the error names the holder's pid: {log}");
