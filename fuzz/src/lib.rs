@@ -220,6 +220,16 @@ pub fn batch_body(data: &[u8]) {
     };
     match narad_server::routes::produce::decode_batch(encoding, Bytes::from(body)) {
         Ok(records) => {
+            if matches!(mode, 0 | 3 | 4) {
+                // Only objects decode: the body, and each of its messages.
+                let v: serde_json::Value = serde_json::from_slice(rest).expect("it decoded");
+                let messages = v.get("messages").and_then(|m| m.as_array());
+                assert!(v.is_object() && messages.is_some(), "a non-object body decoded");
+                assert!(
+                    messages.into_iter().flatten().all(|m| m.is_object()),
+                    "a non-object message decoded"
+                );
+            }
             let max = narad_server::limits::BATCH_MAX_RECORDS;
             assert!((1..=max).contains(&records.len()), "{} records", records.len());
             assert!(records.iter().all(|r| !r.payload.is_empty()), "an empty payload passed");
@@ -264,6 +274,7 @@ pub fn query_params(data: &[u8]) {
     match consume::parse_consume_query(&raw) {
         Ok(q) => {
             assert!(q.offset.is_none() || q.partition.is_some(), "replay without partition");
+            assert!(q.offset.is_none() || q.max.is_none(), "replay with max");
             let max = narad_broker::limits::CONSUME_BATCH_MAX;
             assert!(q.max.is_none_or(|m| (1..=max).contains(&m)), "{q:?}");
         }

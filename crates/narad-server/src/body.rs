@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::conn::BodyReadTimeout;
 use crate::error::ApiError;
 use crate::limits::ZSTD_WINDOW_LOG_MAX;
+use crate::objects_only::ObjectsOnly;
 
 /// Whether `E` is `e` or somewhere in its chain of sources.
 fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
@@ -108,10 +109,13 @@ pub fn decode_content(encoding: Option<&str>, raw: Bytes, limit: usize) -> Resul
 }
 
 /// Decodes exactly one JSON value into `T`, refusing unknown fields and
-/// trailing values with Narad's texts.
+/// trailing values with Narad's texts, and any struct (at any depth) that
+/// is not written as a JSON object ([`ObjectsOnly`]): every JSON request
+/// body goes through here.
 pub fn strict_json<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let value = T::deserialize(&mut de).map_err(|e| ApiError::bad_request(json_error_text(&e)))?;
+    let value = T::deserialize(ObjectsOnly(&mut de))
+        .map_err(|e| ApiError::bad_request(json_error_text(&e)))?;
     de.end().map_err(|_| ApiError::bad_request("invalid json: multiple JSON values"))?;
     Ok(value)
 }

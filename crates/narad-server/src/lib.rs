@@ -7,7 +7,8 @@
 //! * [`access`], [`auth`], [`ratelimit`]: who may call what, how often.
 //! * [`config`]: the layered configuration; [`tls`]: the HTTPS listener.
 //! * [`openapi`]: the OpenAPI document, generated from the handlers.
-//! * [`body`], [`query`], [`duration`], [`wire`]: parsing and encoding.
+//! * [`body`], [`objects_only`], [`query`], [`duration`], [`wire`]: parsing
+//!   and encoding.
 
 pub mod access;
 pub mod auth;
@@ -18,6 +19,7 @@ pub mod duration;
 pub mod error;
 pub mod http_metrics;
 pub mod limits;
+pub mod objects_only;
 pub mod openapi;
 pub mod query;
 pub mod ratelimit;

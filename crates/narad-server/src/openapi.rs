@@ -141,7 +141,40 @@ pub struct ErrorBody {
 pub fn document() -> String {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
     camel_case_links(&mut doc);
+    optional_bodies_are_absent_not_null(&mut doc);
     doc.to_string()
+}
+
+/// utoipa documents an optional request body (`Option<T>`, the batch ack's)
+/// as `oneOf: [null, T]`; the server refuses a `null` body (only objects
+/// decode, `body::strict_json`): the body is `T`, and may be absent
+/// (`required: false`).
+fn optional_bodies_are_absent_not_null(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else { return };
+    let bodies = paths
+        .values_mut()
+        .filter_map(|i| i.as_object_mut())
+        .flat_map(|i| i.values_mut())
+        .filter_map(|op| op.get_mut("requestBody"));
+    for body in bodies {
+        let Some(content) = body.get_mut("content").and_then(|c| c.as_object_mut()) else {
+            continue;
+        };
+        let mut optional = false;
+        for media in content.values_mut() {
+            let Some(one_of) = media["schema"].get("oneOf").and_then(|o| o.as_array()) else {
+                continue;
+            };
+            let mut not_null = one_of.iter().filter(|s| s["type"] != "null");
+            if let (Some(only), None, 2) = (not_null.next(), not_null.next(), one_of.len()) {
+                media["schema"] = only.clone();
+                optional = true;
+            }
+        }
+        if optional {
+            body["required"] = serde_json::Value::Bool(false);
+        }
+    }
 }
 
 /// utoipa 5.5 writes a Link's fields in snake case (`operation_id`); the
@@ -339,6 +372,45 @@ mod tests {
         assert!(results.results.iter().all(|r| r.error.is_some()));
         s.broker.shutdown().await.unwrap();
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Follows a `$ref` to its component schema.
+    fn resolve<'a>(
+        doc: &'a serde_json::Value,
+        schema: &'a serde_json::Value,
+    ) -> &'a serde_json::Value {
+        match schema["$ref"].as_str().and_then(|r| r.strip_prefix("#/components/schemas/")) {
+            Some(name) => &doc["components"]["schemas"][name],
+            None => schema,
+        }
+    }
+
+    /// Every JSON request body is an object (the server refuses any other
+    /// JSON value, `body::strict_json`), and so is each item of an array of
+    /// objects in it (a batch's `messages`, a user's `grants`): the document
+    /// says so, so an API fuzzer sends objects and expects a 400 otherwise.
+    #[test]
+    fn every_json_request_body_is_documented_as_an_object() {
+        let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
+        let mut bodies = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let Some(schema) = op["requestBody"]["content"]["application/json"].get("schema")
+                else {
+                    continue;
+                };
+                bodies += 1;
+                let body = resolve(&doc, schema);
+                assert_eq!(body["type"], "object", "{method} {path}: {body}");
+                for (field, prop) in body["properties"].as_object().into_iter().flatten() {
+                    let items = resolve(&doc, &prop["items"]);
+                    if items.get("properties").is_some() {
+                        assert_eq!(items["type"], "object", "{method} {path} {field}: {items}");
+                    }
+                }
+            }
+        }
+        assert!(bodies >= 8, "{bodies} JSON request bodies documented");
     }
 
     #[test]

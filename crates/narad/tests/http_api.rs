@@ -541,3 +541,44 @@ fn batch_consume_answers_stay_within_8_mib_encoded_and_the_rest_stays_available(
     }
     assert!(answers >= 2, "twelve base64 MiB cannot fit one answer");
 }
+
+/// Consume's parameters: `max` (a queue-mode batch) does not combine with
+/// `offset` (a replay reads one record, without a lease); `offset` needs a
+/// `partition`; `max` is 1 to 100; a repeated parameter takes its first
+/// value (Narad's `url.Values.Get`), so a later one cannot sneak past the
+/// checks. Nothing is leased by a refused consume.
+#[test]
+fn consume_parameters_that_do_not_combine_are_refused_with_a_400_naming_them() {
+    let s = Server::start("consume-params");
+    s.create_topic(r#"{"name":"q","partitions":3}"#);
+    assert_eq!(s.produce("q", "partition=0", b"m0"), 202);
+    // Wait until it is committed (visible to replay).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.consume("q", "partition=0&offset=0").is_none() {
+        assert!(Instant::now() < deadline, "never committed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for q in
+        ["partition=0&offset=0&max=5", "max=1&partition=0&offset=0", "offset=0&partition=0&max=100"]
+    {
+        let (status, error) = error_of(s.get(&format!("/v1/topics/q/consume?{q}")));
+        assert_eq!(status, 400, "{q}");
+        assert!(error.contains("max") && error.contains("offset"), "{q}: {error}");
+    }
+    assert_eq!(
+        error_of(s.get("/v1/topics/q/consume?offset=0&max=5")),
+        (400, "partition required for replay-mode consume".into())
+    );
+    for q in ["max=0", "max=101", "max=-1", "max=x", "max=", "max=0&max=5"] {
+        let (status, error) = error_of(s.get(&format!("/v1/topics/q/consume?{q}")));
+        assert_eq!(status, 400, "{q}");
+        assert!(error.starts_with("invalid max"), "{q}: {error}");
+    }
+    // First occurrence wins: the second `offset` or `max` is not read.
+    let r = s.consume("q", "partition=0&offset=0&offset=7").unwrap();
+    assert_eq!(r["offset"], 0);
+    assert_eq!(error_of(s.get("/v1/topics/q/consume?max=101&max=5")).0, 400);
+    // The refusals leased nothing: a queue consume still gets the message.
+    let m = s.consume("q", "partition=0").expect("still available");
+    assert_eq!(payload_bytes(&m), b"m0");
+}

@@ -43,7 +43,10 @@ fn first_decoded(p: &[(String, &str)], name: &str) -> Result<Option<String>, Api
     }
 }
 
-/// Parses `partition`, `offset`, `wait` and `max`.
+/// Parses `partition`, `offset`, `wait` and `max` (the first occurrence of
+/// each, as Narad's `url.Values.Get`). A replay (`offset`) needs a
+/// `partition` and reads one record without a lease, so it does not take
+/// `max`, a queue-mode batch option.
 pub fn parse_consume_query(raw: &str) -> Result<ConsumeQuery, ApiError> {
     let p = pairs(raw);
     let partition = first_decoded(&p, "partition")?
@@ -80,6 +83,11 @@ pub fn parse_consume_query(raw: &str) -> Result<ConsumeQuery, ApiError> {
         .transpose()?;
     if offset.is_some() && partition.is_none() {
         return Err(ApiError::bad_request("partition required for replay-mode consume"));
+    }
+    if offset.is_some() && max.is_some() {
+        return Err(ApiError::bad_request(
+            "max cannot be combined with offset: a replay reads one record",
+        ));
     }
     Ok(ConsumeQuery { partition, offset, wait, max })
 }
@@ -138,14 +146,14 @@ fn messages_response(got: &[Delivered], batch: bool) -> (Response, usize) {
     params(
         ("topic" = String, Path, description = "Topic name", pattern = r"^[A-Za-z0-9._-]{1,255}$"),
         ("partition" = Option<u32>, Query, description = "Only this partition (required with `offset`)"),
-        ("offset" = Option<u64>, Query, description = "Replay from this offset (no lease)"),
+        ("offset" = Option<u64>, Query, description = "Replay the one record at this offset (no lease); requires `partition`, refuses `max` (400)"),
         ("wait" = Option<String>, Query, description = "Long-poll up to this Go duration (`500ms`, `10s`), capped by the server"),
-        ("max" = Option<u32>, Query, description = "Up to this many messages, batch shape", minimum = 1, maximum = 100),
+        ("max" = Option<u32>, Query, description = "Up to this many messages, batch shape (queue and pinned modes only: 400 with `offset`)", minimum = 1, maximum = 100),
     ),
     responses(
         (status = 200, description = "A message (a batch with `max`)", body = ConsumeReply),
         (status = 204, description = "Nothing available"),
-        (status = 400, description = "Bad query or partition", body = ErrorBody),
+        (status = 400, description = "Bad query or partition, `offset` without `partition`, `max` with `offset`", body = ErrorBody),
         (status = 403, description = "Not allowed", body = ErrorBody),
         (status = 404, description = "No such topic", body = ErrorBody),
         (status = 410, description = "Replay offset aged out or unreadable", body = ErrorBody),
@@ -158,12 +166,12 @@ pub async fn consume(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = parse_consume_query(q.as_deref().unwrap_or(""))?;
+    if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
+        let got = s.broker.replay(&topic, partition, offset, 1).await?;
+        return Ok(messages_response(&got, false).0);
+    }
     let batch = q.max.is_some();
     let max = q.max.unwrap_or(1);
-    if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
-        let got = s.broker.replay(&topic, partition, offset, max).await?;
-        return Ok(messages_response(&got, batch).0);
-    }
     let wait = q.wait.min(s.max_consume_wait);
     let got = s.broker.consume(&topic, q.partition, wait, max).await?;
     let (response, sent) = messages_response(&got, batch);
@@ -328,11 +336,22 @@ mod tests {
             }
         );
         assert_eq!(parse_consume_query("").unwrap().wait, Duration::ZERO);
-        for bad in
-            ["partition=x", "offset=-1&partition=0", "wait=10", "max=0", "max=101", "offset=3"]
-        {
+        for bad in [
+            "partition=x",
+            "offset=-1&partition=0",
+            "wait=10",
+            "max=0",
+            "max=101",
+            "offset=3",
+            "offset=3&max=2",
+            "partition=0&offset=3&max=2",
+            "max=0&max=5",
+        ] {
             assert_eq!(parse_consume_query(bad).unwrap_err().status(), 400, "{bad}");
         }
+        // The first occurrence of a parameter wins.
+        let q = parse_consume_query("partition=1&partition=2&max=5&max=500").unwrap();
+        assert_eq!((q.partition, q.max), (Some(1), Some(5)));
     }
 
     #[test]

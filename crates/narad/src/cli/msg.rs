@@ -251,23 +251,20 @@ fn partition_bounds(c: &Client, topic: &str) -> Result<Vec<(u32, u64, u64)>, Cli
         .collect())
 }
 
-/// Reads up to `max` messages of one partition from `offset` (replay: no
-/// lease). `Ok(None)` when the offset aged out.
+/// Reads the message at `offset` of one partition (replay: no lease; one
+/// record per request, as `max` does not combine with `offset`), or the
+/// first one after it when offsets were skipped. `Ok(None)` when the
+/// offset aged out; an empty list at the high watermark.
 fn read_at(
     c: &Client,
     topic: &str,
     partition: u32,
     offset: u64,
-    max: u64,
 ) -> Result<Option<Vec<Value>>, CliError> {
-    let path = format!(
-        "/v1/topics/{}/consume?partition={partition}&offset={offset}&max={}",
-        enc(topic),
-        max.clamp(1, 100)
-    );
+    let path = format!("/v1/topics/{}/consume?partition={partition}&offset={offset}", enc(topic));
     let r = c.get(&path)?;
     match r.status {
-        200 => Ok(Some(messages(&r.value()?))),
+        200 => Ok(Some(vec![r.value()?])),
         204 => Ok(Some(Vec::new())),
         410 => Ok(None),
         _ => Err(r.error(&format!("read {topic}/{partition}@{offset}"))),
@@ -291,8 +288,7 @@ fn peek(c: &Client, a: &SubArgs) -> CliResult {
             if a.max.is_some_and(|m| seen >= m) {
                 return Ok(());
             }
-            let left = a.max.map_or(100, |m| m - seen);
-            match read_at(c, &a.topic, *p, *offset, left)? {
+            match read_at(c, &a.topic, *p, *offset)? {
                 Some(msgs) => {
                     for m in &msgs {
                         print_message(c.output, a.raw, m)?;
@@ -354,8 +350,7 @@ pub fn run_replay(a: ReplayArgs) -> CliResult {
     let mut seen = 0u64;
     let mut all = Vec::new();
     while a.count.is_none_or(|n| seen < n) && a.to.is_none_or(|to| offset < to) {
-        let left = a.count.map_or(100, |n| n - seen).min(a.to.map_or(100, |to| to - offset));
-        let Some(msgs) = read_at(&c, &a.topic, a.partition, offset, left)? else {
+        let Some(msgs) = read_at(&c, &a.topic, a.partition, offset)? else {
             let oldest = partition_bounds(&c, &a.topic)?
                 .into_iter()
                 .find(|(p, ..)| *p == a.partition)
