@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 pub use dir_lock::{DirLock, LOCK_FILE};
 pub use fault::{FaultFs, FaultRule};
-pub use real::RealFs;
+pub use real::{DIR_MODE, FILE_MODE, RealFs, open_to_others};
 pub use rng::SimRng;
 pub use sim::{CrashMode, FaultKind, SimFs};
 

@@ -1,14 +1,28 @@
 //! The real file system: `std::fs` with the durability rules of the crate
 //! contract (fdatasync for data, a parent-directory fsync after every change
-//! to a directory entry).
+//! to a directory entry). What it creates is for narad's own user only:
+//! directories [`DIR_MODE`], files [`FILE_MODE`] (the data directory holds
+//! every message and the password hashes).
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::{DirEntry, File, FileRef, Fs, OpenMode, parent_dir};
+
+/// The mode of every directory narad creates (before the umask).
+pub const DIR_MODE: u32 = 0o700;
+/// The mode of every file narad creates (before the umask).
+pub const FILE_MODE: u32 = 0o600;
+
+/// Whether users other than the owner may read, write or enter `path`
+/// (its group or other permission bits are set): a data directory that is
+/// should be warned about.
+pub fn open_to_others(path: &Path) -> io::Result<bool> {
+    Ok(fs::metadata(path)?.permissions().mode() & 0o077 != 0)
+}
 
 /// `std::fs`, with directory fsyncs after create, rename and remove.
 #[derive(Debug, Default, Clone, Copy)]
@@ -33,7 +47,7 @@ fn fsync_dir(path: &Path) -> io::Result<()> {
 impl Fs for RealFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<FileRef> {
         let mut opts = fs::OpenOptions::new();
-        opts.read(true).write(true);
+        opts.read(true).write(true).mode(FILE_MODE);
         match mode {
             OpenMode::Existing => {}
             OpenMode::CreateNew => {
@@ -66,7 +80,7 @@ impl Fs for RealFs {
             cur = p.parent();
         }
         for dir in missing.into_iter().rev() {
-            match fs::create_dir(dir) {
+            match fs::DirBuilder::new().mode(DIR_MODE).create(dir) {
                 Ok(()) => fsync_dir(parent_dir(dir))?,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
                 Err(e) => return Err(e),
@@ -188,5 +202,26 @@ mod tests {
         assert!(!fs_.exists(&root.join("a/y")).unwrap());
         fs_.remove_dir_all(&root).unwrap();
         assert!(!fs_.exists(&root).unwrap());
+    }
+
+    #[test]
+    fn what_it_creates_is_for_the_owner_only() {
+        let root = tmpdir("modes");
+        let fs_ = RealFs;
+        fs_.create_dir_all(&root.join("a/b")).unwrap();
+        fs_.open(&root.join("a/b/x"), OpenMode::CreateNew).unwrap();
+        fs_.open(&root.join("a/y"), OpenMode::CreateOrTruncate).unwrap();
+        write_file_atomic(&fs_, &root.join("a/z"), b"123").unwrap();
+        let mode = |p: &str| fs::metadata(root.join(p)).unwrap().permissions().mode() & 0o777;
+        for dir in ["", "a", "a/b"] {
+            assert_eq!(mode(dir) & !DIR_MODE, 0, "{dir}: {:o}", mode(dir));
+        }
+        for file in ["a/b/x", "a/y", "a/z"] {
+            assert_eq!(mode(file) & !FILE_MODE, 0, "{file}: {:o}", mode(file));
+        }
+        assert!(!open_to_others(&root).unwrap());
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(open_to_others(&root).unwrap());
+        fs_.remove_dir_all(&root).unwrap();
     }
 }

@@ -1,5 +1,8 @@
 //! HTTP metrics (SPEC §9): requests, durations, bytes in and out, in
-//! flight; `route` is the matched pattern or `unmatched`.
+//! flight; `route` is the matched pattern or `unmatched`, and `method` one
+//! of the nine standard methods or `other` ([`method_label`]): no label
+//! takes its text from the request, so junk methods cannot grow `/metrics`
+//! or the series map.
 //!
 //! The label sets a request touches are resolved once per (method, route,
 //! status) and their handles kept in a small map, so a request does one
@@ -13,7 +16,7 @@ use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -47,11 +50,30 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 18))
 }
 
-/// The HTTP metrics.
+/// The `method` label of a request method: the standard methods by name,
+/// any other (an extension method, a client's invention of any length) as
+/// `other`.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
+
 /// The series of one (method, route): shared handles into the families.
 #[derive(Debug)]
 struct RouteSeries {
-    method_key: axum::http::Method,
+    /// [`method_label`] of the method.
+    method_key: &'static str,
     /// `"{method} {route}"`, the `route` label.
     label: String,
     bytes_in: Counter,
@@ -100,14 +122,15 @@ impl HttpMetrics {
 impl HttpMetrics {
     /// The series of `method` on `route`, created on first use.
     fn route(&self, method: &axum::http::Method, route: &str) -> Arc<RouteSeries> {
+        let method = method_label(method);
         let find =
-            |routes: &Routes| routes.get(route)?.iter().find(|s| s.method_key == *method).cloned();
+            |routes: &Routes| routes.get(route)?.iter().find(|s| s.method_key == method).cloned();
         if let Some(s) = find(&self.routes.read().unwrap_or_else(|p| p.into_inner())) {
             return s;
         }
         let label = format!("{method} {route}");
         let series = Arc::new(RouteSeries {
-            method_key: method.clone(),
+            method_key: method,
             bytes_in: self.bytes_in.get_or_create(&RouteLabels { route: label.clone() }).clone(),
             bytes_out: self.bytes_out.get_or_create(&RouteLabels { route: label.clone() }).clone(),
             label,
@@ -131,7 +154,7 @@ impl HttpMetrics {
         }
         let labels = RequestLabels {
             route: series.label.clone(),
-            method: series.method_key.as_str().to_owned(),
+            method: series.method_key.to_owned(),
             status: status.to_string(),
         };
         let counter = self.requests.get_or_create(&labels).clone();
@@ -152,8 +175,9 @@ fn content_length(h: &axum::http::HeaderMap) -> u64 {
         .unwrap_or(0)
 }
 
-/// The middleware: counts and times every request, and runs the access
-/// checks ([`crate::access::guard`]) inside that measurement.
+/// The middleware: counts and times every request, and runs the
+/// cross-site check ([`crate::csrf`]) and the access checks
+/// ([`crate::access::guard`]) inside that measurement.
 pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
     let m = &state.http;
     let series = m.route(
@@ -163,9 +187,13 @@ pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Res
     series.bytes_in.inc_by(content_length(req.headers()));
     m.in_flight.inc();
     let start = Instant::now();
-    // The access checks run inside the measurement (a refused request is
-    // counted with its status) without a middleware layer of their own.
-    let resp = crate::access::guard(State(state.clone()), req, next).await;
+    // The cross-site and access checks run inside the measurement (a
+    // refused request is counted with its status) without a middleware
+    // layer of their own.
+    let resp = match crate::csrf::refusal(req.uri().path(), req.headers(), state.broker.metrics()) {
+        Some(refused) => refused.into_response(),
+        None => crate::access::guard(State(state.clone()), req, next).await,
+    };
     m.in_flight.dec();
     let (requests, durations) = m.status(&series, resp.status().as_u16());
     requests.inc();

@@ -4,7 +4,8 @@
 //! * [`conn`]: serving connections: read, write and idle timeouts, head bound.
 //! * [`routes`]: one module per resource.
 //! * [`error`]: every failure to a status and body, in one place.
-//! * [`access`], [`auth`], [`ratelimit`]: who may call what, how often.
+//! * [`access`], [`auth`], [`ratelimit`]: who may call what, how often;
+//!   [`csrf`]: what a browser marks as sent by another site.
 //! * [`config`]: the layered configuration; [`tls`]: the HTTPS listener.
 //! * [`openapi`]: the OpenAPI document, generated from the handlers.
 //! * [`body`], [`objects_only`], [`query`], [`duration`], [`wire`]: parsing
@@ -15,6 +16,7 @@ pub mod auth;
 pub mod body;
 pub mod config;
 pub mod conn;
+pub mod csrf;
 pub mod duration;
 pub mod error;
 pub mod http_metrics;

@@ -193,6 +193,15 @@ pub async fn run(
     let mut registry = Registry::with_prefix("narad");
     let metrics = Arc::new(BrokerMetrics::new(&mut registry));
     let http = HttpMetrics::new(&mut registry);
+    // narad creates its data directory 0700 (narad_fs::DIR_MODE); one that
+    // existed before and is open to others is the operator's to fix.
+    if narad_fs::open_to_others(&config.data_dir).unwrap_or(false) {
+        tracing::warn!(
+            data_dir = %config.data_dir.display(),
+            "the data directory is readable by other users (it holds every message and the \
+             password hashes): chmod 700 it"
+        );
+    }
     let broker = Broker::open(
         BrokerConfig {
             data_dir: config.data_dir.clone(),
