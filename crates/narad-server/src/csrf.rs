@@ -18,6 +18,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::extract::Request;
 use axum::http::{HeaderMap, header};
 use tracing::warn;
 
@@ -35,8 +36,9 @@ const LOG_EVERY_SECS: u64 = 10;
 static LAST_LOG: AtomicU64 = AtomicU64::new(0);
 static UNLOGGED: AtomicU64 = AtomicU64::new(0);
 
-/// Why a request counts as cross-site, if it does.
-pub fn cross_site(path: &str, headers: &HeaderMap) -> Option<&'static str> {
+/// Why a request counts as cross-site, if it does. `host` is the request's
+/// `Host` header, or its URI's authority (HTTP/2 has `:authority` instead).
+pub fn cross_site(path: &str, host: Option<&str>, headers: &HeaderMap) -> Option<&'static str> {
     if EXEMPT_PATHS.contains(&path) {
         return None;
     }
@@ -45,7 +47,6 @@ pub fn cross_site(path: &str, headers: &HeaderMap) -> Option<&'static str> {
         return Some("sec-fetch-site");
     }
     let origin = headers.get(header::ORIGIN)?;
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     match (origin.to_str().ok().and_then(origin_authority), host) {
         (Some(o), Some(h)) if same_authority(&o, h) => None,
         _ => Some("origin"),
@@ -54,12 +55,13 @@ pub fn cross_site(path: &str, headers: &HeaderMap) -> Option<&'static str> {
 
 /// The refusal of a cross-site request (and its metric and rate-limited
 /// log line), or `None` for any other request.
-pub fn refusal(
-    path: &str,
-    headers: &HeaderMap,
-    metrics: &narad_broker::metrics::BrokerMetrics,
-) -> Option<ApiError> {
-    let why = cross_site(path, headers)?;
+pub fn refusal(req: &Request, metrics: &narad_broker::metrics::BrokerMetrics) -> Option<ApiError> {
+    let headers = req.headers();
+    let host = match headers.get(header::HOST) {
+        Some(h) => h.to_str().ok(),
+        None => req.uri().authority().map(|a| a.as_str()),
+    };
+    let why = cross_site(req.uri().path(), host, headers)?;
     metrics.error("http", "cross_site");
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let last = LAST_LOG.load(Ordering::Relaxed);
@@ -121,25 +123,30 @@ mod tests {
         h
     }
 
+    /// As for an HTTP/1.1 request: the host from the `Host` header.
+    fn cross(path: &str, h: &HeaderMap) -> Option<&'static str> {
+        cross_site(path, h.get(header::HOST).and_then(|v| v.to_str().ok()), h)
+    }
+
     #[test]
     fn only_requests_a_browser_marks_as_from_another_site_are_cross_site() {
         let p = "/v1/topics";
         let host = ("host", "127.0.0.1:7942");
         // Programmatic clients: neither header.
-        assert_eq!(cross_site(p, &headers(&[host])), None);
-        assert_eq!(cross_site(p, &headers(&[])), None);
+        assert_eq!(cross(p, &headers(&[host])), None);
+        assert_eq!(cross(p, &headers(&[])), None);
         // Same origin, same site, typed into the address bar.
         for site in ["same-origin", "same-site", "none"] {
-            assert_eq!(cross_site(p, &headers(&[host, ("sec-fetch-site", site)])), None);
+            assert_eq!(cross(p, &headers(&[host, ("sec-fetch-site", site)])), None);
         }
-        assert_eq!(cross_site(p, &headers(&[host, ("origin", "http://127.0.0.1:7942")])), None);
-        assert_eq!(cross_site(p, &headers(&[host, ("origin", "HTTPS://127.0.0.1:7942")])), None);
+        assert_eq!(cross(p, &headers(&[host, ("origin", "http://127.0.0.1:7942")])), None);
+        assert_eq!(cross(p, &headers(&[host, ("origin", "HTTPS://127.0.0.1:7942")])), None);
         let h = headers(&[("host", "narad.example"), ("origin", "https://narad.example")]);
-        assert_eq!(cross_site(p, &h), None);
+        assert_eq!(cross(p, &h), None);
         let h = headers(&[("host", "[::1]:7942"), ("origin", "http://[::1]:7942")]);
-        assert_eq!(cross_site(p, &h), None);
+        assert_eq!(cross(p, &h), None);
         let h = headers(&[("host", "[::1]"), ("origin", "http://[::1]")]);
-        assert_eq!(cross_site(p, &h), None);
+        assert_eq!(cross(p, &h), None);
         // Cross-site.
         let cross = [
             headers(&[host, ("sec-fetch-site", "cross-site")]),
@@ -154,10 +161,14 @@ mod tests {
             headers(&[("host", "[::1]:7942"), ("origin", "http://[::1]:7943")]),
         ];
         for h in cross {
-            assert!(cross_site(p, &h).is_some(), "{h:?}");
+            assert!(cross(p, &h).is_some(), "{h:?}");
         }
+        // HTTP/2: no `Host`, the authority of the URI.
+        let h = headers(&[("origin", "https://127.0.0.1:7942")]);
+        assert_eq!(cross_site(p, Some("127.0.0.1:7942"), &h), None);
+        assert!(cross_site(p, Some("127.0.0.1:7943"), &h).is_some());
         // The open paths are exempt.
         let h = headers(&[host, ("sec-fetch-site", "cross-site")]);
-        assert_eq!(cross_site("/openapi.json", &h), None);
+        assert_eq!(cross("/openapi.json", &h), None);
     }
 }

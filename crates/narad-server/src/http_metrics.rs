@@ -190,7 +190,7 @@ pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Res
     // The cross-site and access checks run inside the measurement (a
     // refused request is counted with its status) without a middleware
     // layer of their own.
-    let resp = match crate::csrf::refusal(req.uri().path(), req.headers(), state.broker.metrics()) {
+    let resp = match crate::csrf::refusal(&req, state.broker.metrics()) {
         Some(refused) => refused.into_response(),
         None => crate::access::guard(State(state.clone()), req, next).await,
     };
