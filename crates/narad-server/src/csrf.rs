@@ -148,7 +148,7 @@ mod tests {
         let h = headers(&[("host", "[::1]"), ("origin", "http://[::1]")]);
         assert_eq!(cross(p, &h), None);
         // Cross-site.
-        let cross = [
+        let marked = [
             headers(&[host, ("sec-fetch-site", "cross-site")]),
             headers(&[host, ("sec-fetch-site", "cross-site"), ("origin", "http://127.0.0.1:7942")]),
             headers(&[host, ("origin", "http://evil.example")]),
@@ -160,7 +160,7 @@ mod tests {
             headers(&[("origin", "http://127.0.0.1:7942")]),
             headers(&[("host", "[::1]:7942"), ("origin", "http://[::1]:7943")]),
         ];
-        for h in cross {
+        for h in marked {
             assert!(cross(p, &h).is_some(), "{h:?}");
         }
         // HTTP/2: no `Host`, the authority of the URI.
