@@ -65,6 +65,9 @@ pub enum FaultKind {
     /// effect, but the directory sync after it fails with `EIO`: the change
     /// is visible and not durable until a later [`Fs::sync_dir`] succeeds.
     DirSyncError,
+    /// The next open that would create a file fails with `EMFILE` (the
+    /// process is out of file descriptors) before anything is created.
+    TooManyFiles,
 }
 
 /// The kind of a numbered operation, for fault matching.
@@ -73,6 +76,8 @@ enum OpKind {
     Write,
     Sync,
     Namespace,
+    /// An open that may create a file (a namespace operation too).
+    Create,
 }
 
 #[derive(Debug, Clone)]
@@ -137,6 +142,9 @@ fn eio(msg: &str) -> io::Error {
     io::Error::other(format!("simulated I/O error (EIO) in {msg}"))
 }
 
+/// `EMFILE`: the process has no file descriptor left.
+const EMFILE: i32 = 24;
+
 fn enospc() -> io::Error {
     io::Error::from_raw_os_error(28)
 }
@@ -173,7 +181,8 @@ impl State {
                 && match f {
                     FaultKind::SyncError => kind == OpKind::Sync,
                     FaultKind::WriteError | FaultKind::NoSpace => kind == OpKind::Write,
-                    FaultKind::DirSyncError => kind == OpKind::Namespace,
+                    FaultKind::DirSyncError => matches!(kind, OpKind::Namespace | OpKind::Create),
+                    FaultKind::TooManyFiles => kind == OpKind::Create,
                 }
         });
         Ok(pos.map(|i| self.faults.remove(i).1))
@@ -352,7 +361,10 @@ impl Fs for SimFs {
             })?;
             return Ok(Arc::new(SimFile { state: self.state.clone(), inode: id, generation }));
         }
-        let fault = st.begin(OpKind::Namespace)?;
+        let fault = st.begin(OpKind::Create)?;
+        if fault == Some(FaultKind::TooManyFiles) {
+            return Err(io::Error::from_raw_os_error(EMFILE));
+        }
         st.require_parent(path)?;
         if st.live.dirs.contains(path) {
             return Err(err(io::ErrorKind::IsADirectory, path.display().to_string()));
@@ -702,6 +714,17 @@ mod tests {
         f.sync_data().unwrap();
         fs.crash(CrashMode::DropUnsynced);
         assert_eq!(read_all(&fs, "f"), b"");
+    }
+
+    #[test]
+    fn too_many_files_fails_one_create_before_it_creates_anything() {
+        let fs = SimFs::new(6);
+        fs.inject(fs.op_count(), FaultKind::TooManyFiles);
+        let f = fs.open(&p("f"), OpenMode::CreateNew).unwrap_err();
+        assert_eq!(f.raw_os_error(), Some(24));
+        assert!(!fs.exists(&p("f")).unwrap());
+        // One-shot: the next create works.
+        fs.open(&p("f"), OpenMode::CreateNew).unwrap();
     }
 
     #[test]
