@@ -1108,6 +1108,9 @@ impl Broker {
         for _ in seen.runway_failures..now.runway_failures {
             m.error("ingress_wal", "runway");
         }
+        for _ in seen.segment_create_failures..now.segment_create_failures {
+            m.error("ingress_wal", "segment_create");
+        }
         m.ingress_dispatch_backlog_records.set(self.wal.dispatch_backlog() as i64);
         m.open_partition_logs.set(self.topics.open_logs() as i64);
         // One statvfs: cheap enough for every scrape.

@@ -41,7 +41,9 @@ pub enum BrokerError {
     /// A metastore error (its own status).
     #[error(transparent)]
     Meta(#[from] MetaError),
-    /// The ingress WAL refused or failed the append (500 `produce failed`).
+    /// The ingress WAL refused or failed the append (500 `produce failed`;
+    /// 503 when nothing was written and the WAL is not latched, so the
+    /// produce may simply be retried).
     #[error("produce failed: {0}")]
     Wal(#[source] Arc<narad_wal::WalError>),
     /// A storage or internal failure during `op` (500 `<op> failed`).
@@ -70,6 +72,7 @@ impl BrokerError {
             }
             BrokerError::AckedAheadFull | BrokerError::ShuttingDown => 503,
             BrokerError::Meta(e) => e.status(),
+            BrokerError::Wal(e) if e.is_retriable() => 503,
             BrokerError::Wal(_) | BrokerError::Internal { .. } => 500,
         }
     }
@@ -77,6 +80,9 @@ impl BrokerError {
     /// The message a client sees (internal details stay in the logs).
     pub fn public_message(&self) -> String {
         match self {
+            BrokerError::Wal(e) if e.is_retriable() => {
+                "produce failed: storage temporarily unavailable; retry".to_owned()
+            }
             BrokerError::Wal(_) => "produce failed".to_owned(),
             BrokerError::Internal { op, .. } => format!("{op} failed"),
             other => other.to_string(),

@@ -29,6 +29,19 @@ pub enum WalError {
         source: Arc<io::Error>,
     },
 
+    /// The next segment could not be created (out of file descriptors, no
+    /// inode left): the group commit that needed it failed before any byte
+    /// reached the new file, so the WAL is not latched and the next append
+    /// retries the roll.
+    #[error("ingress WAL could not create its next segment {path}: {source}; nothing was written, retry")]
+    SegmentUnavailable {
+        /// The segment file.
+        path: PathBuf,
+        /// The kernel's error.
+        #[source]
+        source: Arc<io::Error>,
+    },
+
     /// An I/O error outside the append path (open, read, checkpoint).
     #[error("ingress WAL I/O error ({op} {path}): {source}")]
     Io {
@@ -83,10 +96,16 @@ impl WalError {
     /// Whether the disk was full when the WAL latched.
     pub fn is_no_space(&self) -> bool {
         match self {
-            WalError::Latched { source, .. } | WalError::Io { source, .. } => {
-                narad_fs::is_no_space(source)
-            }
+            WalError::Latched { source, .. }
+            | WalError::SegmentUnavailable { source, .. }
+            | WalError::Io { source, .. } => narad_fs::is_no_space(source),
             _ => false,
         }
+    }
+
+    /// Whether the append failed without latching the WAL and without
+    /// writing anything, so the same append may simply be tried again.
+    pub fn is_retriable(&self) -> bool {
+        matches!(self, WalError::SegmentUnavailable { .. })
     }
 }

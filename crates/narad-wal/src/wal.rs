@@ -27,6 +27,11 @@
 //!   it.
 //! * After the first failed write or sync the WAL is latched: the group in
 //!   flight and every later append fail with that error. Never retried.
+//! * A roll whose new segment file cannot be created (out of file
+//!   descriptors, say) wrote nothing: that group, and whatever was staged
+//!   behind it, fail with [`WalError::SegmentUnavailable`], the staging
+//!   state goes back to the durable frontier in the previous segment, and
+//!   the next append rolls again. Not latched.
 //! * Segments are deleted only below a checkpoint value that was synced.
 //! * Only the last segment may extend past its frames (zeros of the runway,
 //!   or a prepared segment's zeros and trailer); a segment is cut to its
@@ -151,6 +156,9 @@ pub struct WalStats {
     /// Top-ups of the zero runway that failed (that segment's group commits
     /// then append).
     pub runway_failures: u64,
+    /// Rolls whose new segment could not be created (the group commit failed
+    /// and the next append retried; not latched).
+    pub segment_create_failures: u64,
     /// Bytes readers took from the in-memory tail of latest group commits.
     pub read_memory_bytes: u64,
     /// Bytes readers read from segment files (behind the tail, or after a
@@ -168,6 +176,7 @@ pub(crate) struct Counters {
     prepared_rolls: AtomicU64,
     prep_failures: AtomicU64,
     runway_failures: AtomicU64,
+    segment_create_failures: AtomicU64,
     pub(crate) read_memory_bytes: AtomicU64,
     pub(crate) read_disk_bytes: AtomicU64,
 }
@@ -550,6 +559,7 @@ impl Wal {
             prepared_rolls: c.prepared_rolls.load(Ordering::Relaxed),
             prep_failures: c.prep_failures.load(Ordering::Relaxed),
             runway_failures: c.runway_failures.load(Ordering::Relaxed),
+            segment_create_failures: c.segment_create_failures.load(Ordering::Relaxed),
             read_memory_bytes: c.read_memory_bytes.load(Ordering::Relaxed),
             read_disk_bytes: c.read_disk_bytes.load(Ordering::Relaxed),
         }
@@ -874,6 +884,7 @@ impl Gather {
 
 fn sync_loop(shared: &Shared) {
     let mut gather = Gather::default();
+    let mut create_warned: Option<Instant> = None;
     loop {
         let (chunks, group) = {
             let mut st = lock(&shared.stage);
@@ -920,10 +931,21 @@ fn sync_loop(shared: &Shared) {
         };
         gather.last_io = started.elapsed();
         shared.counters.io_nanos.fetch_add(gather.last_io.as_nanos() as u64, Ordering::Relaxed);
-        if let Err(e) = &outcome
-            && shared.latch.set(e.clone()).is_ok()
-        {
-            error!(error = %e, "ingress WAL latched: every append fails until restart");
+        if let Err(e) = &outcome {
+            if e.is_retriable() {
+                shared.counters.segment_create_failures.fetch_add(1, Ordering::Relaxed);
+                if create_warned.is_none_or(|at| at.elapsed() >= CREATE_WARN_INTERVAL) {
+                    create_warned = Some(Instant::now());
+                    warn!(
+                        error = %e,
+                        failures = shared.counters.segment_create_failures.load(Ordering::Relaxed),
+                        "ingress WAL could not create its next segment: appends fail until it can (not latched)"
+                    );
+                }
+                withdraw_staged(shared, e);
+            } else if shared.latch.set(e.clone()).is_ok() {
+                error!(error = %e, "ingress WAL latched: every append fails until restart");
+            }
         }
         group.complete(outcome);
         let mut st = lock(&shared.stage);
@@ -932,6 +954,41 @@ fn sync_loop(shared: &Shared) {
             if !chunk.create {
                 st.recycle(chunk.bytes);
             }
+        }
+    }
+}
+
+/// At most one warning per this long about segments that could not be
+/// created (every produce retries the roll while descriptors are short).
+const CREATE_WARN_INTERVAL: Duration = Duration::from_secs(10);
+
+/// After a roll failed with [`WalError::SegmentUnavailable`]: fails what
+/// was staged since the sync thread took the failed group (it was staged
+/// into the segment that does not exist) and puts the staging state back
+/// at the durable frontier, at the end of the last segment that exists, so
+/// the next append stages into it (and rolls again if it must). The chunks
+/// before the failed one were published; the failed one and everything
+/// after it were never written, so their sequence numbers are handed out
+/// again and stay dense.
+fn withdraw_staged(shared: &Shared, e: &WalError) {
+    let (chunks, group) = {
+        let mut st = lock(&shared.stage);
+        let taken = st.take();
+        let active = {
+            let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
+            segs.values().next_back().map(|s| (s.base, s.durable_len()))
+        };
+        let (base, end) = active.expect("the WAL always has an active segment");
+        st.next_seq = shared.durable_next.load(Ordering::Acquire);
+        st.active_base = base;
+        st.active_end = end;
+        taken
+    };
+    group.complete(Err(e.clone()));
+    let mut st = lock(&shared.stage);
+    for chunk in chunks {
+        if !chunk.create {
+            st.recycle(chunk.bytes);
         }
     }
 }
@@ -957,13 +1014,7 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
                     shared.counters.prepared_rolls.fetch_add(1, Ordering::Relaxed);
                     (file, true)
                 }
-                None => {
-                    let file = shared
-                        .fs
-                        .open(&path, OpenMode::CreateNew)
-                        .map_err(|e| latched("create segment", &path, e))?;
-                    (file, false)
-                }
+                None => (create_next_segment(shared, &path)?, false),
             };
             let seg = Arc::new(Segment::new(chunk.segment, path, file, 0));
             seg.set_prepared(prepared);
@@ -1136,6 +1187,25 @@ fn prep_loop(shared: &Shared) {
                 // that may be full: give the space back to the WAL.
                 let _ = shared.fs.remove_file(&prep::prep_path(&shared.dir));
             }
+        }
+    }
+}
+
+/// Creates the file of a new segment. Nothing has been written to it when
+/// this fails, so the failure does not latch ([`WalError::SegmentUnavailable`])
+/// — unless a file of that name exists already, which nothing but this
+/// roll should have made: that latches. The open may have created the file
+/// before it failed (its directory sync needs a descriptor too); the empty
+/// file is removed so that the retry can create it again.
+fn create_next_segment(shared: &Shared, path: &Path) -> Result<narad_fs::FileRef, WalError> {
+    match shared.fs.open(path, OpenMode::CreateNew) {
+        Ok(file) => Ok(file),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(latched("create segment", path, e))
+        }
+        Err(e) => {
+            let _ = shared.fs.remove_file(path);
+            Err(WalError::SegmentUnavailable { path: path.to_path_buf(), source: Arc::new(e) })
         }
     }
 }
