@@ -1,6 +1,7 @@
 //! A full disk: the data directory on a small tmpfs. Produce until the WAL
 //! cannot write: that produce gets 500, `narad_ingress_wal_failed` turns 1,
-//! every later produce fails fast, consume and `/readyz` keep working.
+//! every later produce fails fast, `/readyz` answers 503 and says why,
+//! consume keeps working.
 //! Then free space and restart: every message acked before the failure is
 //! delivered.
 //!
@@ -91,8 +92,11 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
         "latched produces should fail fast: {:?}",
         t.elapsed()
     );
-    // Consume and readiness are unaffected.
-    assert_eq!(s.get("/readyz").status(), 200);
+    // The node says it is not ready, and why; consume is unaffected.
+    let ready = s.get("/readyz");
+    assert_eq!(ready.status(), 503);
+    let why = ready.text().unwrap();
+    assert!(why.contains("ingress WAL failed"), "{why}");
     let r = s.get("/v1/topics/full/consume?wait=1s");
     assert!(r.status() == 200 || r.status() == 204, "{}", r.status());
     eprintln!("disk full: {} acked before the WAL latched at message {failed_at}", acked.len());
@@ -101,6 +105,7 @@ fn a_full_disk_latches_produce_keeps_consume_and_loses_nothing_acked() {
     mount.resize("256m");
     s.restart();
     assert_eq!(gauge(&s, "narad_ingress_wal_failed"), Some(0.0));
+    assert_eq!(s.get("/readyz").status(), 200);
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seen.len() < acked.len() && Instant::now() < deadline {

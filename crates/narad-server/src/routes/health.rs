@@ -39,8 +39,11 @@ pub async fn healthz(State(s): State<Shared>) -> Response {
     }
 }
 
-/// 200 `{"status":"ready"}` once start-up finished, else 503. A latched
-/// WAL does not make the node unready (alert on `narad_ingress_wal_failed`).
+/// 200 `{"status":"ready"}` once start-up finished, else 503 `{"error":"not
+/// ready"}`. A latched ingress WAL makes the node unready for good (503
+/// `{"error":"ingress WAL failed: produce refused until restart"}`): every
+/// produce fails until a restart, and an orchestrator must be able to see
+/// that (narad v3 kept answering 200; a deliberate change).
 #[utoipa::path(
     get,
     operation_id = "readyz",
@@ -48,11 +51,16 @@ pub async fn healthz(State(s): State<Shared>) -> Response {
     tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Status),
-        (status = 503, description = "Not ready", body = ErrorBody),
+        (status = 503, description = "Not ready, or the ingress WAL latched a failure", body = ErrorBody),
     )
 )]
 pub async fn readyz(State(s): State<Shared>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
+    if s.broker.wal_failed() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":"ingress WAL failed: produce refused until restart"}"#.into(),
+        )
+    } else if s.ready.load(Ordering::Acquire) {
         json_response(StatusCode::OK, r#"{"status":"ready"}"#.into())
     } else {
         json_response(StatusCode::SERVICE_UNAVAILABLE, r#"{"error":"not ready"}"#.into())
