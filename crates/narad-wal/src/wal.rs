@@ -1332,7 +1332,10 @@ fn compact(shared: &Shared) {
     // when it returns (and its disk operations happen in a fixed order).
     if let Some(p) = rotation
         && let Err(e) = p.wait()
+        && !e.is_retriable()
     {
+        // A segment that could not be created is warned about (at most
+        // every 10 s) by the sync thread; the next pass tries again.
         warn!(error = %e, "rotating the dispatched active ingress WAL segment failed");
     }
 }
