@@ -29,6 +29,8 @@ pub const DEFAULT_ADDR: &str = "0.0.0.0:7942";
 pub const DEFAULT_DEV_ADDR: &str = "127.0.0.1:7942";
 /// The largest allowed `http.max_header_bytes` (Go's default bound).
 pub const MAX_HEADER_BYTES_LIMIT: u64 = 1 << 20;
+/// The largest allowed `http.max_connections`.
+pub const MAX_CONNECTIONS_LIMIT: u64 = 1 << 20;
 /// How a masked secret is printed.
 pub const MASK: &str = "********";
 
@@ -78,6 +80,9 @@ pub struct HttpConfig {
     /// `64KiB`-style; larger heads are answered 431.
     #[serde(deserialize_with = "de_size")]
     pub max_header_bytes: u64,
+    /// The most connections open at once (0 = half the open-file limit,
+    /// at most 65,536); more wait in the listen backlog.
+    pub max_connections: u64,
     /// PEM certificate chain: serve HTTPS ("" = plain HTTP).
     pub tls_cert_file: String,
     /// PEM private key of the certificate.
@@ -216,6 +221,7 @@ impl Default for HttpConfig {
             write_timeout: conn.write_timeout,
             idle_timeout: conn.idle_timeout,
             max_header_bytes: conn.max_header_bytes as u64,
+            max_connections: 0,
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
             tls_client_ca_file: String::new(),
@@ -260,6 +266,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_HTTP_WRITE_TIMEOUT", "http.write_timeout"),
     ("NARAD_HTTP_IDLE_TIMEOUT", "http.idle_timeout"),
     ("NARAD_HTTP_MAX_HEADER_BYTES", "http.max_header_bytes"),
+    ("NARAD_HTTP_MAX_CONNECTIONS", "http.max_connections"),
     ("NARAD_HTTP_TLS_CERT_FILE", "http.tls_cert_file"),
     ("NARAD_HTTP_TLS_KEY_FILE", "http.tls_key_file"),
     ("NARAD_HTTP_TLS_CLIENT_CA_FILE", "http.tls_client_ca_file"),
@@ -394,6 +401,13 @@ impl Config {
                 h.max_header_bytes,
                 head.start(),
                 head.end()
+            ));
+        }
+        if h.max_connections > MAX_CONNECTIONS_LIMIT {
+            return Err(format!(
+                "http.max_connections ({}) must be at most {MAX_CONNECTIONS_LIMIT} (0 = half the \
+                 open-file limit)",
+                h.max_connections
             ));
         }
         match (h.tls_cert_file.is_empty(), h.tls_key_file.is_empty()) {
@@ -661,6 +675,7 @@ mod tests {
             },
             "SPEC §1.1 timeouts"
         );
+        assert_eq!(c.http.max_connections, 0, "automatic: from the open-file limit");
         assert!(c.security.enabled);
         let dev = Config::load(Sources { dev: true, ..Default::default() }).unwrap();
         assert_eq!((dev.http.addr.as_str(), dev.security.enabled), ("127.0.0.1:7942", false));

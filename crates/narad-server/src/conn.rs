@@ -41,7 +41,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Version};
-use axum::serve::{Listener, ListenerExt};
+use axum::serve::Listener;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
@@ -432,14 +432,6 @@ pub fn set_nodelay(tcp: &tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         debug!(error = %e, "could not set TCP_NODELAY on an accepted connection");
     }
-}
-
-/// The plain-TCP listener `serve` takes: `tcp`, with Nagle's algorithm
-/// turned off on every connection it accepts ([`set_nodelay`]).
-pub fn plain_listener(
-    tcp: tokio::net::TcpListener,
-) -> impl Listener<Io = tokio::net::TcpStream, Addr = SocketAddr> {
-    tcp.tap_io(|stream| set_nodelay(stream))
 }
 
 /// Accepts connections on `listener` and serves `app` on each until

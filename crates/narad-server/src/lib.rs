@@ -1,6 +1,7 @@
 //! narad-server: the HTTP API (SPEC §1), wire-compatible with Narad /v1.
 //!
 //! * [`server`]: binding, wiring, graceful shutdown.
+//! * [`accept`]: accepting connections: the connection limit, accept back-off.
 //! * [`conn`]: serving connections: read, write and idle timeouts, head bound.
 //! * [`routes`]: one module per resource.
 //! * [`error`]: every failure to a status and body, in one place.
@@ -11,6 +12,7 @@
 //! * [`body`], [`objects_only`], [`query`], [`duration`], [`wire`]: parsing
 //!   and encoding.
 
+pub mod accept;
 pub mod access;
 pub mod auth;
 pub mod body;

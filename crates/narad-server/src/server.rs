@@ -19,8 +19,9 @@ use narad_wal::WalOptions;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
+use crate::accept::{ConnLimit, PlainListener, auto_max_connections, open_file_limit};
 use crate::access::Security;
 use crate::auth::{Authenticator, seed_root};
 use crate::config::{Config, LimitsConfig};
@@ -63,6 +64,8 @@ pub struct ServerConfig {
     pub limits: LimitsConfig,
     /// Connection timeouts and the request-head bound.
     pub conn: ConnConfig,
+    /// `http.max_connections` (0 = from the open-file limit).
+    pub max_connections: usize,
 }
 
 /// The PEM files of the HTTPS listener.
@@ -105,6 +108,7 @@ impl ServerConfig {
             tls,
             limits: c.limits.clone(),
             conn: c.conn_config(),
+            max_connections: usize::try_from(c.http.max_connections).unwrap_or(usize::MAX),
         })
     }
 }
@@ -231,6 +235,7 @@ pub async fn run(
         None
     };
     let security = Security::new(auth, RateLimiter::new(config.limits.clone()), &mut registry);
+    let limit = ConnLimit::new(max_connections(config.max_connections), &mut registry);
     // From the start of `run` (TLS, bind, metastore, WAL and partition
     // recovery, security) to serving.
     let boot = Gauge::<f64, AtomicU64>::default();
@@ -251,6 +256,7 @@ pub async fn run(
         tls = tls.is_some(),
         mtls = config.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         security = config.security_enabled,
+        max_connections = limit.max(),
         "narad listening"
     );
     let st = state.clone();
@@ -264,7 +270,7 @@ pub async fn run(
     let app = router(state.clone());
     let (conn, grace) = (config.conn, config.shutdown_grace);
     match tls {
-        Some(tls) => match TlsListener::new(listener, tls, conn.read_timeout) {
+        Some(tls) => match TlsListener::new(listener, tls, conn.read_timeout, limit) {
             Ok(listener) => crate::conn::serve(listener, app, conn, drain, grace).await,
             Err(e) => {
                 error!(error = %e, "http server failed");
@@ -273,12 +279,40 @@ pub async fn run(
             }
         },
         None => {
-            crate::conn::serve(crate::conn::plain_listener(listener), app, conn, drain, grace).await
+            let listener = PlainListener::new(listener, limit);
+            crate::conn::serve(listener, app, conn, drain, grace).await
         }
     }
     broker.shutdown().await.map_err(ServerError::Shutdown)?;
     info!("narad stopped");
     Ok(())
+}
+
+/// The connection limit: `configured`, or with 0 half the open-file limit
+/// ([`auto_max_connections`]). Warns when a configured limit leaves the
+/// data plane fewer than 64 descriptors.
+fn max_connections(configured: usize) -> usize {
+    let nofile = open_file_limit();
+    if configured == 0 {
+        return match nofile {
+            Some(n) => auto_max_connections(n),
+            None => {
+                warn!("cannot read the open-file limit: http.max_connections is 1024");
+                1024
+            }
+        };
+    }
+    if let Some(n) = nofile
+        && (configured as u64).saturating_add(64) > n
+    {
+        warn!(
+            max_connections = configured,
+            open_file_limit = n,
+            "http.max_connections leaves fewer than 64 descriptors for the data plane: idle \
+             connections can make WAL and partition files fail to open"
+        );
+    }
+    configured
 }
 
 /// Seeds the root user if needed and builds the authenticator (both on

@@ -5,7 +5,8 @@
 //! offers `h2` and `http/1.1` (axum's connection builder serves either).
 //! [`TlsListener`] accepts TCP connections on a task of its own and runs
 //! each handshake on its own task (with a deadline: `http.read_timeout`),
-//! so a slow or hostile client never holds up the accept loop; finished
+//! so a slow or hostile client never holds up the accept loop (a connection
+//! counts against `http.max_connections` from its TCP accept); finished
 //! handshakes are handed to the HTTP server through a channel, which then
 //! serves them exactly like plain connections ([`crate::conn`]: the same
 //! read, write and idle timeouts and head bound).
@@ -26,6 +27,8 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::debug;
+
+use crate::accept::{ConnLimit, Limited};
 
 /// Finished handshakes waiting for the HTTP server.
 const ACCEPT_QUEUE: usize = 256;
@@ -80,37 +83,32 @@ pub fn server_config(
 #[derive(Debug)]
 pub struct TlsListener {
     local: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<(Limited<TlsStream<TcpStream>>, SocketAddr)>,
     acceptor: JoinHandle<()>,
 }
 
 impl TlsListener {
-    /// Starts accepting on `tcp` with `config`; a client has
+    /// Starts accepting on `tcp` with `config`, within `limit`; a client has
     /// `handshake_timeout` to finish its handshake.
     pub fn new(
         tcp: TcpListener,
         config: Arc<rustls::ServerConfig>,
         handshake_timeout: Duration,
+        limit: ConnLimit,
     ) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(ACCEPT_QUEUE);
         let tls = TlsAcceptor::from(config);
         let acceptor = tokio::spawn(async move {
             loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                crate::conn::set_nodelay(&stream);
+                // The slot is held from the TCP accept: a handshake in
+                // progress holds a descriptor too.
+                let (stream, peer, permit) = limit.accept(&tcp).await;
                 let (tls, tx) = (tls.clone(), tx.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
                         Ok(Ok(s)) => {
-                            let _ = tx.send((s, peer)).await;
+                            let _ = tx.send((Limited::new(s, permit), peer)).await;
                         }
                         Ok(Err(e)) => debug!(%peer, error = %e, "tls handshake failed"),
                         Err(_) => debug!(%peer, "tls handshake timed out"),
@@ -129,7 +127,7 @@ impl Drop for TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = Limited<TlsStream<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -1,7 +1,8 @@
 //! What every accepted connection gets before a byte of HTTP is read.
 
 use axum::serve::Listener;
-use narad_server::conn::plain_listener;
+use narad_server::accept::{ConnLimit, PlainListener};
+use prometheus_client::registry::Registry;
 use tokio::net::{TcpListener, TcpStream};
 
 /// Accepts one connection on `listener` (dialled from here).
@@ -22,7 +23,7 @@ async fn accepted_connections_have_nagles_algorithm_turned_off() {
 
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
-    let mut listener = plain_listener(tcp);
+    let mut listener = PlainListener::new(tcp, ConnLimit::new(4, &mut Registry::default()));
     let io = accept_one(&mut listener, addr).await;
-    assert!(io.nodelay().unwrap(), "TCP_NODELAY is set on every accepted connection");
+    assert!(io.get_ref().nodelay().unwrap(), "TCP_NODELAY is set on every accepted connection");
 }

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Log format: text or json (log.format).
     #[arg(long)]
     pub log_format: Option<String>,
+    /// The most connections open at once; more wait in the listen backlog
+    /// (http.max_connections; 0 = half the open-file limit).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u64>,
     /// PEM certificate chain: serve HTTPS (http.tls_cert_file).
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
@@ -93,6 +97,7 @@ pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
     flag("cluster.node_id", a.node_id.clone().map(Value::String));
     flag("log.level", a.log_level.clone().map(Value::String));
     flag("log.format", a.log_format.clone().map(Value::String));
+    flag("http.max_connections", a.max_connections.map(Value::from));
     flag("http.tls_cert_file", a.tls_cert.clone().map(path_value));
     flag("http.tls_key_file", a.tls_key.clone().map(path_value));
     flag("http.tls_client_ca_file", a.tls_client_ca.clone().map(path_value));

@@ -32,12 +32,14 @@ pub struct Opts {
     /// The server speaks TLS: readiness is read from the log, and `base`
     /// starts with `https://`.
     pub tls: bool,
+    /// Start under this open-file limit (soft and hard, via `prlimit`).
+    pub nofile: Option<u64>,
 }
 
 impl Opts {
     /// `serve --dev`.
     pub fn dev() -> Opts {
-        Opts { dev: true, args: Vec::new(), env: Vec::new(), tls: false }
+        Opts { dev: true, args: Vec::new(), env: Vec::new(), tls: false, nofile: None }
     }
 
     /// A secured server whose root password is [`ADMIN_PASSWORD`].
@@ -47,6 +49,7 @@ impl Opts {
             args: Vec::new(),
             env: vec![("NARAD_ADMIN_PASSWORD".into(), ADMIN_PASSWORD.into())],
             tls: false,
+            nofile: None,
         }
     }
 
@@ -138,7 +141,14 @@ impl Server {
     pub fn spawn_unready(&mut self) {
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&self.log_path).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        let mut cmd = match self.opts.nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(env!("CARGO_BIN_EXE_narad"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_narad")),
+        };
         cmd.arg("serve");
         if self.opts.dev {
             cmd.arg("--dev");
