@@ -5,12 +5,31 @@
 //! A schema is kept as the raw text the user sent (version 1, 2, …); only the
 //! latest version is compiled. Compatibility looks at the top level only:
 //! `properties` and `required`.
+//!
+//! # Patterns
+//! `pattern` and `patternProperties` are matched with the `regex` crate, a
+//! linear-time engine (as Narad's RE2): a payload's validation costs time
+//! proportional to its size, whatever the pattern. A schema whose pattern
+//! that engine cannot compile (backreferences, look-around) is refused at
+//! create and alter (400), and each compiled pattern is bounded
+//! ([`PATTERN_SIZE_LIMIT`], [`PATTERN_DFA_LIMIT`]). A schema stored by an
+//! earlier version with such a pattern still loads, with the backtracking
+//! engine bounded to [`STORED_BACKTRACK_LIMIT`] steps per match (a match
+//! over it fails validation).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
+use jsonschema::PatternOptions;
 use serde_json::Value;
+
+/// The most memory one compiled schema pattern may take.
+pub const PATTERN_SIZE_LIMIT: usize = 1 << 20;
+/// The most memory the lazy DFA of one schema pattern may cache.
+pub const PATTERN_DFA_LIMIT: usize = 2 << 20;
+/// The backtracking bound of a stored pattern the linear engine refuses.
+pub const STORED_BACKTRACK_LIMIT: usize = 10_000;
 
 /// A compiled schema version, ready to validate payloads. Shared (`Arc`) by
 /// the state snapshot and the produce path.
@@ -29,10 +48,43 @@ impl fmt::Debug for CompiledSchema {
 impl CompiledSchema {
     /// Compiles `raw` as version `version`; the error is the reason, without
     /// the `schema: ` prefix.
+    /// Patterns must compile with the linear-time engine.
     pub fn compile(version: u32, raw: Arc<str>) -> Result<CompiledSchema, String> {
         let doc: Value =
             serde_json::from_str(&raw).map_err(|e| format!("schema is not valid JSON: {e}"))?;
-        let validator = jsonschema::validator_for(&doc).map_err(|e| e.to_string())?;
+        let validator = jsonschema::options()
+            .with_pattern_options(
+                PatternOptions::regex()
+                    .size_limit(PATTERN_SIZE_LIMIT)
+                    .dfa_size_limit(PATTERN_DFA_LIMIT),
+            )
+            .build(&doc)
+            .map_err(|e| e.to_string())?;
+        Ok(CompiledSchema { version, raw, validator })
+    }
+
+    /// Compiles a stored schema: as [`compile`](Self::compile), or, for a
+    /// pattern only the backtracking engine reads (stored before patterns
+    /// had to be linear), with that engine bounded to
+    /// [`STORED_BACKTRACK_LIMIT`] steps per match.
+    fn compile_stored(version: u32, raw: Arc<str>) -> Result<CompiledSchema, String> {
+        let linear = match CompiledSchema::compile(version, raw.clone()) {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        let doc: Value =
+            serde_json::from_str(&raw).map_err(|e| format!("schema is not valid JSON: {e}"))?;
+        let validator = jsonschema::options()
+            .with_pattern_options(
+                PatternOptions::fancy_regex().backtrack_limit(STORED_BACKTRACK_LIMIT),
+            )
+            .build(&doc)
+            .map_err(|e| e.to_string())?;
+        tracing::warn!(
+            reason = %linear,
+            "a stored schema has a pattern the linear-time engine refuses; it is matched with \
+             a bounded backtracking engine (alter the schema to remove it)"
+        );
         Ok(CompiledSchema { version, raw, validator })
     }
 
@@ -76,7 +128,7 @@ impl SchemaHistory {
     /// A history holding `versions` (non-empty), compiling the last one.
     pub(crate) fn from_versions(versions: Vec<Arc<str>>) -> Result<SchemaHistory, String> {
         let last = versions.last().ok_or("a schema history needs at least one version")?;
-        let latest = CompiledSchema::compile(versions.len() as u32, last.clone())?;
+        let latest = CompiledSchema::compile_stored(versions.len() as u32, last.clone())?;
         Ok(SchemaHistory { versions, latest: Arc::new(latest) })
     }
 
@@ -324,5 +376,30 @@ mod tests {
         assert_eq!(h2.latest().raw(), "true");
         let rebuilt = SchemaHistory::from_versions(h2.versions().to_vec()).unwrap();
         assert_eq!(rebuilt, h2);
+    }
+
+    #[test]
+    fn patterns_must_compile_with_the_linear_engine() {
+        let backref = r#"{"items":{"type":"string","pattern":"(a*)*\\1b"}}"#;
+        let e = CompiledSchema::compile(1, backref.into()).unwrap_err();
+        assert!(e.contains("(a*)*\\1b"), "{e}");
+        let look = r#"{"patternProperties":{"^(?=x)":{}}}"#;
+        CompiledSchema::compile(1, look.into()).unwrap_err();
+        // A schema stored before the rule still loads, bounded.
+        let stored = CompiledSchema::compile_stored(1, backref.into()).unwrap();
+        let long = format!(r#"["{}c"]"#, "a".repeat(5_000));
+        assert!(stored.validate_payload(long.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn a_pattern_catastrophic_for_backtracking_is_matched_in_linear_time() {
+        let s = CompiledSchema::compile(1, r#"{"pattern":"^(a+)+$"}"#.into()).unwrap();
+        let evil = format!(r#""{}b""#, "a".repeat(100_000));
+        let started = std::time::Instant::now();
+        assert!(s.validate_payload(evil.as_bytes()).is_err());
+        assert!(s.validate_payload(format!(r#""{}""#, "a".repeat(100_000)).as_bytes()).is_ok());
+        // Backtracking would take longer than the universe; linear is
+        // milliseconds. The bound is loose on purpose.
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
     }
 }
