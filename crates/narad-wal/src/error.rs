@@ -33,7 +33,9 @@ pub enum WalError {
     /// inode left): the group commit that needed it failed before any byte
     /// reached the new file, so the WAL is not latched and the next append
     /// retries the roll.
-    #[error("ingress WAL could not create its next segment {path}: {source}; nothing was written, retry")]
+    #[error(
+        "ingress WAL could not create its next segment {path}: {source}; nothing was written, retry"
+    )]
     SegmentUnavailable {
         /// The segment file.
         path: PathBuf,
