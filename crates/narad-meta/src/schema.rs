@@ -382,7 +382,7 @@ mod tests {
     fn patterns_must_compile_with_the_linear_engine() {
         let backref = r#"{"items":{"type":"string","pattern":"(a*)*\\1b"}}"#;
         let e = CompiledSchema::compile(1, backref.into()).unwrap_err();
-        assert!(e.contains("(a*)*\\1b"), "{e}");
+        assert!(e.contains(r#"is not a "regex""#), "{e}");
         let look = r#"{"patternProperties":{"^(?=x)":{}}}"#;
         CompiledSchema::compile(1, look.into()).unwrap_err();
         // A schema stored before the rule still loads, bounded.
