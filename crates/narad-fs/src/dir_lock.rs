@@ -8,11 +8,16 @@
 //! for the life of the process; the kernel drops it when the process dies,
 //! kill -9 included, so a stale file never blocks a restart). The holder
 //! writes its pid and a newline into the file, for the error the next
-//! process shows; the contents are informative only, never trusted.
+//! process shows; the contents are informative only, never trusted. Like
+//! everything narad creates, the directory and the file are for narad's
+//! own user only ([`DIR_MODE`], [`FILE_MODE`]).
 
 use std::fs;
 use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::real::{DIR_MODE, FILE_MODE};
 
 /// The lock file's name inside the data directory.
 pub const LOCK_FILE: &str = "LOCK";
@@ -34,13 +39,18 @@ impl DirLock {
             let what = what.to_owned();
             move |e: io::Error| io::Error::new(e.kind(), format!("{what} {p}: {e}"))
         };
-        fs::create_dir_all(dir).map_err(with_path("create data directory", dir))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
+            .map_err(with_path("create data directory", dir))?;
         let path = dir.join(LOCK_FILE);
         let mut file = fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(FILE_MODE)
             .open(&path)
             .map_err(with_path("open lock file", &path))?;
         match file.try_lock() {
