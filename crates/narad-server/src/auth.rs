@@ -96,6 +96,27 @@ struct Cache {
     wrong: HashMap<Tag, Instant>,
 }
 
+/// The outcome of one verify, shared by every request that presented the
+/// same credential while it ran.
+type Shared = Arc<tokio::sync::OnceCell<Result<bool, AuthError>>>;
+
+/// Removes a credential's in-flight entry when the request that looked it
+/// up is done (or dropped), if the entry is still the one it used.
+struct InFlight<'a> {
+    map: &'a Mutex<HashMap<Tag, Shared>>,
+    tag: Tag,
+    cell: Shared,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut map = lock(self.map);
+        if map.get(&self.tag).is_some_and(|c| Arc::ptr_eq(c, &self.cell)) {
+            map.remove(&self.tag);
+        }
+    }
+}
+
 /// Verifies credentials; shared by every request.
 pub struct Authenticator {
     meta: Arc<MetaStore>,
@@ -103,6 +124,10 @@ pub struct Authenticator {
     cache: Mutex<Cache>,
     failures: Mutex<HashMap<FailKey, TokenBucket>>,
     verifies: VerifyQueue,
+    /// Verifies running, by credential: a pool of clients that log in with
+    /// the same credential at once shares one verify and one throttle
+    /// token, instead of spending the burst and getting 429s.
+    in_flight: Mutex<HashMap<Tag, Shared>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -229,6 +254,7 @@ impl Authenticator {
             cache: Mutex::new(Cache::default()),
             failures: Mutex::new(HashMap::new()),
             verifies: VerifyQueue::new(cores, VERIFY_QUEUE_MAX),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -275,8 +301,14 @@ impl Authenticator {
             check_password_len(password).is_err()
                 || cache.wrong.get(&tag).is_some_and(|at| now.duration_since(*at) < WRONG_TTL)
         };
-        let ok =
-            self.throttled_verify(username, user.as_deref(), password, known_wrong, client).await?;
+        let cell = lock(&self.in_flight).entry(tag).or_default().clone();
+        let _in_flight = InFlight { map: &self.in_flight, tag, cell: cell.clone() };
+        let ok = cell
+            .get_or_init(|| {
+                self.throttled_verify(username, user.as_deref(), password, known_wrong, client)
+            })
+            .await
+            .clone()?;
         let mut cache = lock(&self.cache);
         match user {
             Some(user) if ok => {

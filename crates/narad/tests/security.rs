@@ -387,6 +387,31 @@ fn parallel_wrong_guesses_cannot_outrun_the_failed_password_throttle() {
 }
 
 #[test]
+fn a_pool_logging_in_at_once_with_the_right_password_is_never_throttled() {
+    // Tokens are taken before the verify, so 24 first logins of one
+    // credential sent at once would spend the burst of 5 and get 429s;
+    // identical credentials share one verify instead.
+    let s = Server::start_secure("poollogin");
+    add_user(&s, "carol", "right", json!([]));
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..24)
+            .map(|_| {
+                let s = &s;
+                scope.spawn(move || {
+                    s.as_user(Method::GET, "/v1/topics", "carol", "right")
+                        .send()
+                        .unwrap()
+                        .status()
+                        .as_u16()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+}
+
+#[test]
 fn attaching_a_child_needs_the_childs_owner_or_an_admin_too() {
     let s = Server::start_secure("attachowner");
     add_user(&s, "alice", "apw", json!([{"action": "create", "patterns": ["al*"]}]));
