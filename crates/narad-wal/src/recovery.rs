@@ -296,18 +296,23 @@ mod tests {
         }
     }
 
-    /// A segment image: `header`, one frame of `payload` (seq 0), `gap`
-    /// zeros, and a trailer naming the offset where it starts.
-    fn image(header: [u8; 32], payload: &[u8], gap: usize) -> Vec<u8> {
-        let mut out = header.to_vec();
-        let r = crate::RecordRef {
+    /// A keyless record of topic `t`, partition 0.
+    fn rec(payload: &[u8]) -> crate::RecordRef<'_> {
+        crate::RecordRef {
             topic: "t",
             incarnation: None,
             key: None,
             partition: 0,
             accepted_at_ms: 0,
             payload,
-        };
+        }
+    }
+
+    /// A segment image: `header`, one frame of `payload` (seq 0), `gap`
+    /// zeros, and a trailer naming the offset where it starts.
+    fn image(header: [u8; 32], payload: &[u8], gap: usize) -> Vec<u8> {
+        let mut out = header.to_vec();
+        let r = rec(payload);
         let at = crate::frame::begin_frame(&mut out, r.encoded_len().unwrap(), 0, 0);
         r.encode_into(&mut out);
         crate::frame::seal_frame(&mut out, at);
@@ -341,14 +346,7 @@ mod tests {
         let t = crate::prep::trailer((frame_end - 16) as u32);
         payload[48..].copy_from_slice(&t);
         let mut forged = flagged.to_vec();
-        let r = crate::RecordRef {
-            topic: "t",
-            incarnation: None,
-            key: None,
-            partition: 0,
-            accepted_at_ms: 0,
-            payload: &payload,
-        };
+        let r = rec(&payload);
         assert_eq!(32 + 24 + r.encoded_len().unwrap() as usize, frame_end);
         let at = crate::frame::begin_frame(&mut forged, r.encoded_len().unwrap(), 0, 0);
         r.encode_into(&mut forged);
