@@ -126,6 +126,16 @@ pub struct PartitionStats {
     pub oldest_segment_at: Option<u64>,
 }
 
+/// Whether [`Broker::open_on`] registers this node as a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// Upsert this node's member record (alive) before opening: a single
+    /// node, whose metastore applies directly.
+    Now,
+    /// Leave it to the cluster's membership heartbeat.
+    ByHeartbeat,
+}
+
 /// The broker.
 #[derive(Debug)]
 pub struct Broker {
@@ -170,16 +180,29 @@ async fn blocking<T: Send + 'static>(
 impl Broker {
     /// Opens everything and starts the dispatcher and background tasks.
     /// Fails (naming file and offset) when recovery finds damage to acked
-    /// data.
+    /// data. A single node: the metastore applies commands directly and
+    /// this node registers itself as the one alive member.
     pub async fn open(
         config: BrokerConfig,
         fs: FsRef,
         clock: ClockRef,
         metrics: Arc<BrokerMetrics>,
     ) -> Result<Arc<Broker>, BrokerError> {
-        let (cfg, fs2, clock2, metrics2) =
-            (config.clone(), fs.clone(), clock.clone(), metrics.clone());
-        let (meta, topics, wal) = blocking(move || {
+        let meta = Broker::open_meta(&config, fs.clone(), clock.clone()).await?;
+        Broker::open_on(config, fs, clock, metrics, meta, Registration::Now).await
+    }
+
+    /// Opens the metastore of `config`'s data directory (creating the
+    /// directory), refusing a data directory whose metastore is missing
+    /// beside partition data. The first half of [`Broker::open`]: a cluster
+    /// starts consensus over the store before the broker opens on it.
+    pub async fn open_meta(
+        config: &BrokerConfig,
+        fs: FsRef,
+        clock: ClockRef,
+    ) -> Result<Arc<MetaStore>, BrokerError> {
+        let (cfg, fs2) = (config.clone(), fs);
+        blocking(move || {
             fs2.create_dir_all(&cfg.data_dir).map_err(|e| {
                 BrokerError::internal(
                     "open data directory",
@@ -190,30 +213,50 @@ impl Broker {
             let meta = MetaStore::open(
                 &*fs2,
                 &cfg.data_dir,
-                MetaStoreOptions {
-                    defaults: cfg.topic_defaults.clone(),
-                    clock: clock2.clone(),
-                    rng_seed: None,
-                },
+                MetaStoreOptions { defaults: cfg.topic_defaults.clone(), clock, rng_seed: None },
             )?;
+            Ok(Arc::new(meta))
+        })
+        .await
+    }
+
+    /// The second half of [`Broker::open`]: opens the partition logs of
+    /// the topics `meta` knows and the ingress WAL, and starts the
+    /// dispatcher and background tasks. `registration` says whether this
+    /// node upserts its member record now (a single node) or leaves that to
+    /// the cluster's heartbeat (a cluster node, whose writes need a leader).
+    pub async fn open_on(
+        config: BrokerConfig,
+        fs: FsRef,
+        clock: ClockRef,
+        metrics: Arc<BrokerMetrics>,
+        meta: Arc<MetaStore>,
+        registration: Registration,
+    ) -> Result<Arc<Broker>, BrokerError> {
+        let (cfg, fs2, clock2, metrics2, meta2) =
+            (config.clone(), fs.clone(), clock.clone(), metrics.clone(), meta.clone());
+        let (topics, wal) = blocking(move || {
+            let meta = meta2;
             let topics_root = cfg.data_dir.join("topics");
             let applied = meta.snapshot().applied_index();
             crate::start_check::markers_not_newer(&*fs2, &topics_root, applied)?;
-            let now_s = (clock2.wall_ms() / 1000) as i64;
-            meta.member_join(Member {
-                id: cfg.node_id.clone(),
-                addr: cfg.advertised_addr.clone(),
-                cluster_addr: None,
-                status: MemberStatus::Alive,
-                last_heartbeat: now_s,
-            })?;
+            if registration == Registration::Now {
+                let now_s = (clock2.wall_ms() / 1000) as i64;
+                meta.member_join(Member {
+                    id: cfg.node_id.clone(),
+                    addr: cfg.advertised_addr.clone(),
+                    cluster_addr: None,
+                    status: MemberStatus::Alive,
+                    last_heartbeat: now_s,
+                })?;
+            }
             let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone())
                 .with_metrics(metrics2);
             let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
             topics.open_at_startup(&live)?;
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
                 .map_err(|e| BrokerError::internal("open ingress WAL", e))?;
-            Ok((Arc::new(meta), Arc::new(topics), Arc::new(wal)))
+            Ok((Arc::new(topics), Arc::new(wal)))
         })
         .await?;
         let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));

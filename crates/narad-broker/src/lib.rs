@@ -15,6 +15,8 @@ pub mod placement;
 mod start_check;
 pub mod topics;
 
-pub use broker::{AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord};
+pub use broker::{
+    AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord, Registration,
+};
 pub use error::BrokerError;
 pub use fanout::ChildLag;
