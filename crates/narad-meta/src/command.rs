@@ -237,7 +237,14 @@ pub struct DetachChild {
 }
 
 /// What applying a command produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Serializes (for a follower that forwarded a command to the leader) as
+/// `{"r":"<kind>","d":<payload>}`, kinds in snake case (`topic`,
+/// `topic_deleted`, `assigned`, `member`, `user`, `user_deleted`,
+/// `child_detached` with `{"parent","link"}`); the records inside are the
+/// same JSON as the metastore stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "r", content = "d", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Response {
     /// The created or altered topic.
     Topic(Arc<Topic>),
@@ -482,6 +489,77 @@ mod tests {
             assert_eq!(String::from_utf8(cmd.to_json()).unwrap(), bytes);
             assert_eq!(Command::from_json(bytes.as_bytes()).unwrap(), cmd);
         }
+    }
+
+    #[test]
+    fn responses_encode_to_the_golden_bytes_and_decode_back() {
+        let topic = Topic {
+            name: "p".into(),
+            incarnation: 3,
+            partitions: 3,
+            retention_ms: 0,
+            visibility_timeout_ms: 30_000,
+            max_in_flight_per_partition: 1024,
+            max_acked_ahead_per_partition: 1024,
+            created_at: 1_700_000_000,
+            owner: String::new(),
+            children: Vec::new(),
+            parent: None,
+        };
+        let topic_json = r#"{"name":"p","incarnation":3,"partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1700000000}"#;
+        let member = Member {
+            id: "n1".into(),
+            addr: "h:1".into(),
+            cluster_addr: None,
+            status: MemberStatus::Alive,
+            last_heartbeat: 5,
+        };
+        let user = User {
+            username: "bob".into(),
+            password_hash: "$2b$10$h".into(),
+            grants: Vec::new(),
+            root: false,
+            created_at_ms: 1,
+            updated_at_ms: 2,
+        };
+        let user_json =
+            r#"{"username":"bob","password_hash":"$2b$10$h","created_at_ms":1,"updated_at_ms":2}"#;
+        let link = ParentLink {
+            name: "p".into(),
+            attach_epoch: "00000000000000ff".into(),
+            fanout_delay_ms: 0,
+            attached_at_ms: 7,
+        };
+        let cases = [
+            (Response::Topic(Arc::new(topic.clone())), format!(r#"{{"r":"topic","d":{topic_json}}}"#)),
+            (
+                Response::TopicDeleted(Arc::new(topic.clone())),
+                format!(r#"{{"r":"topic_deleted","d":{topic_json}}}"#),
+            ),
+            (Response::Assigned, r#"{"r":"assigned"}"#.to_owned()),
+            (
+                Response::Member(Arc::new(member)),
+                r#"{"r":"member","d":{"id":"n1","addr":"h:1","status":"alive","last_heartbeat":5}}"#
+                    .to_owned(),
+            ),
+            (Response::User(Arc::new(user.clone())), format!(r#"{{"r":"user","d":{user_json}}}"#)),
+            (
+                Response::UserDeleted(Arc::new(user)),
+                format!(r#"{{"r":"user_deleted","d":{user_json}}}"#),
+            ),
+            (
+                Response::ChildDetached { parent: Arc::new(topic), link },
+                format!(
+                    r#"{{"r":"child_detached","d":{{"parent":{topic_json},"link":{{"name":"p","attach_epoch":"00000000000000ff","fanout_delay_ms":0,"attached_at_ms":7}}}}}}"#
+                ),
+            ),
+        ];
+        for (response, json) in cases {
+            assert_eq!(serde_json::to_string(&response).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Response>(&json).unwrap(), response);
+        }
+        assert!(serde_json::from_str::<Response>(r#"{"r":"nope"}"#).is_err());
+        assert!(serde_json::from_str::<Response>(r#"{"r":"assigned","x":1}"#).is_err());
     }
 
     #[test]

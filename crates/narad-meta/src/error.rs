@@ -32,6 +32,14 @@ pub enum MetaError {
     /// 500: the metastore could not read or persist its state.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// 503: the replicated control plane cannot take the write now (no
+    /// leader known); shown as `control plane temporarily unavailable: <why>`.
+    #[error("control plane temporarily unavailable: {0}")]
+    Unavailable(String),
+    /// 502: the leader could not be reached (a transport failure on the way
+    /// to it); the text says why.
+    #[error("{0}")]
+    Upstream(String),
 }
 
 impl MetaError {
@@ -43,6 +51,45 @@ impl MetaError {
             MetaError::Invalid(_) => 400,
             MetaError::Forbidden(_) => 403,
             MetaError::Storage(_) => 500,
+            MetaError::Unavailable(_) => 503,
+            MetaError::Upstream(_) => 502,
+        }
+    }
+
+    /// The error as it crosses the node RPC (a follower forwarding a write
+    /// to the leader): its status and its `Display` text.
+    pub fn to_wire(&self) -> (u16, String) {
+        (self.status(), self.to_string())
+    }
+
+    /// The error [`MetaError::to_wire`] sent, rebuilt so that its status and
+    /// `Display` text are exactly the ones sent (the variant may differ
+    /// where two share a status: every 409 comes back as
+    /// [`MetaError::Conflict`], every 500 as [`StorageError::Remote`]). A
+    /// status no variant has (a peer speaking a newer protocol) comes back
+    /// as [`MetaError::Upstream`] naming it.
+    pub fn from_wire(status: u16, text: String) -> MetaError {
+        fn strip(text: String, prefix: &str) -> Result<String, String> {
+            match text.strip_prefix(prefix) {
+                Some(rest) => Ok(rest.to_owned()),
+                None => Err(text),
+            }
+        }
+        match status {
+            404 => MetaError::NotFound(text),
+            409 => MetaError::Conflict(text),
+            403 => MetaError::Forbidden(text),
+            502 => MetaError::Upstream(text),
+            400 => match strip(text, "invalid argument: ") {
+                Ok(reason) => MetaError::Invalid(reason),
+                Err(text) => MetaError::Invalid(text),
+            },
+            503 => match strip(text, "control plane temporarily unavailable: ") {
+                Ok(why) => MetaError::Unavailable(why),
+                Err(text) => MetaError::Unavailable(text),
+            },
+            500 => MetaError::Storage(StorageError::Remote(text)),
+            other => MetaError::Upstream(format!("the leader answered status {other}: {text}")),
         }
     }
 
@@ -127,6 +174,14 @@ pub enum StorageError {
     /// The applied-index record cannot be read or is damaged.
     #[error("applied-index record {0}")]
     Record(String),
+    /// The leader's storage failure, as its text (a 500 that came back over
+    /// the node RPC, see [`MetaError::from_wire`]).
+    #[error("{0}")]
+    Remote(String),
+    /// A state-machine snapshot does not decode or fails its checks
+    /// (see `storage::snapshot`).
+    #[error("metastore snapshot is invalid: {0}")]
+    BadSnapshot(String),
     /// An earlier commit failed; the store refuses writes until reopened.
     #[error("metastore is unavailable after an earlier storage failure: {first}")]
     Poisoned {
@@ -155,9 +210,33 @@ mod tests {
             (MetaError::user_not_found(), 404, "not found"),
             (MetaError::Forbidden("no".into()), 403, "no"),
             (MetaError::Storage(StorageError::Corrupt("x".into())), 500, "metastore is corrupt: x"),
+            (
+                MetaError::Unavailable("no leader".into()),
+                503,
+                "control plane temporarily unavailable: no leader",
+            ),
+            (MetaError::Upstream("cannot reach n2".into()), 502, "cannot reach n2"),
+            (MetaError::Storage(StorageError::Remote("disk".into())), 500, "disk"),
         ];
         for (err, status, text) in cases {
             assert_eq!((err.status(), err.to_string()), (status, text.to_owned()));
+            let (wire_status, wire_text) = err.to_wire();
+            assert_eq!((wire_status, wire_text.as_str()), (status, text));
+            let back = MetaError::from_wire(wire_status, wire_text);
+            assert_eq!((back.status(), back.to_string()), (status, text.to_owned()), "{err:?}");
         }
+    }
+
+    #[test]
+    fn a_wire_error_without_the_usual_prefix_or_with_an_unknown_status_keeps_its_text() {
+        let e = MetaError::from_wire(500, "metastore is corrupt: x".into());
+        assert_eq!((e.status(), e.to_string().as_str()), (500, "metastore is corrupt: x"));
+        let e = MetaError::from_wire(503, "busy".into());
+        assert_eq!(e.to_string(), "control plane temporarily unavailable: busy");
+        let e = MetaError::from_wire(418, "teapot".into());
+        assert_eq!(
+            (e.status(), e.to_string().as_str()),
+            (502, "the leader answered status 418: teapot")
+        );
     }
 }
