@@ -10,8 +10,10 @@
 //!   clock, no randomness, no I/O);
 //! * [`MetaStore`] applies commands one by one, persisting each in a redb
 //!   transaction (`<data>/metastore/fsm.redb`, through `narad_fs`), and
-//!   serves reads from an in-memory snapshot. It implements [`MetaWriter`],
-//!   the seam a Raft-replicated store will implement later.
+//!   serves reads from an in-memory snapshot. It implements [`MetaWriter`]
+//!   directly on a single node, or through a [`Replicator`] (Raft, in the
+//!   cluster crate) that applies committed entries with
+//!   [`MetaStore::apply_entry`] and ships [`MetaStore::export_snapshot`]s.
 //!
 //! Errors are one enum, [`MetaError`], with one HTTP status per variant.
 
@@ -47,6 +49,8 @@ pub use request::{
 pub use schema::{CompiledSchema, SchemaHistory};
 pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
 pub use storage::FORMAT_VERSION;
-pub use store::{MetaStore, MetaStoreOptions, MetaWriter, metastore_path};
+pub use store::{
+    AppliedListener, MetaStore, MetaStoreOptions, MetaWriter, Replicator, metastore_path,
+};
 pub use topic::{ParentLink, Role, Topic, TopicJson};
 pub use user::{Action, Grant, ROOT_USERNAME, User, UserJson};

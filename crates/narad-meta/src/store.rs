@@ -1,14 +1,29 @@
-//! `MetaStore`: the single-node metastore. Writes apply commands directly,
-//! one at a time, each in its own redb transaction; reads are served from an
-//! in-memory snapshot.
+//! `MetaStore`: the metastore. Writes apply commands one at a time, each in
+//! its own redb transaction; reads are served from an in-memory snapshot.
 //!
-//! # The seam for the cluster
+//! # Direct and replicated
 //!
 //! Callers write through [`MetaWriter::propose`] and read from a
-//! [`MetaState`] snapshot. This store fulfils `propose` by applying the
-//! command at the next index and committing it; a replicated store will
-//! fulfil it by appending the same command to the Raft log and applying it
-//! on commit with the same [`crate::apply`], so callers do not change.
+//! [`MetaState`] snapshot. A single node fulfils `propose` directly: it
+//! applies the command at the next index and commits it. Once a
+//! [`Replicator`] is set ([`MetaStore::set_replicator`], at start-up, on a
+//! node with peers), `propose` hands the command to it instead; consensus
+//! commits it and every replica applies it through
+//! [`MetaStore::apply_entry`], with the same [`crate::apply`], so callers do
+//! not change. Both paths share one apply-commit-publish step (logging,
+//! latching, the applied-index record, the snapshot, the
+//! [`MetaStore::on_applied`] listeners).
+//!
+//! The applied index is the store's own count of applied commands, not the
+//! Raft log index: entries without a command, and commands apply refuses,
+//! do not advance it (their Raft state is still stored). Every replica
+//! applying the same entries therefore reaches the same index and the same
+//! incarnation ids, and a single node upgraded to a cluster keeps its own.
+//!
+//! A snapshot ([`MetaStore::export_snapshot`], format in
+//! `storage::snapshot`) carries the whole state and the Raft state;
+//! [`MetaStore::install_snapshot`] replaces the database with it
+//! atomically.
 //!
 //! # Concurrency
 //!
@@ -28,12 +43,12 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use narad_clock::ClockRef;
 use narad_fs::{Fs, SimRng};
 
-use crate::apply::apply;
+use crate::apply::{Applied, apply};
 use crate::command::{
     AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteTopic, DeleteUser,
     DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser, UpdateUser,
@@ -44,8 +59,8 @@ use crate::member::Member;
 use crate::request::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest};
 use crate::schema::CompiledSchema;
 use crate::state::{MetaState, TopicPage, Versions};
-use crate::storage::MetaDb;
 use crate::storage::applied::{AppliedRecord, applied_path};
+use crate::storage::{MetaDb, snapshot};
 use crate::topic::{ParentLink, Topic};
 use crate::user::{Action, Grant, ROOT_USERNAME, User};
 
@@ -61,6 +76,16 @@ pub trait MetaWriter: Send + Sync {
     /// response once it is durable.
     fn propose(&self, command: Command) -> Result<Response, MetaError>;
 }
+
+/// Where a replicated store sends commands (the cluster implements it).
+pub trait Replicator: Send + Sync + std::fmt::Debug {
+    /// Replicates `command` through consensus and returns its response once
+    /// this node has applied it. Blocking (called on blocking threads).
+    fn replicate(&self, command: Command) -> Result<Response, MetaError>;
+}
+
+/// A listener of applied commands ([`MetaStore::on_applied`]).
+pub type AppliedListener = Arc<dyn Fn(&Command, &Response) + Send + Sync>;
 
 /// How a store is opened.
 #[derive(Debug, Clone)]
@@ -80,10 +105,17 @@ struct Writer {
     poisoned: Option<String>,
 }
 
-/// The single-node metastore.
+/// The metastore.
 pub struct MetaStore {
     writer: Mutex<Writer>,
     snapshot: RwLock<Arc<MetaState>>,
+    /// The Raft state stored with the last applied entry (changed under the
+    /// writer lock, with the database).
+    raft_state: RwLock<Option<Arc<[u8]>>>,
+    replicator: OnceLock<Arc<dyn Replicator>>,
+    listeners: RwLock<Vec<AppliedListener>>,
+    /// The database file ([`metastore_path`]).
+    path: PathBuf,
     defaults: TopicDefaults,
     clock: ClockRef,
     rng: Mutex<SimRng>,
@@ -93,6 +125,7 @@ impl std::fmt::Debug for MetaStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetaStore")
             .field("applied_index", &self.snapshot().applied_index())
+            .field("replicator", &self.replicator.get())
             .finish_non_exhaustive()
     }
 }
@@ -126,7 +159,7 @@ impl MetaStore {
                 return Err(named(StorageError::Missing { recorded, record: record_path }).into());
             }
         }
-        let (db, state) = MetaDb::open(fs, &path).map_err(named)?;
+        let (db, state, raft_state) = MetaDb::open(fs, &path).map_err(named)?;
         if let Some(recorded) = recorded.filter(|r| *r > state.applied_index()) {
             let applied = state.applied_index();
             return Err(
@@ -147,6 +180,10 @@ impl MetaStore {
         Ok(MetaStore {
             writer: Mutex::new(Writer { db, record, poisoned: None }),
             snapshot: RwLock::new(Arc::new(state)),
+            raft_state: RwLock::new(raft_state.map(Arc::from)),
+            replicator: OnceLock::new(),
+            listeners: RwLock::new(Vec::new()),
+            path,
             defaults: options.defaults,
             clock: options.clock,
             rng: Mutex::new(SimRng::new(seed)),
@@ -383,17 +420,161 @@ impl MetaStore {
 
 impl MetaWriter for MetaStore {
     fn propose(&self, command: Command) -> Result<Response, MetaError> {
+        if let Some(replicator) = self.replicator.get() {
+            return replicator.replicate(command);
+        }
         let mut writer = lock(&self.writer);
-        if let Some(first) = &writer.poisoned {
-            return Err(StorageError::Poisoned { first: first.clone() }.into());
+        self.apply_command(&mut writer, &command, None)?
+    }
+}
+
+/// The replicated path, snapshots and listeners.
+impl MetaStore {
+    /// From now on `propose` goes through `replicator` (set once, at
+    /// start-up, before any write).
+    ///
+    /// # Panics
+    /// On a second call: a store has one way to write.
+    pub fn set_replicator(&self, replicator: Arc<dyn Replicator>) {
+        if self.replicator.set(replicator).is_err() {
+            panic!("MetaStore::set_replicator called twice");
         }
-        let current = self.snapshot();
-        let applied = apply(&current, current.applied_index() + 1, &command)?;
-        if let Err(e) = writer.db.commit(&applied) {
-            tracing::error!(error = %e, opcode = command.opcode(), "metastore commit failed; refusing further writes");
+    }
+
+    /// Whether writes go through a [`Replicator`].
+    pub fn is_replicated(&self) -> bool {
+        self.replicator.get().is_some()
+    }
+
+    /// The state machine side of consensus: applies one committed Raft
+    /// entry. `command` is `None` for blank and membership entries.
+    /// `raft_state` (opaque: the last-applied log id and membership, as the
+    /// cluster serializes them) is stored in the same redb transaction as
+    /// the command's effects, also when the command is refused or absent.
+    ///
+    /// A command applies at the store's own next index (see the module
+    /// docs). Returns `Ok(None)` for no command, `Ok(Some(outcome))` with
+    /// the command's own outcome (deterministic on every replica: a refused
+    /// command changes no state); `Err` is a storage failure, which latches
+    /// the store as on the direct path.
+    pub fn apply_entry(
+        &self,
+        command: Option<&Command>,
+        raft_state: &[u8],
+    ) -> Result<Option<Result<Response, MetaError>>, StorageError> {
+        let mut writer = lock(&self.writer);
+        match command {
+            Some(command) => self.apply_command(&mut writer, command, Some(raft_state)).map(Some),
+            None => {
+                check_writable(&writer)?;
+                self.commit(&mut writer, None, Some(raft_state), None)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The Raft state stored with the last applied entry (`None`: never).
+    pub fn raft_state(&self) -> Option<Vec<u8>> {
+        self.raft_state.read().unwrap_or_else(|p| p.into_inner()).as_deref().map(<[u8]>::to_vec)
+    }
+
+    /// Calls `listener` after every command applied from now on (on either
+    /// path), in apply order, with the command and its response; not for
+    /// refused commands. Listeners run under the store's writer lock, so
+    /// they must be quick and must not write to the store.
+    pub fn on_applied(&self, listener: AppliedListener) {
+        self.listeners.write().unwrap_or_else(|p| p.into_inner()).push(listener);
+    }
+
+    /// The whole state and the Raft state as one self-checking byte string
+    /// (format in `storage::snapshot`): identical states export identical
+    /// bytes.
+    pub fn export_snapshot(&self) -> Result<Vec<u8>, StorageError> {
+        // Under the writer lock: the state and the Raft state of one entry.
+        let _writer = lock(&self.writer);
+        snapshot::encode(&self.snapshot(), self.raft_state().as_deref())
+    }
+
+    /// Replaces the whole state and the Raft state with a snapshot from
+    /// [`MetaStore::export_snapshot`], atomically: a crash at any point
+    /// leaves the old database or the new one, never a mix, and either
+    /// opens. `fs` must be the file system the store was opened on.
+    ///
+    /// The snapshot is decoded and checked whole first (a bad one is
+    /// [`StorageError::BadSnapshot`] and changes nothing). Then the new
+    /// database is built beside the old one (`fsm.redb.tmp`), fsynced, and
+    /// renamed over it (the rename syncs the directory); the store reopens
+    /// it, checks it reads back as the snapshot, swaps its state in and
+    /// records the snapshot's applied index. Raft installs whatever
+    /// snapshot it is given, so that index may be below the current one:
+    /// the applied-index record is then lowered, explicitly, before the
+    /// rename (see `storage::applied`). A failure after the decode latches
+    /// the store (reopening recovers the old or the new state).
+    pub fn install_snapshot(&self, fs: &dyn Fs, bytes: &[u8]) -> Result<(), StorageError> {
+        let (state, raft_state) = snapshot::decode(bytes)?;
+        let mut writer = lock(&self.writer);
+        check_writable(&writer)?;
+        let from = self.snapshot().applied_index();
+        let to = state.applied_index();
+        if let Err(e) = self.install(fs, &mut writer, state, raft_state) {
+            tracing::error!(error = %e, from, to, "metastore snapshot install failed; refusing further writes");
             writer.poisoned = Some(e.to_string());
-            return Err(e.into());
+            return Err(e);
         }
+        let topics = self.snapshot().topic_count();
+        tracing::info!(from, to, topics, "metastore snapshot installed");
+        Ok(())
+    }
+
+    fn install(
+        &self,
+        fs: &dyn Fs,
+        writer: &mut Writer,
+        state: MetaState,
+        raft_state: Option<Vec<u8>>,
+    ) -> Result<(), StorageError> {
+        let index = state.applied_index();
+        let record_err = |record: &AppliedRecord, e: std::io::Error| {
+            StorageError::Record(format!("{}: {e}", record.path().display()))
+        };
+        if index < writer.record.index() {
+            writer.record.lower(fs, index).map_err(|e| record_err(&writer.record, e))?;
+        }
+        MetaDb::replace(fs, &self.path, &state, raft_state.as_deref())?;
+        let (db, loaded, loaded_raft) = MetaDb::open(fs, &self.path)?;
+        if loaded != state || loaded_raft != raft_state {
+            return Err(StorageError::Corrupt(format!(
+                "{} does not read back as the snapshot just installed",
+                self.path.display()
+            )));
+        }
+        writer.db = db;
+        *self.raft_state.write().unwrap_or_else(|p| p.into_inner()) = raft_state.map(Arc::from);
+        *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(state);
+        writer.record.store(index).map_err(|e| record_err(&writer.record, e))
+    }
+
+    /// Applies `command` at the next index and commits it (with
+    /// `raft_state`, on the replicated path): the one step both paths share.
+    /// A refused command commits only its `raft_state`, if any.
+    fn apply_command(
+        &self,
+        writer: &mut Writer,
+        command: &Command,
+        raft_state: Option<&[u8]>,
+    ) -> Result<Result<Response, MetaError>, StorageError> {
+        check_writable(writer)?;
+        let current = self.snapshot();
+        let applied = match apply(&current, current.applied_index() + 1, command) {
+            Ok(applied) => applied,
+            Err(refused) => {
+                if raft_state.is_some() {
+                    self.commit(writer, None, raft_state, Some(command))?;
+                }
+                return Ok(Err(refused));
+            }
+        };
+        self.commit(writer, Some(&applied), raft_state, Some(command))?;
         let index = applied.state.applied_index();
         if let Err(e) = writer.record.store(index) {
             // The command is durable in the metastore; only the witness is
@@ -406,48 +587,77 @@ impl MetaWriter for MetaStore {
             writer.poisoned = Some(why);
         }
         *self.snapshot.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(applied.state);
-        match &applied.response {
-            Response::Topic(t) if matches!(command, Command::CreateTopic(_)) => {
-                tracing::info!(
-                    topic = t.name(),
-                    incarnation = t.incarnation(),
-                    index,
-                    "topic created"
-                );
-            }
-            Response::TopicDeleted(t) => {
-                tracing::info!(
-                    topic = t.name(),
-                    incarnation = t.incarnation(),
-                    index,
-                    "topic deleted"
-                );
-            }
-            Response::Topic(parent) if let Command::AttachChild(c) = &command => {
-                tracing::info!(
-                    parent = parent.name(),
-                    child = c.child,
-                    attach_epoch = c.attach_epoch,
-                    delay_ms = c.fanout_delay_ms,
-                    index,
-                    "child attached"
-                );
-            }
-            Response::ChildDetached { parent, link } => {
-                let child = match &command {
-                    Command::DetachChild(c) => c.child.as_str(),
-                    _ => "",
-                };
-                tracing::info!(
-                    parent = parent.name(),
-                    child,
-                    attach_epoch = link.attach_epoch,
-                    index,
-                    "child detached"
-                );
-            }
-            _ => tracing::debug!(opcode = command.opcode(), index, "metastore command applied"),
+        log_applied(command, &applied.response, index);
+        for listener in self.listeners.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            listener(command, &applied.response);
         }
-        Ok(applied.response)
+        Ok(Ok(applied.response))
+    }
+
+    /// Commits `applied` and/or `raft_state` in one transaction; a failure
+    /// latches the store.
+    fn commit(
+        &self,
+        writer: &mut Writer,
+        applied: Option<&Applied>,
+        raft_state: Option<&[u8]>,
+        command: Option<&Command>,
+    ) -> Result<(), StorageError> {
+        if let Err(e) = writer.db.commit(applied, raft_state) {
+            let opcode = command.map(Command::opcode);
+            tracing::error!(error = %e, opcode, "metastore commit failed; refusing further writes");
+            writer.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        if let Some(raft_state) = raft_state {
+            *self.raft_state.write().unwrap_or_else(|p| p.into_inner()) =
+                Some(Arc::from(raft_state));
+        }
+        Ok(())
+    }
+}
+
+/// Refuses writes once the store has latched.
+fn check_writable(writer: &Writer) -> Result<(), StorageError> {
+    match &writer.poisoned {
+        Some(first) => Err(StorageError::Poisoned { first: first.clone() }),
+        None => Ok(()),
+    }
+}
+
+/// Logs an applied command: topic and link changes at INFO, the rest at
+/// DEBUG.
+fn log_applied(command: &Command, response: &Response, index: u64) {
+    match response {
+        Response::Topic(t) if matches!(command, Command::CreateTopic(_)) => {
+            tracing::info!(topic = t.name(), incarnation = t.incarnation(), index, "topic created");
+        }
+        Response::TopicDeleted(t) => {
+            tracing::info!(topic = t.name(), incarnation = t.incarnation(), index, "topic deleted");
+        }
+        Response::Topic(parent) if let Command::AttachChild(c) = command => {
+            tracing::info!(
+                parent = parent.name(),
+                child = c.child,
+                attach_epoch = c.attach_epoch,
+                delay_ms = c.fanout_delay_ms,
+                index,
+                "child attached"
+            );
+        }
+        Response::ChildDetached { parent, link } => {
+            let child = match command {
+                Command::DetachChild(c) => c.child.as_str(),
+                _ => "",
+            };
+            tracing::info!(
+                parent = parent.name(),
+                child,
+                attach_epoch = link.attach_epoch,
+                index,
+                "child detached"
+            );
+        }
+        _ => tracing::debug!(opcode = command.opcode(), index, "metastore command applied"),
     }
 }

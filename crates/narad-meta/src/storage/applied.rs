@@ -20,6 +20,15 @@
 //! goes out. A failed write or sync latches: the store refuses further
 //! writes (as after a failed commit).
 //!
+//! The one way down: installing a Raft snapshot may move the metastore to a
+//! lower applied index (the index is the store's own count of applied
+//! commands, and the snapshot's is whatever the leader's was). Before the
+//! new database replaces the old one, [`AppliedRecord::lower`] rewrites the
+//! whole file (write temp + fdatasync + rename) holding only the lower
+//! index, so neither slot keeps the old one: a crash before the rename
+//! leaves the old metastore, ahead of the record (allowed); after it, the
+//! new one, equal to it.
+//!
 //! # Invariants, and what a crash may leave
 //! * The record never runs ahead of the metastore: it is written after the
 //!   commit is durable. A crash between the two leaves it one behind, which
@@ -140,6 +149,22 @@ impl AppliedRecord {
         Ok(())
     }
 
+    /// Lowers the record to `index`, explicitly (only for installing a
+    /// snapshot behind the current state; see the module docs): rewrites
+    /// the whole file atomically so that no slot keeps a larger index, and
+    /// reopens it.
+    pub(crate) fn lower(&mut self, fs: &dyn Fs, index: u64) -> io::Result<()> {
+        narad_fs::write_file_atomic(fs, &self.path, &encode_file(index))?;
+        self.file = fs.open(&self.path, OpenMode::Existing)?;
+        self.index = index;
+        Ok(())
+    }
+
+    /// The index last recorded.
+    pub(crate) fn index(&self) -> u64 {
+        self.index
+    }
+
     /// The record's file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -188,5 +213,19 @@ mod tests {
         let e = AppliedRecord::read(&fs, &path).unwrap_err();
         assert!(e.contains("metastore.applied has no valid slot"), "{e}");
         assert_eq!(AppliedRecord::read(&fs, Path::new("/d/none")), Ok(None));
+    }
+
+    #[test]
+    fn lowering_the_record_forgets_the_larger_index_in_both_slots() {
+        let fs = narad_fs::SimFs::new(1);
+        let path = PathBuf::from("/d/metastore.applied");
+        fs.create_dir_all(Path::new("/d")).unwrap();
+        let mut r = AppliedRecord::open(&fs, &path, 8).unwrap();
+        r.store(9).unwrap();
+        r.lower(&fs, 4).unwrap();
+        assert_eq!(AppliedRecord::read(&fs, &path), Ok(Some(4)));
+        r.store(5).unwrap();
+        assert_eq!(AppliedRecord::read(&fs, &path), Ok(Some(5)));
+        assert_eq!(r.index(), 5);
     }
 }

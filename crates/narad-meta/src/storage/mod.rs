@@ -11,19 +11,23 @@
 //! | `assignments` | (topic, partition) | the [`Assignment`] as JSON (`{"owner_id","target_id"?}`) |
 //! | `members` | id | the [`Member`] as JSON |
 //! | `users` | username | the [`User`] as JSON (with its bcrypt hash) |
+//! | `raft` | `state` | opaque bytes the replicated control plane stores with each applied Raft entry (its last-applied log id and membership); absent on a single node |
 //!
 //! Format history, each upgraded in place at open in one transaction:
 //! * 1 had no `users` table (the upgrade adds it, empty);
 //! * 2 had no `attached_at_ms` in a child's parent link (the field is
 //!   optional and reads as 0, so the upgrade only stamps the format; the
 //!   bump makes an older build refuse a newer file by its format rather
-//!   than call a record it cannot read corrupt).
+//!   than call a record it cannot read corrupt);
+//! * 3 had no `raft` table (the upgrade adds it, empty).
 //!
 //! # Invariants
 //!
 //! * One redb write transaction per applied command carries everything the
 //!   command changed together with its index and the change counters, and
-//!   is durable when the commit returns (redb's immediate durability with
+//!   is durable when the commit returns; a Raft entry's `raft` bytes ride
+//!   in the same transaction as the command's effects (or alone, for an
+//!   entry with no command or a command that failed to apply) (redb's immediate durability with
 //!   two-phase commit: the data pages and the new commit slot are fsynced,
 //!   then the slot is made primary and fsynced again, before it returns).
 //! * Two-phase commit also means redb trusts only the primary slot at open:
@@ -45,10 +49,13 @@
 //! apply returned `Ok` and perhaps the one in flight, never part of one. The
 //! file is created whole: built and initialised as `fsm.redb.tmp`, then
 //! renamed into place, so a crash during creation leaves no database (the
-//! next open starts over) rather than a torn header.
+//! next open starts over) rather than a torn header. Installing a snapshot
+//! ([`snapshot`]) builds the whole new database the same way and renames it
+//! over the old one: a crash leaves the old database or the new one.
 
 pub(crate) mod applied;
 pub(crate) mod backend;
+pub(crate) mod snapshot;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -58,7 +65,7 @@ use std::sync::Arc;
 use narad_fs::{Fs, OpenMode};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
-use crate::apply::Applied;
+use crate::apply::{Applied, Dirty};
 use crate::assignment::Assignment;
 use crate::error::StorageError;
 use crate::member::Member;
@@ -70,7 +77,7 @@ use backend::FsBackend;
 
 /// The on-disk format this build reads and writes. A change to any table or
 /// record shape takes the next number.
-pub const FORMAT_VERSION: u64 = 3;
+pub const FORMAT_VERSION: u64 = 4;
 
 /// The first format (no `users` table), upgraded in place at open.
 const FORMAT_V1: u64 = 1;
@@ -78,6 +85,9 @@ const FORMAT_V1: u64 = 1;
 /// The format before parent links recorded their attach time, upgraded in
 /// place at open.
 const FORMAT_V2: u64 = 2;
+
+/// The format before the `raft` table, upgraded in place at open.
+const FORMAT_V3: u64 = 3;
 
 /// redb's page cache for the metastore; reads are served from memory, so
 /// this only bounds what commits and the open scan hold.
@@ -89,9 +99,11 @@ const SCHEMAS: TableDefinition<(&str, u32), &str> = TableDefinition::new("schema
 const ASSIGNMENTS: TableDefinition<(&str, u32), &[u8]> = TableDefinition::new("assignments");
 const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
 const USERS: TableDefinition<&str, &[u8]> = TableDefinition::new("users");
+const RAFT: TableDefinition<&str, &[u8]> = TableDefinition::new("raft");
 
 const KEY_FORMAT: &str = "format";
 const KEY_APPLIED: &str = "applied_index";
+const KEY_RAFT_STATE: &str = "state";
 const KEY_VERSIONS: [&str; 5] = [
     "versions.topics",
     "versions.schemas",
@@ -104,6 +116,9 @@ fn versions_array(v: &Versions) -> [u64; 5] {
     [v.topics, v.schemas, v.assignments, v.members, v.users]
 }
 
+/// The Raft state stored beside the metastore's state (`None`: never set).
+pub(crate) type RaftState = Option<Vec<u8>>;
+
 fn redb_err(context: &'static str) -> impl FnOnce(redb::Error) -> StorageError {
     move |e| StorageError::redb(context, e)
 }
@@ -115,25 +130,41 @@ pub(crate) struct MetaDb {
 }
 
 impl MetaDb {
-    /// Opens (creating if needed) the database at `path` and reads the state.
-    pub(crate) fn open(fs: &dyn Fs, path: &Path) -> Result<(MetaDb, MetaState), StorageError> {
+    /// Opens (creating if needed) the database at `path` and reads the state
+    /// and the Raft state stored with it.
+    pub(crate) fn open(
+        fs: &dyn Fs,
+        path: &Path,
+    ) -> Result<(MetaDb, MetaState, RaftState), StorageError> {
         let io_err =
             |context: String| move |source: io::Error| StorageError::Io { context, source };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs.create_dir_all(dir).map_err(io_err(format!("create {}", dir.display())))?;
         }
         if !fs.exists(path).map_err(io_err(format!("stat {}", path.display())))? {
-            create(fs, path)?;
+            create(fs, path, &MetaState::default(), None)?;
         }
         let file = fs
             .open(path, OpenMode::Existing)
             .map_err(io_err(format!("open {}", path.display())))?;
         let meta_db = MetaDb { db: open_database(file)? };
         meta_db.upgrade()?;
-        let state = meta_db.load()?.ok_or_else(|| {
+        let (state, raft_state) = meta_db.load()?.ok_or_else(|| {
             StorageError::Corrupt(format!("{} holds no metastore tables", path.display()))
         })?;
-        Ok((meta_db, state))
+        Ok((meta_db, state, raft_state))
+    }
+
+    /// Replaces the database at `path` with one holding `state` and
+    /// `raft_state`, atomically (built whole beside it, then renamed over
+    /// it: see [`create`]). The caller reopens it with [`MetaDb::open`].
+    pub(crate) fn replace(
+        fs: &dyn Fs,
+        path: &Path,
+        state: &MetaState,
+        raft_state: Option<&[u8]>,
+    ) -> Result<(), StorageError> {
+        create(fs, path, state, raft_state)
     }
 
     /// Brings a database of an older format to the current one (see the
@@ -144,7 +175,7 @@ impl MetaDb {
         let upgraded = (|| -> Result<Option<u64>, redb::Error> {
             let mut meta = txn.open_table(META)?;
             let from = match meta.get(KEY_FORMAT)?.map(|g| g.value()) {
-                Some(v @ (FORMAT_V1 | FORMAT_V2)) => v,
+                Some(v @ (FORMAT_V1 | FORMAT_V2 | FORMAT_V3)) => v,
                 _ => return Ok(None),
             };
             meta.insert(KEY_FORMAT, FORMAT_VERSION)?;
@@ -152,6 +183,7 @@ impl MetaDb {
             if from == FORMAT_V1 {
                 txn.open_table(USERS)?;
             }
+            txn.open_table(RAFT)?;
             Ok(Some(from))
         })()
         .map_err(redb_err("upgrade"))?;
@@ -164,8 +196,9 @@ impl MetaDb {
         Ok(())
     }
 
-    /// Reads the whole state; `None` for a database never initialised.
-    fn load(&self) -> Result<Option<MetaState>, StorageError> {
+    /// Reads the whole state and the Raft state; `None` for a database
+    /// never initialised.
+    fn load(&self) -> Result<Option<(MetaState, RaftState)>, StorageError> {
         let read = |e: redb::Error| StorageError::redb("read", e);
         let txn = self.db.begin_read().map_err(|e| read(e.into()))?;
         let meta = match txn.open_table(META) {
@@ -200,15 +233,31 @@ impl MetaDb {
         state.members = Arc::new(load_members(&txn)?);
         state.users = Arc::new(load_users(&txn)?);
         state.check_invariants().map_err(StorageError::Corrupt)?;
-        Ok(Some(state))
+        let raft = txn.open_table(RAFT).map_err(read_err)?;
+        let raft_state = raft.get(KEY_RAFT_STATE).map_err(read_err)?.map(|g| g.value().to_vec());
+        Ok(Some((state, raft_state)))
     }
 
-    /// Persists one applied command: its changed rows, its index and the
-    /// counters, in one transaction, durable when this returns.
-    pub(crate) fn commit(&self, applied: &Applied) -> Result<(), StorageError> {
+    /// Persists one applied command (its changed rows, its index and the
+    /// counters) and/or the Raft state that goes with it, in one
+    /// transaction, durable when this returns.
+    pub(crate) fn commit(
+        &self,
+        applied: Option<&Applied>,
+        raft_state: Option<&[u8]>,
+    ) -> Result<(), StorageError> {
         let mut txn = self.db.begin_write().map_err(|e| StorageError::redb("begin write", e))?;
         txn.set_two_phase_commit(true);
-        write_changes(&txn, applied).map_err(redb_err("write"))?;
+        (|| -> Result<(), redb::Error> {
+            if let Some(applied) = applied {
+                write_changes(&txn, &applied.state, &applied.dirty)?;
+            }
+            if let Some(raft_state) = raft_state {
+                txn.open_table(RAFT)?.insert(KEY_RAFT_STATE, raft_state)?;
+            }
+            Ok(())
+        })()
+        .map_err(redb_err("write"))?;
         txn.commit().map_err(|e| StorageError::redb("commit", e))
     }
 }
@@ -220,11 +269,18 @@ fn open_database(file: narad_fs::FileRef) -> Result<redb::Database, StorageError
         .map_err(|e| StorageError::redb("open database", e))
 }
 
-/// Creates an initialised database at `path` atomically: it is built and
-/// committed in `<path>.tmp`, closed, and renamed into place, so a crash
-/// leaves either no database (and maybe a stale temporary file, which the
-/// next attempt truncates) or a complete empty one.
-fn create(fs: &dyn Fs, path: &Path) -> Result<(), StorageError> {
+/// Creates a database holding `state` (and `raft_state`) at `path`
+/// atomically: it is built and committed (fsynced) in `<path>.tmp`, closed,
+/// and renamed over `path` (the rename syncs the directory), so a crash
+/// leaves whatever was at `path` before (no database, or the old one, and
+/// maybe a stale temporary file, which the next attempt truncates) or the
+/// complete new one.
+fn create(
+    fs: &dyn Fs,
+    path: &Path,
+    state: &MetaState,
+    raft_state: Option<&[u8]>,
+) -> Result<(), StorageError> {
     let tmp = narad_fs::tmp_sibling(path);
     let io_err = |context: String| move |source: io::Error| StorageError::Io { context, source };
     let file = fs
@@ -233,7 +289,15 @@ fn create(fs: &dyn Fs, path: &Path) -> Result<(), StorageError> {
     let db = open_database(file)?;
     let mut txn = db.begin_write().map_err(|e| StorageError::redb("begin init", e))?;
     txn.set_two_phase_commit(true);
-    init_tables(&txn).map_err(redb_err("init"))?;
+    (|| -> Result<(), redb::Error> {
+        init_tables(&txn)?;
+        write_changes(&txn, state, &every_key(state))?;
+        if let Some(raft_state) = raft_state {
+            txn.open_table(RAFT)?.insert(KEY_RAFT_STATE, raft_state)?;
+        }
+        Ok(())
+    })()
+    .map_err(redb_err("init"))?;
     txn.commit().map_err(|e| StorageError::redb("commit init", e))?;
     drop(db);
     fs.rename(&tmp, path).map_err(io_err(format!("rename {} into place", tmp.display())))
@@ -251,11 +315,26 @@ fn init_tables(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     txn.open_table(ASSIGNMENTS)?;
     txn.open_table(MEMBERS)?;
     txn.open_table(USERS)?;
+    txn.open_table(RAFT)?;
     Ok(())
 }
 
-fn write_changes(txn: &redb::WriteTransaction, applied: &Applied) -> Result<(), redb::Error> {
-    let (state, dirty) = (&applied.state, &applied.dirty);
+/// Every key of `state`, as if one command had written them all.
+fn every_key(state: &MetaState) -> Dirty {
+    Dirty {
+        topics: state.topics.keys().cloned().collect(),
+        schemas: state.schemas.keys().cloned().collect(),
+        assignments: state.assignments.keys().cloned().collect(),
+        members: state.members.keys().cloned().collect(),
+        users: state.users.keys().cloned().collect(),
+    }
+}
+
+fn write_changes(
+    txn: &redb::WriteTransaction,
+    state: &MetaState,
+    dirty: &Dirty,
+) -> Result<(), redb::Error> {
     let mut topics = txn.open_table(TOPICS)?;
     for name in &dirty.topics {
         match state.topics.get(name) {
@@ -411,33 +490,33 @@ mod tests {
     /// Opens, lets `edit` write raw rows, closes, and reopens.
     fn reopen_after(edit: impl FnOnce(&redb::WriteTransaction)) -> Result<MetaState, StorageError> {
         let fs = SimFs::new(1);
-        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let (db, ..) = MetaDb::open(&fs, &path()).unwrap();
         let txn = db.db.begin_write().unwrap();
         edit(&txn);
         txn.commit().unwrap();
         drop(db);
-        MetaDb::open(&fs, &path()).map(|(_, state)| state)
+        MetaDb::open(&fs, &path()).map(|(_, state, _)| state)
     }
 
     #[test]
     fn a_newer_format_is_refused() {
         let e = reopen_after(|txn| {
-            txn.open_table(META).unwrap().insert(KEY_FORMAT, 4).unwrap();
+            txn.open_table(META).unwrap().insert(KEY_FORMAT, 5).unwrap();
         })
         .unwrap_err();
-        assert!(matches!(e, StorageError::UnsupportedFormat { found: 4, supported: 3 }), "{e}");
+        assert!(matches!(e, StorageError::UnsupportedFormat { found: 5, supported: 4 }), "{e}");
     }
 
     #[test]
     fn a_format_1_file_gains_the_users_table_and_the_current_format_at_open() {
         let fs = SimFs::new(1);
-        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let (db, ..) = MetaDb::open(&fs, &path()).unwrap();
         let txn = db.db.begin_write().unwrap();
         txn.delete_table(USERS).unwrap();
         txn.open_table(META).unwrap().insert(KEY_FORMAT, FORMAT_V1).unwrap();
         txn.commit().unwrap();
         drop(db);
-        let (db, state) = MetaDb::open(&fs, &path()).unwrap();
+        let (db, state, _) = MetaDb::open(&fs, &path()).unwrap();
         assert_eq!(state.users().count(), 0);
         let txn = db.db.begin_read().unwrap();
         let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
@@ -448,7 +527,7 @@ mod tests {
     #[test]
     fn a_format_2_file_with_links_without_attach_times_opens_as_the_current_format() {
         let fs = SimFs::new(1);
-        let (db, _) = MetaDb::open(&fs, &path()).unwrap();
+        let (db, ..) = MetaDb::open(&fs, &path()).unwrap();
         let txn = db.db.begin_write().unwrap();
         {
             let mut meta = txn.open_table(META).unwrap();
@@ -462,9 +541,29 @@ mod tests {
         }
         txn.commit().unwrap();
         drop(db);
-        let (db, state) = MetaDb::open(&fs, &path()).unwrap();
+        let (db, state, _) = MetaDb::open(&fs, &path()).unwrap();
         let link = state.topic("c").unwrap().parent().unwrap().clone();
         assert_eq!((link.name.as_str(), link.attached_at_ms), ("p", 0));
+        let txn = db.db.begin_read().unwrap();
+        let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
+        assert_eq!(format, FORMAT_VERSION);
+    }
+
+    #[test]
+    fn a_format_3_file_gains_the_raft_table_and_the_current_format_at_open() {
+        let fs = SimFs::new(1);
+        let (db, ..) = MetaDb::open(&fs, &path()).unwrap();
+        let txn = db.db.begin_write().unwrap();
+        txn.delete_table(RAFT).unwrap();
+        txn.open_table(META).unwrap().insert(KEY_FORMAT, FORMAT_V3).unwrap();
+        txn.commit().unwrap();
+        drop(db);
+        let (db, _, raft_state) = MetaDb::open(&fs, &path()).unwrap();
+        assert_eq!(raft_state, None);
+        db.commit(None, Some(b"r")).unwrap();
+        drop(db);
+        let (db, _, raft_state) = MetaDb::open(&fs, &path()).unwrap();
+        assert_eq!(raft_state.as_deref(), Some(&b"r"[..]));
         let txn = db.db.begin_read().unwrap();
         let format = txn.open_table(META).unwrap().get(KEY_FORMAT).unwrap().unwrap().value();
         assert_eq!(format, FORMAT_VERSION);
