@@ -271,3 +271,40 @@ fn listeners_hear_every_applied_command_on_both_paths_in_order() {
     store.apply_entry(Some(&delete), &raft_bytes(4)).unwrap().unwrap().unwrap();
     assert_eq!(*heard.lock().unwrap(), vec![(1, 1), (1, 2), (3, 1)]);
 }
+
+#[test]
+fn a_storage_failure_while_applying_an_entry_or_installing_latches_the_store() {
+    let fs = SimFs::new(8);
+    let store = open(&fs).unwrap();
+    store.apply_entry(Some(&topic("kept")), &raft_bytes(1)).unwrap().unwrap().unwrap();
+    let kept = store.snapshot();
+    fs.inject(fs.op_count(), narad_fs::FaultKind::SyncError);
+    let e = store.apply_entry(Some(&topic("lost")), &raft_bytes(2)).unwrap_err();
+    assert!(!matches!(e, StorageError::Poisoned { .. }), "the first failure is its own: {e}");
+    let again = store.apply_entry(None, &raft_bytes(3)).unwrap_err();
+    assert!(matches!(again, StorageError::Poisoned { .. }), "{again}");
+    let snapshot = store.export_snapshot().unwrap();
+    let refused = store.install_snapshot(&fs, &snapshot).unwrap_err();
+    assert!(matches!(refused, StorageError::Poisoned { .. }), "{refused}");
+    assert_eq!(*store.snapshot(), *kept, "reads keep serving the last applied state");
+    assert_eq!(store.raft_state(), Some(raft_bytes(1)));
+    drop(store);
+
+    // An install whose new database cannot be synced latches too, and the
+    // reopened store holds the old state.
+    fs.crash(CrashMode::DropUnsynced);
+    let store = open(&fs).unwrap();
+    assert_eq!(*store.snapshot(), *kept);
+    let fs_a = SimFs::new(1);
+    let source = open(&fs_a).unwrap();
+    drive(&source, 42, 40);
+    let bytes = source.export_snapshot().unwrap();
+    fs.inject(fs.op_count(), narad_fs::FaultKind::SyncError);
+    store.install_snapshot(&fs, &bytes).unwrap_err();
+    let e = store.apply_entry(None, &raft_bytes(4)).unwrap_err();
+    assert!(matches!(e, StorageError::Poisoned { .. }), "{e}");
+    assert_eq!(*store.snapshot(), *kept);
+    drop(store);
+    fs.crash(CrashMode::DropUnsynced);
+    assert_eq!(*open(&fs).unwrap().snapshot(), *kept);
+}
