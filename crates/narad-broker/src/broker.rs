@@ -984,7 +984,59 @@ impl Broker {
                 b.evict_idle_logs();
             }));
         }
-        tasks.push(every_blocking(&me, METRICS_POLL_INTERVAL, stop, Broker::poll_metrics));
+        tasks.push(every_blocking(&me, METRICS_POLL_INTERVAL, stop.clone(), Broker::poll_metrics));
+        if self.meta.is_replicated() {
+            tasks.push(self.follow_replicated_deletes(stop));
+        }
+    }
+
+    /// A cluster node learns of most deletes from consensus, not from its
+    /// own HTTP handlers: a delete accepted by another node reaches this
+    /// one as an applied command. This removes the deleted incarnation's
+    /// local files then (what [`Broker::delete_topic`] does on the node
+    /// that took the request), so a topic deleted anywhere stops holding
+    /// disk everywhere. The listener only queues (it runs under the
+    /// metastore's writer lock); a task does the removal. Removal names the
+    /// incarnation, so it never touches a newer one, and is idempotent.
+    fn follow_replicated_deletes(
+        self: &Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, u64, u32)>();
+        self.meta.on_applied(Arc::new(move |_command, response| {
+            if let narad_meta::Response::TopicDeleted(t) = response {
+                let _ = tx.send((t.name().to_owned(), t.incarnation(), t.partitions()));
+            }
+        }));
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let (name, incarnation, partitions) = tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(next) => next,
+                        None => return,
+                    },
+                    _ = stop.changed() => return,
+                };
+                let Some(b) = me.upgrade() else { return };
+                let topics = b.topics.clone();
+                let removed = {
+                    let name = name.clone();
+                    blocking(move || topics.remove(&name, incarnation)).await
+                };
+                match removed {
+                    Ok(()) => {
+                        b.metrics.forget_topic(&name, partitions);
+                        let links = b.fanout.lock_links().await;
+                        b.fanout.reconcile_now(&links).await;
+                    }
+                    Err(e) => {
+                        b.metrics.error("storage", "delete_topic");
+                        warn!(topic = %name, incarnation, error = %e, "could not remove the files of a topic deleted through the cluster; the start-up sweep retries");
+                    }
+                }
+            }
+        })
     }
 
     fn purge_expired(&self) {

@@ -2,11 +2,13 @@
 //! one place. JSON errors are `{"error":"<msg>"}\n`; a few are plain text,
 //! as in Narad (unknown route, wrong method).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use narad_broker::BrokerError;
 use narad_meta::MetaError;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 /// An error answer.
 #[derive(Debug)]
@@ -57,6 +59,22 @@ impl ApiError {
     }
 }
 
+/// When the last "control plane unavailable" WARN went out (ms since the
+/// Unix epoch; 0 = never).
+static CONTROL_PLANE_WARNED_MS: AtomicU64 = AtomicU64::new(0);
+
+/// At most one "control plane unavailable" WARN per 10 s.
+fn control_plane_warn_due() -> bool {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let last = CONTROL_PLANE_WARNED_MS.load(Ordering::Relaxed);
+    now.saturating_sub(last) >= 10_000
+        && CONTROL_PLANE_WARNED_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// The JSON error body.
 pub fn error_body(message: &str) -> String {
     let mut s = serde_json::json!({ "error": message }).to_string();
@@ -74,6 +92,16 @@ impl From<BrokerError> for ApiError {
             // ~40,000 lines a second. Likewise refusals while shutting down.
             BrokerError::AckedAheadFull | BrokerError::ShuttingDown => {
                 debug!(error = %e, status = status.as_u16(), "request refused");
+            }
+            // No leader (an election, a lost quorum) or the leader out of
+            // reach: the cluster's state, not a fault of this request, and
+            // every metadata write of a leaderless minute would repeat it.
+            // The control plane logs the election itself; one WARN per
+            // 10 s says requests are being refused.
+            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_)) => {
+                if control_plane_warn_due() {
+                    warn!(error = %e, status = status.as_u16(), "metadata write refused: control plane unavailable");
+                }
             }
             _ if status.is_server_error() => {
                 error!(error = %e, status = status.as_u16(), "http server error");
