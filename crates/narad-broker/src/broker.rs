@@ -241,7 +241,7 @@ impl Broker {
             let applied = meta.snapshot().applied_index();
             crate::start_check::markers_not_newer(&*fs2, &topics_root, applied)?;
             if registration == Registration::Now {
-                let now_s = (clock2.wall_ms() / 1000) as i64;
+                let now_s = unix_seconds(&*clock2);
                 meta.member_join(Member {
                     id: cfg.node_id.clone(),
                     addr: cfg.advertised_addr.clone(),
@@ -330,10 +330,11 @@ impl Broker {
 
     // ------------------------------------------------------------ topics
 
-    /// Creates a topic and assigns its partitions to this node. A child
-    /// created with `parent` starts at the parent's high watermark (see
-    /// [`crate::fanout`]): its cursor files are written before the create
-    /// commits, and its cursors start before this returns.
+    /// Creates a topic and assigns its partitions over the live members (on a
+    /// single node: to this node). A child created with `parent` starts at
+    /// the parent's high watermark (see [`crate::fanout`]): its cursor files
+    /// are written before the create commits, and its cursors start before
+    /// this returns.
     pub async fn create_topic(
         &self,
         request: CreateTopicRequest,
@@ -344,6 +345,7 @@ impl Broker {
             if request.parent.is_empty() { None } else { Some(self.fanout.lock_links().await) };
         let (meta, fanout, node) =
             (self.meta.clone(), self.fanout.clone(), self.config.node_id.clone());
+        let clock = self.clock.clone();
         let t = blocking(move || {
             let command = meta.resolve_create_topic(request)?;
             let anchored = match &command.parent {
@@ -361,7 +363,7 @@ impl Broker {
                 }
                 BrokerError::from(e)
             })?;
-            assign_all(&meta, &t, 0, &node)?;
+            assign_all(&meta, &t, 0, &node, unix_seconds(&*clock))?;
             Ok(t)
         })
         .await?;
@@ -428,7 +430,7 @@ impl Broker {
         .await
     }
 
-    /// Alters a topic (new partitions are assigned to this node).
+    /// Alters a topic (new partitions are assigned over the alive members).
     pub async fn alter_topic(
         &self,
         name: &str,
@@ -436,11 +438,12 @@ impl Broker {
     ) -> Result<Arc<Topic>, BrokerError> {
         self.check_running()?;
         let (meta, node, name) = (self.meta.clone(), self.config.node_id.clone(), name.to_owned());
+        let clock = self.clock.clone();
         let t = blocking(move || {
             let before = meta.topic(&name).map_or(0, |t| t.partitions());
             let t = meta.alter_topic(&name, request)?;
             if t.partitions() > before {
-                assign_all(&meta, &t, before, &node)?;
+                assign_all(&meta, &t, before, &node, unix_seconds(&*clock))?;
             }
             Ok(t)
         })
@@ -1351,13 +1354,34 @@ fn every_blocking(
     }))
 }
 
-/// Assigns partitions `from..` of `t` through the placement hook, with this
-/// node as the whole ring (one node: every partition is local).
-fn assign_all(meta: &MetaStore, t: &Topic, from: u32, node: &str) -> Result<(), BrokerError> {
-    let ring = [node.to_owned()];
-    let assignments = placement::place(&meta.snapshot(), t, from..t.partitions(), &ring);
-    meta.assign_partitions(t.name(), t.incarnation(), assignments)?;
+/// Assigns partitions `from..` of `t` through the placement hook, over the
+/// ring of live members this node's metastore holds at `now_s`
+/// ([`placement::alive_ring`]); with none, this node is the ring (a single
+/// node: every partition is local). Partitions the placement leaves
+/// unassigned (a child's whose parent partition has no owner yet) wait for
+/// the cluster controller.
+fn assign_all(
+    meta: &MetaStore,
+    t: &Topic,
+    from: u32,
+    node: &str,
+    now_s: i64,
+) -> Result<(), BrokerError> {
+    let state = meta.snapshot();
+    let mut ring = placement::alive_ring(&state, now_s);
+    if ring.is_empty() {
+        ring.push(node.to_owned());
+    }
+    let assignments = placement::place(&state, t, from..t.partitions(), &ring);
+    if !assignments.is_empty() {
+        meta.assign_partitions(t.name(), t.incarnation(), assignments)?;
+    }
     Ok(())
+}
+
+/// The wall clock in Unix seconds (heartbeat times are kept in those).
+fn unix_seconds(clock: &dyn narad_clock::Clock) -> i64 {
+    (clock.wall_ms() / 1000) as i64
 }
 
 /// An attach epoch the metastore just stamped.

@@ -2,6 +2,12 @@
 
 use std::time::Duration;
 
+/// A member silent for more than this (whole seconds, by the observer's wall
+/// clock) is dead: the cluster controller marks it so (SPEC §7.2), and
+/// placement leaves it out of the ring at once
+/// ([`crate::placement::alive_ring`]).
+pub const MEMBER_DEAD_AFTER: Duration = Duration::from_secs(30);
+
 /// Records per destination the dispatch window aims for; a smaller batch
 /// lingers while other commits run.
 pub const DISPATCH_TARGET_PER_DEST: usize = 64;

@@ -18,13 +18,38 @@
 //! A child attached later keeps the placement it already has; rebalancing
 //! treats anti-affinity as a preference.
 //!
-//! On a single node the ring is that node, so every partition is local and
-//! the rules above reduce to "assign to self". The cluster milestone passes
-//! the alive members instead; nothing else changes.
+//! The ring is the members that are alive and heartbeated within
+//! [`MEMBER_DEAD_AFTER`] ([`alive_ring`]): exactly the members the cluster
+//! controller's next tick leaves alive. On a single node it is that node (or
+//! nobody, once its start-up heartbeat is old; the broker then uses the node
+//! itself), so every partition is local and the rules above reduce to
+//! "assign to self"; a member left behind by an earlier node id never gets
+//! partitions. A topic is placed at create (and its new partitions at
+//! alter-grow) over the ring the creating node sees; the cluster controller
+//! places whatever is left unassigned over the ring it sees at its tick.
 
 use std::ops::Range;
 
-use narad_meta::{MetaState, PartitionAssignment, Topic};
+use narad_meta::{MemberStatus, MetaState, PartitionAssignment, Topic};
+
+use crate::limits::MEMBER_DEAD_AFTER;
+
+/// Whether a member last heard from at `last_heartbeat` is overdue at
+/// `now_s` (both Unix seconds): silent for more than [`MEMBER_DEAD_AFTER`].
+pub fn heartbeat_overdue(last_heartbeat: i64, now_s: i64) -> bool {
+    now_s.saturating_sub(last_heartbeat) > MEMBER_DEAD_AFTER.as_secs() as i64
+}
+
+/// The ring [`place`] takes at `now_s` (Unix seconds): the ids of the
+/// members `state` holds as alive whose heartbeat is not overdue, in
+/// ascending (byte) order. Empty when there are none.
+pub fn alive_ring(state: &MetaState, now_s: i64) -> Vec<String> {
+    // Members iterate in id order.
+    let live = |m: &&std::sync::Arc<narad_meta::Member>| {
+        m.status == MemberStatus::Alive && !heartbeat_overdue(m.last_heartbeat, now_s)
+    };
+    state.members().filter(live).map(|m| m.id.clone()).collect()
+}
 
 /// The partitions of `topic` in `range` that can be placed now, with their
 /// owners, by the rules of the module docs. `ring` is the alive members'
@@ -99,6 +124,26 @@ mod tests {
             ..Default::default()
         };
         meta.create_topic(req).unwrap()
+    }
+
+    #[test]
+    fn the_ring_is_the_alive_members_heard_from_within_the_timeout_in_id_order() {
+        let meta = store();
+        let now = 1_700_000_000;
+        for (id, age) in [("n2", 0), ("n10", 30), ("n1", 31), ("a", 5), ("gone", 0)] {
+            let m = narad_meta::Member {
+                id: id.into(),
+                addr: format!("{id}:7942"),
+                cluster_addr: None,
+                status: MemberStatus::Alive,
+                last_heartbeat: now - age,
+            };
+            meta.member_join(m).unwrap();
+        }
+        meta.member_dead("gone").unwrap();
+        assert_eq!(alive_ring(&meta.snapshot(), now), ring(&["a", "n10", "n2"]));
+        assert!(!heartbeat_overdue(now - 30, now) && heartbeat_overdue(now - 31, now));
+        assert_eq!(alive_ring(&meta.snapshot(), now + 100), Vec::<String>::new());
     }
 
     #[test]
