@@ -9,7 +9,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 
 /// The message the HMAC is taken over.
@@ -98,20 +98,32 @@ pub struct ClusterAuth {
     pub tls: Option<TlsFiles>,
 }
 
-/// One WARN per [`AUTH_WARN_INTERVAL`]; the ones in between are counted
-/// and reported with the next.
-#[derive(Debug, Default)]
+/// One WARN per interval ([`AUTH_WARN_INTERVAL`] by default); the ones in
+/// between are counted and reported with the next.
+#[derive(Debug)]
 pub(crate) struct WarnLimiter {
+    interval: Duration,
     state: Mutex<(Option<Instant>, u64)>,
 }
 
+impl Default for WarnLimiter {
+    fn default() -> Self {
+        WarnLimiter::every(AUTH_WARN_INTERVAL)
+    }
+}
+
 impl WarnLimiter {
+    /// A limiter that lets one warning out per `interval`.
+    pub(crate) fn every(interval: Duration) -> Self {
+        WarnLimiter { interval, state: Mutex::new((None, 0)) }
+    }
+
     /// `Some(suppressed since the last warning)` when a warning may go out now.
     pub(crate) fn allow(&self) -> Option<u64> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         match s.0 {
-            Some(last) if now.duration_since(last) < AUTH_WARN_INTERVAL => {
+            Some(last) if now.duration_since(last) < self.interval => {
                 s.1 += 1;
                 None
             }

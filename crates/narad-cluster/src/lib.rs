@@ -1,21 +1,26 @@
 //! Node RPC for a narad cluster: the `NRS1` frame, the op codes and their
 //! request/reply encodings, and the QUIC transport (quinn, ALPN
 //! `narad-cluster-quic-v1`) with HMAC-secret or mutual-TLS authentication
-//! between nodes. The broker never depends on this crate; the server wires
-//! it in (DESIGN §6b).
+//! between nodes; membership (every node's heartbeat, and the controller the
+//! leader runs: dead-marking and placing unassigned partitions). The broker
+//! never depends on this crate; the server wires it in (DESIGN §6b).
 
 pub mod auth;
 mod codec;
+pub mod controller;
 pub mod error;
 pub mod frame;
 pub mod limits;
+pub mod members;
 pub mod metrics;
 pub mod rpc;
 pub mod tls;
 pub mod transport;
 
 pub use auth::{ClusterAuth, ClusterSecret, TlsFiles};
+pub use controller::plan;
 pub use error::{Error, Result};
+pub use members::{LeaderView, Membership};
 pub use metrics::RpcMetrics;
 pub use rpc::{Lane, Op, Reply, Request};
 pub use transport::{Handler, Peer, Transport};

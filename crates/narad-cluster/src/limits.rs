@@ -1,5 +1,6 @@
-//! Every bound and timing of the node RPC transport (SPEC §7.4), in one
-//! place; relations between them are `const` assertions.
+//! Every bound and timing of the node RPC transport (SPEC §7.4) and of
+//! membership (SPEC §7.2), in one place; relations between them are `const`
+//! assertions.
 
 use std::time::Duration;
 
@@ -46,6 +47,22 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 /// further until one finishes.
 pub const MAX_IN_FLIGHT_PER_STREAM: usize = 256;
 
+/// Every node upserts itself (MemberJoin, alive, `last_heartbeat` = now)
+/// this often, starting at once.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
+/// The leader's controller ticks this often (the first tick one interval
+/// after start).
+pub const CONTROLLER_INTERVAL: Duration = Duration::from_secs(10);
+/// An alive member whose last heartbeat is more than this old (whole
+/// seconds, by the leader's wall clock) is marked dead. Defined beside the
+/// placement that shares it (a create leaves such a member out of its ring
+/// at once).
+pub use narad_broker::limits::MEMBER_DEAD_AFTER;
+/// At most one warning per failing membership activity (heartbeat,
+/// controller) per this interval; the ones in between are counted and
+/// reported with the next.
+pub const MEMBERSHIP_WARN_INTERVAL: Duration = Duration::from_secs(30);
+
 const _: () = {
     assert!(FRAME_MAX_PAYLOAD <= u32::MAX as usize);
     assert!(AUTH_TAG_LEN <= FRAME_MAX_PAYLOAD);
@@ -54,4 +71,9 @@ const _: () = {
     assert!(REPLY_TIMEOUT.as_millis() <= COMMIT_TIMEOUT.as_millis());
     assert!((3 * DATA_LANE_STREAMS + CONTROL_LANE_STREAMS) as u32 <= MAX_STREAMS_PER_CONNECTION);
     assert!(AUTH_TIMEOUT.as_millis() <= REPLY_TIMEOUT.as_millis());
+    // A live node gets several heartbeats in before it could be called dead,
+    // and the controller notices a death well within one timeout.
+    assert!(3 * HEARTBEAT_INTERVAL.as_millis() < MEMBER_DEAD_AFTER.as_millis());
+    assert!(CONTROLLER_INTERVAL.as_millis() < MEMBER_DEAD_AFTER.as_millis());
+    assert!(MEMBER_DEAD_AFTER.subsec_nanos() == 0);
 };

@@ -1,0 +1,278 @@
+//! Membership (SPEC §7.2): every node's heartbeat, and the controller that
+//! runs on the leader.
+//!
+//! [`Membership::start`] runs two tasks until [`Membership::stop`]:
+//!
+//! * **heartbeat**, on every node, at once and then every
+//!   [`HEARTBEAT_INTERVAL`]: upserts this node's member record (MemberJoin:
+//!   alive, `last_heartbeat` = the clock's wall time in Unix seconds) through
+//!   the metastore, whose replicator forwards it to the leader when this node
+//!   is not the leader. A member marked dead comes back alive with its next
+//!   heartbeat (the upsert replaces the record);
+//! * **controller**, every [`CONTROLLER_INTERVAL`], acting only while
+//!   [`LeaderView::is_leader`]: proposes [`crate::controller::plan`]'s
+//!   commands one by one (marks overdue members dead, places unassigned
+//!   partitions). It stops at the first refusal or on losing leadership; the
+//!   next tick plans again from the state as it then is.
+//!
+//! Proposals block (a commit waits for an fsync or for consensus), so both
+//! run on blocking threads; stopping does not wait for one in flight.
+//! Failures are counted in `narad_errors_total{component="cluster",
+//! kind="heartbeat"|"controller"}` and logged at WARN, at most once per
+//! [`MEMBERSHIP_WARN_INTERVAL`] each (the rest counted into the next line).
+//! Every node refreshes `narad_cluster_members{status="alive"|"dead"}` from
+//! its metastore after each heartbeat and each controller tick.
+
+use std::sync::{Arc, Mutex};
+
+use narad_broker::metrics::ErrorLabels;
+use narad_clock::ClockRef;
+use narad_meta::{Command, Member, MemberStatus, MetaError, MetaStore, MetaWriter};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior, interval_at};
+
+use crate::auth::WarnLimiter;
+use crate::controller::plan;
+use crate::limits::{
+    CONTROLLER_INTERVAL, HEARTBEAT_INTERVAL, MEMBER_DEAD_AFTER, MEMBERSHIP_WARN_INTERVAL,
+};
+
+/// Whether this node currently leads the control plane (the Raft node on
+/// a cluster; always true where one node decides alone).
+pub trait LeaderView: Send + Sync {
+    /// True while this node is the leader.
+    fn is_leader(&self) -> bool;
+}
+
+/// `{status}` of `cluster_members`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MemberStatusLabels {
+    /// `alive` or `dead`.
+    pub status: String,
+}
+
+/// The running heartbeat and controller tasks. Dropping it stops them too
+/// (without waiting).
+#[derive(Debug)]
+pub struct Membership {
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What both tasks share.
+struct Ctx {
+    meta: Arc<MetaStore>,
+    me: Member,
+    leader: Arc<dyn LeaderView>,
+    clock: ClockRef,
+    members: Family<MemberStatusLabels, Gauge>,
+    errors: Family<ErrorLabels, Counter>,
+    heartbeat_warn: WarnLimiter,
+    controller_warn: WarnLimiter,
+}
+
+impl Membership {
+    /// Starts heartbeating `me` (its `status` and `last_heartbeat` are
+    /// stamped at each beat) and, while `leader` says so, the controller.
+    /// Registers `cluster_members{status}` in `registry`; failures count
+    /// into `errors` (the broker's `errors_total{component, kind}`).
+    /// Must be called inside a tokio runtime.
+    pub fn start(
+        meta: Arc<MetaStore>,
+        me: Member,
+        leader: Arc<dyn LeaderView>,
+        clock: ClockRef,
+        registry: &mut Registry,
+        errors: Family<ErrorLabels, Counter>,
+    ) -> Membership {
+        let members = Family::<MemberStatusLabels, Gauge>::default();
+        registry.register(
+            "cluster_members",
+            "Cluster members by status, as this node's metastore holds them",
+            members.clone(),
+        );
+        let ctx = Arc::new(Ctx {
+            meta,
+            me,
+            leader,
+            clock,
+            members,
+            errors,
+            heartbeat_warn: WarnLimiter::every(MEMBERSHIP_WARN_INTERVAL),
+            controller_warn: WarnLimiter::every(MEMBERSHIP_WARN_INTERVAL),
+        });
+        ctx.refresh_members();
+        let (stop, stopped) = watch::channel(false);
+        let tasks = vec![
+            tokio::spawn(heartbeat_loop(ctx.clone(), stopped.clone())),
+            tokio::spawn(controller_loop(ctx, stopped)),
+        ];
+        Membership { stop, tasks: Mutex::new(tasks) }
+    }
+
+    /// Stops both tasks and waits for them to end (a proposal already on a
+    /// blocking thread finishes there on its own).
+    pub async fn stop(&self) {
+        self.stop.send_replace(true);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            if let Err(e) = task.await {
+                tracing::error!(error = %e, "membership task failed");
+            }
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl Ctx {
+    fn now_s(&self) -> i64 {
+        (self.clock.wall_ms() / 1000) as i64
+    }
+
+    /// Sets `cluster_members{status}` from the local metastore.
+    fn refresh_members(&self) {
+        let state = self.meta.snapshot();
+        let alive = state.members().filter(|m| m.status == MemberStatus::Alive).count();
+        let dead = state.members().count() - alive;
+        for (status, n) in [("alive", alive), ("dead", dead)] {
+            let labels = MemberStatusLabels { status: status.to_owned() };
+            self.members.get_or_create(&labels).set(n as i64);
+        }
+    }
+
+    /// Counts a failure of `activity` and logs it, rate-limited.
+    fn failed(&self, activity: Activity, error: &dyn std::fmt::Display) {
+        let kind = activity.kind();
+        let labels = ErrorLabels { component: "cluster".to_owned(), kind: kind.to_owned() };
+        self.errors.get_or_create(&labels).inc();
+        let limiter = match activity {
+            Activity::Heartbeat => &self.heartbeat_warn,
+            Activity::Controller => &self.controller_warn,
+        };
+        if let Some(suppressed) = limiter.allow() {
+            tracing::warn!(
+                node_id = %self.me.id,
+                kind,
+                error = %error,
+                suppressed,
+                "cluster membership {kind} failed"
+            );
+        }
+    }
+}
+
+/// What failed, for the error counter's `kind` and the log.
+#[derive(Debug, Clone, Copy)]
+enum Activity {
+    Heartbeat,
+    Controller,
+}
+
+impl Activity {
+    fn kind(self) -> &'static str {
+        match self {
+            Activity::Heartbeat => "heartbeat",
+            Activity::Controller => "controller",
+        }
+    }
+}
+
+/// Resolves once the stop flag is set or its sender is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Runs `f` on a blocking thread; `None` when stopped first.
+async fn blocking<T: Send + 'static>(
+    stop: &mut watch::Receiver<bool>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    let task = tokio::task::spawn_blocking(f);
+    tokio::select! {
+        joined = task => Some(joined),
+        () = stopped(stop) => None,
+    }
+}
+
+async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let mut tick = interval_at(Instant::now(), HEARTBEAT_INTERVAL);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stopped(&mut stop) => return,
+        }
+        let member =
+            Member { status: MemberStatus::Alive, last_heartbeat: ctx.now_s(), ..ctx.me.clone() };
+        let meta = ctx.meta.clone();
+        match blocking(&mut stop, move || meta.member_join(member)).await {
+            None => return,
+            Some(Ok(Ok(_))) => {}
+            Some(Ok(Err(e))) => ctx.failed(Activity::Heartbeat, &e),
+            Some(Err(panicked)) => ctx.failed(Activity::Heartbeat, &panicked),
+        }
+        ctx.refresh_members();
+    }
+}
+
+async fn controller_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let mut tick = interval_at(Instant::now() + CONTROLLER_INTERVAL, CONTROLLER_INTERVAL);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stopped(&mut stop) => return,
+        }
+        if ctx.leader.is_leader() {
+            let (c, halt) = (ctx.clone(), stop.clone());
+            match blocking(&mut stop, move || controller_tick(&c, &halt)).await {
+                None => return,
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => ctx.failed(Activity::Controller, &e),
+                Some(Err(panicked)) => ctx.failed(Activity::Controller, &panicked),
+            }
+        }
+        ctx.refresh_members();
+    }
+}
+
+/// One controller tick: plan on the current state and propose each
+/// command, while still leader and not stopped. Blocking.
+fn controller_tick(ctx: &Ctx, stop: &watch::Receiver<bool>) -> Result<(), MetaError> {
+    let commands = plan(&ctx.meta.snapshot(), ctx.now_s());
+    for command in commands {
+        if *stop.borrow() || !ctx.leader.is_leader() {
+            return Ok(());
+        }
+        match &command {
+            Command::MemberDead(d) => tracing::info!(
+                member = %d.id,
+                silent_over_s = MEMBER_DEAD_AFTER.as_secs(),
+                "marking cluster member dead: no heartbeat"
+            ),
+            Command::AssignPartitions(a) => tracing::info!(
+                topic = %a.topic,
+                partitions = a.assignments.len(),
+                "assigning unassigned partitions"
+            ),
+            _ => {}
+        }
+        ctx.meta.propose(command)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "members_tests.rs"]
+mod tests;
