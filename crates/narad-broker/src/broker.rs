@@ -124,6 +124,15 @@ pub struct PartitionStats {
     /// Commit time (Unix s) of the oldest segment's first record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_segment_at: Option<u64>,
+    /// The member that owns the partition (absent while unassigned). The
+    /// figures above are this node's own log of it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_node: Option<String>,
+    /// `ok`, or `owner_unavailable` when the owner is dead, unknown or
+    /// not assigned yet.
+    pub status: crate::ownership::PartitionStatus,
+    /// The owner's liveness: `alive`, `dead` or `unknown`.
+    pub owner_liveness: crate::ownership::OwnerLiveness,
 }
 
 /// Whether [`Broker::open_on`] registers this node as a member.
@@ -304,6 +313,11 @@ impl Broker {
         broker.spawn_background();
         info!(data_dir = %broker.config.data_dir.display(), "broker started");
         Ok(broker)
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.config.node_id
     }
 
     /// The metastore.
@@ -499,6 +513,7 @@ impl Broker {
     /// Per-partition details of a topic (all, or one).
     pub fn partition_stats(&self, t: &Topic, only: Option<u32>) -> Vec<PartitionStats> {
         let rt = self.topics.get_open(t.name(), t.incarnation());
+        let state = self.meta.snapshot();
         let range = match only {
             Some(p) => p..p + 1,
             None => 0..t.partitions(),
@@ -514,6 +529,7 @@ impl Broker {
                     size_bytes: 0,
                     oldest_segment_at_ms: None,
                 });
+                let owner = crate::ownership::partition_owner(&state, t.name(), p);
                 PartitionStats {
                     index: p,
                     segments: s.segments,
@@ -522,6 +538,9 @@ impl Broker {
                     high_watermark: s.high_watermark,
                     size_bytes: s.size_bytes,
                     oldest_segment_at: s.oldest_segment_at_ms.map(|ms| ms / 1000),
+                    owner_node: owner.owner_node,
+                    status: owner.status,
+                    owner_liveness: owner.liveness,
                 }
             })
             .collect()

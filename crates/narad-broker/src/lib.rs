@@ -10,6 +10,7 @@ pub mod fanout;
 pub mod limits;
 pub mod metrics;
 pub mod owner;
+pub mod ownership;
 pub mod partition;
 pub mod placement;
 mod start_check;

@@ -20,6 +20,9 @@ use narad_meta::TopicDefaults;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use crate::cluster_settings::{
+    CLUSTER_SECRET_ENV, ClusterSettings, DEFAULT_CLUSTER_ADDR, DEFAULT_DEV_CLUSTER_ADDR, PeerSpec,
+};
 use crate::conn::{ConnConfig, MIN_HEADER_BYTES};
 use crate::duration::parse_go_duration;
 
@@ -91,12 +94,19 @@ pub struct HttpConfig {
     pub tls_client_ca_file: String,
 }
 
-/// `cluster.*`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// `cluster.*` (checked and resolved by [`crate::cluster_settings`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// This node's id ("" = the host name).
+    /// This node's id ("" = the host name; required with peers).
     pub node_id: String,
+    /// Where the node RPC listens (UDP `host:port`; used only with peers).
+    pub addr: String,
+    /// The cluster's nodes, this one included (empty = a single node).
+    pub peers: Vec<PeerSpec>,
+    /// The ids that bootstrap the cluster (empty = every peer); a node not
+    /// listed only joins.
+    pub initial_members: Vec<String>,
 }
 
 /// `storage.*`.
@@ -153,9 +163,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// `security.*`. Neither key can be set in a file: security is on unless
-/// the server runs with `--dev`, and the admin password is a secret, read
-/// from `NARAD_ADMIN_PASSWORD` only.
+/// `security.*`. Only the cluster TLS files can be set in a file: security
+/// is on unless the server runs with `--dev`, and the admin password and
+/// the cluster secret are secrets, read from the environment only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecurityConfig {
@@ -165,7 +175,20 @@ pub struct SecurityConfig {
     /// The root user's password at first start (`NARAD_ADMIN_PASSWORD`).
     #[serde(skip_deserializing)]
     pub admin_password: Option<String>,
+    /// The secret every node-RPC stream presents (`NARAD_CLUSTER_SECRET`).
+    #[serde(skip_deserializing)]
+    pub cluster_secret: Option<String>,
+    /// This node's certificate chain for cluster mutual TLS (PEM).
+    pub cluster_tls_cert_file: String,
+    /// Its private key (PEM).
+    pub cluster_tls_key_file: String,
+    /// The cluster CA (PEM) every node's certificate is signed by.
+    pub cluster_tls_ca_file: String,
 }
+
+/// The `security.*` keys a file may set.
+const SECURITY_FILE_KEYS: [&str; 3] =
+    ["cluster_tls_cert_file", "cluster_tls_key_file", "cluster_tls_ca_file"];
 
 /// One token bucket: `rate` requests per second, bursts of `burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -251,13 +274,33 @@ impl Default for LogSection {
 
 impl Default for SecurityConfig {
     fn default() -> Self {
-        SecurityConfig { enabled: true, admin_password: None }
+        SecurityConfig {
+            enabled: true,
+            admin_password: None,
+            cluster_secret: None,
+            cluster_tls_cert_file: String::new(),
+            cluster_tls_key_file: String::new(),
+            cluster_tls_ca_file: String::new(),
+        }
+    }
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            node_id: String::new(),
+            addr: DEFAULT_CLUSTER_ADDR.to_owned(),
+            peers: Vec::new(),
+            initial_members: Vec::new(),
+        }
     }
 }
 
 /// Environment variables and the keys they set (`NARAD_` + the key with
-/// dots as underscores, upper case, except `NARAD_NODE_ID` and
-/// `NARAD_DATA_DIR`, as in Narad).
+/// dots as underscores, upper case, except `NARAD_NODE_ID`,
+/// `NARAD_DATA_DIR` and `NARAD_CLUSTER_TLS_*`, as in Narad). A list key
+/// (`cluster.peers`, `cluster.initial_members`) takes a comma-separated
+/// list.
 pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_HTTP_ADDR", "http.addr"),
     ("NARAD_HTTP_MAX_CONSUME_WAIT", "http.max_consume_wait"),
@@ -271,6 +314,12 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_HTTP_TLS_KEY_FILE", "http.tls_key_file"),
     ("NARAD_HTTP_TLS_CLIENT_CA_FILE", "http.tls_client_ca_file"),
     ("NARAD_NODE_ID", "cluster.node_id"),
+    ("NARAD_CLUSTER_ADDR", "cluster.addr"),
+    ("NARAD_CLUSTER_PEERS", "cluster.peers"),
+    ("NARAD_CLUSTER_INITIAL_MEMBERS", "cluster.initial_members"),
+    ("NARAD_CLUSTER_TLS_CERT_FILE", "security.cluster_tls_cert_file"),
+    ("NARAD_CLUSTER_TLS_KEY_FILE", "security.cluster_tls_key_file"),
+    ("NARAD_CLUSTER_TLS_CA_FILE", "security.cluster_tls_ca_file"),
     ("NARAD_DATA_DIR", "storage.data_dir"),
     ("NARAD_STORAGE_SEGMENT_BYTES", "storage.segment_bytes"),
     ("NARAD_STORAGE_CODEC", "storage.codec"),
@@ -320,19 +369,27 @@ impl Config {
         let mut defaults = Config::default();
         if sources.dev {
             defaults.http.addr = DEFAULT_DEV_ADDR.to_owned();
+            defaults.cluster.addr = DEFAULT_DEV_CLUSTER_ADDR.to_owned();
         }
         let mut tree = serde_json::to_value(&defaults).expect("the defaults serialize");
         tree.as_object_mut().expect("the config is a table").remove("security");
         if let Some(path) = sources.file {
             let file = read_file(path)?;
             if let Some(keys) = file.get("security") {
-                let key =
-                    keys.as_object().and_then(|k| k.keys().next().cloned()).unwrap_or_default();
-                return Err(format!(
-                    "config key security.{key} cannot be set in a file: security is on unless \
-                     the server runs with --dev, and the admin password comes from \
-                     {ADMIN_PASSWORD_ENV} only"
-                ));
+                let key = match keys.as_object() {
+                    Some(k) => {
+                        k.keys().find(|k| !SECURITY_FILE_KEYS.contains(&k.as_str())).cloned()
+                    }
+                    None => Some(String::new()),
+                };
+                if let Some(key) = key {
+                    return Err(format!(
+                        "config key security.{key} cannot be set in a file: security is on \
+                         unless the server runs with --dev, the admin password comes from \
+                         {ADMIN_PASSWORD_ENV} only and the cluster secret from \
+                         {CLUSTER_SECRET_ENV} only"
+                    ));
+                }
             }
             merge(&mut tree, file);
         }
@@ -354,6 +411,8 @@ impl Config {
         config.security.enabled = !sources.dev;
         config.security.admin_password =
             env.get(ADMIN_PASSWORD_ENV).map(|s| (*s).to_owned()).filter(|s| !s.is_empty());
+        config.security.cluster_secret =
+            env.get(CLUSTER_SECRET_ENV).map(|s| (*s).to_owned()).filter(|s| !s.is_empty());
         config.validate(sources.dev)?;
         Ok(config)
     }
@@ -441,7 +500,14 @@ impl Config {
                 .map_err(|e| format!("limits.users.{user}: {e}"))?;
             check_rate(&format!("limits.users.{user}"), rate)?;
         }
+        self.cluster_settings()?;
         Ok(())
+    }
+
+    /// The resolved cluster settings: `None` for a single node (no
+    /// `cluster.peers`). See [`crate::cluster_settings`].
+    pub fn cluster_settings(&self) -> Result<Option<ClusterSettings>, String> {
+        crate::cluster_settings::resolve(self)
     }
 
     /// `http.addr` as a socket address.
@@ -476,6 +542,9 @@ impl Config {
         let mut shown = self.clone();
         if shown.security.admin_password.is_some() {
             shown.security.admin_password = Some(MASK.to_owned());
+        }
+        if shown.security.cluster_secret.is_some() {
+            shown.security.cluster_secret = Some(MASK.to_owned());
         }
         serde_json::to_string_pretty(&shown).expect("the config serializes")
     }
@@ -559,6 +628,13 @@ fn typed_like(tree: &Value, key: &str, raw: &str) -> Result<Value, String> {
             "false" | "0" => Ok(Value::Bool(false)),
             other => Err(format!("{other:?} is not true or false")),
         },
+        Some(Value::Array(_)) => Ok(Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.to_owned()))
+                .collect(),
+        )),
         _ => Ok(Value::String(raw.to_owned())),
     }
 }

@@ -7,7 +7,9 @@
 //! * [`error`]: every failure to a status and body, in one place.
 //! * [`access`], [`auth`], [`ratelimit`]: who may call what, how often;
 //!   [`csrf`]: what a browser marks as sent by another site.
-//! * [`config`]: the layered configuration; [`tls`]: the HTTPS listener.
+//! * [`config`]: the layered configuration; [`tls`]: the HTTPS listener;
+//!   [`cluster_settings`]: the cluster keys, checked and resolved.
+//! * [`cluster`]: the control plane as the API sees it ([`cluster::ClusterView`]).
 //! * [`openapi`]: the OpenAPI document, generated from the handlers.
 //! * [`body`], [`objects_only`], [`query`], [`duration`], [`wire`]: parsing
 //!   and encoding.
@@ -15,6 +17,8 @@
 pub mod accept;
 pub mod access;
 pub mod auth;
+pub mod cluster;
+pub mod cluster_settings;
 pub mod body;
 pub mod config;
 pub mod conn;

@@ -12,7 +12,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::error::json_response;
-use crate::routes::{children, consume, health, produce, topics, users};
+use crate::routes::{children, cluster, consume, health, produce, topics, users};
 
 /// The document.
 #[derive(Debug, OpenApi)]
@@ -44,6 +44,8 @@ use crate::routes::{children, consume, health, produce, topics, users};
         users::delete,
         users::put_grants,
         users::put_password,
+        cluster::members,
+        cluster::status,
         health::healthz,
         health::readyz,
         health::metrics,
@@ -54,6 +56,7 @@ use crate::routes::{children, consume, health, produce, topics, users};
         (name = "topics", description = "Create, list, read, alter and delete topics"),
         (name = "messages", description = "Produce, consume and acknowledge"),
         (name = "users", description = "Users and grants (admins)"),
+        (name = "cluster", description = "Members and the control plane's status"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -268,6 +271,7 @@ mod tests {
             shutting_down: AtomicBool::new(false),
             max_consume_wait: std::time::Duration::from_millis(10),
             security,
+            cluster: None,
         })
     }
 

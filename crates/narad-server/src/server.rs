@@ -24,12 +24,13 @@ use tracing::{error, info, warn};
 use crate::accept::{ConnLimit, PlainListener, auto_max_connections, open_file_limit};
 use crate::access::Security;
 use crate::auth::{Authenticator, seed_root};
+use crate::cluster_settings::ClusterSettings;
 use crate::config::{Config, LimitsConfig};
 use crate::conn::ConnConfig;
 use crate::error::ApiError;
 use crate::http_metrics::{HttpMetrics, track};
 use crate::ratelimit::RateLimiter;
-use crate::routes::{children, consume, health, produce, topics, users};
+use crate::routes::{children, cluster, consume, health, produce, topics, users};
 use crate::state::{AppState, Shared};
 use crate::tls::TlsListener;
 
@@ -66,6 +67,8 @@ pub struct ServerConfig {
     pub conn: ConnConfig,
     /// `http.max_connections` (0 = from the open-file limit).
     pub max_connections: usize,
+    /// The cluster (`None`: a single node, no peers configured).
+    pub cluster: Option<ClusterSettings>,
 }
 
 /// The PEM files of the HTTPS listener.
@@ -109,6 +112,7 @@ impl ServerConfig {
             limits: c.limits.clone(),
             conn: c.conn_config(),
             max_connections: usize::try_from(c.http.max_connections).unwrap_or(usize::MAX),
+            cluster: c.cluster_settings()?,
         })
     }
 }
@@ -157,6 +161,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}", get(users::get).delete(users::delete))
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
+        .route("/v1/cluster/members", get(cluster::members))
+        .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
@@ -249,6 +255,7 @@ pub async fn run(
         shutting_down: AtomicBool::new(false),
         max_consume_wait: config.max_consume_wait,
         security,
+        cluster: None,
     });
     info!(
         addr = %local,

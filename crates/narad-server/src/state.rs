@@ -8,6 +8,7 @@ use narad_broker::Broker;
 use prometheus_client::registry::Registry;
 
 use crate::access::Security;
+use crate::cluster::ClusterView;
 use crate::http_metrics::HttpMetrics;
 
 /// Shared state of the HTTP server.
@@ -27,6 +28,8 @@ pub struct AppState {
     pub max_consume_wait: Duration,
     /// Authentication, authorization and rate limits.
     pub security: Security,
+    /// The control plane (`None`: a single node, no peers).
+    pub cluster: Option<Arc<dyn ClusterView>>,
 }
 
 /// The handle handlers receive.

@@ -46,6 +46,8 @@ enum Command {
     Replay(cli::msg::ReplayArgs),
     /// Users: add, grant, ls, rm, passwd.
     User(cli::user::UserArgs),
+    /// Cluster: members, status.
+    Cluster(cli::cluster::ClusterArgs),
     /// Named server + credential contexts: add, select, ls, rm.
     Ctx(cli::ctx::CtxArgs),
     /// Print the version.
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Command::Sub(a) => return cli::finish(cli::msg::run_sub(a)),
         Command::Replay(a) => return cli::finish(cli::msg::run_replay(a)),
         Command::User(a) => return cli::finish(cli::user::run(a)),
+        Command::Cluster(a) => return cli::finish(cli::cluster::run(a)),
         Command::Ctx(a) => return cli::finish(cli::ctx::run(a)),
         Command::Version { output } => return cli::finish(cli::version(output)),
     };

@@ -32,9 +32,22 @@ pub struct ServeArgs {
     /// Development mode: a single node on loopback with security off.
     #[arg(long)]
     pub dev: bool,
-    /// This node's id (cluster.node_id; default: the host name).
+    /// This node's id (cluster.node_id; default: the host name; required
+    /// with peers).
     #[arg(long)]
     pub node_id: Option<String>,
+    /// Where the node RPC listens, UDP (cluster.addr; used with peers).
+    /// Default 0.0.0.0:7943; 127.0.0.1:7943 with --dev.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub cluster_addr: Option<String>,
+    /// The cluster's nodes, this one included: id@host:port,...
+    /// (cluster.peers; none = a single node).
+    #[arg(long, value_name = "ID@HOST:PORT,...", value_delimiter = ',')]
+    pub peers: Option<Vec<String>>,
+    /// The ids that bootstrap the cluster (cluster.initial_members; none =
+    /// every peer); a node not listed only joins.
+    #[arg(long, value_name = "ID,...", value_delimiter = ',')]
+    pub initial_members: Option<Vec<String>>,
     /// Log level: debug, info, warn, error, or a tracing filter (log.level).
     #[arg(long)]
     pub log_level: Option<String>,
@@ -80,6 +93,18 @@ fn host_name() -> String {
         .unwrap_or_else(|| "narad-0".to_owned())
 }
 
+/// A list flag's values as a JSON list (empty items dropped).
+fn string_list(items: Vec<String>) -> Value {
+    Value::Array(
+        items
+            .into_iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .map(Value::String)
+            .collect(),
+    )
+}
+
 fn path_value(p: PathBuf) -> Value {
     Value::String(p.to_string_lossy().into_owned())
 }
@@ -95,6 +120,9 @@ pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
     flag("http.addr", a.addr.clone().map(Value::String));
     flag("storage.data_dir", a.data_dir.clone().map(path_value));
     flag("cluster.node_id", a.node_id.clone().map(Value::String));
+    flag("cluster.addr", a.cluster_addr.clone().map(Value::String));
+    flag("cluster.peers", a.peers.clone().map(string_list));
+    flag("cluster.initial_members", a.initial_members.clone().map(string_list));
     flag("log.level", a.log_level.clone().map(Value::String));
     flag("log.format", a.log_format.clone().map(Value::String));
     flag("http.max_connections", a.max_connections.map(Value::from));

@@ -47,6 +47,8 @@ fn routes() -> Vec<(&'static str, String)> {
             json!({"current_password": "wrong", "new_password": "x"}).to_string(),
         ),
         ("/v1/users/{other}/password", json!({"new_password": "x"}).to_string()),
+        ("/v1/cluster/members", String::new()),
+        ("/v1/cluster/status", String::new()),
         ("/healthz", String::new()),
         ("/readyz", String::new()),
         ("/metrics", String::new()),
@@ -56,7 +58,8 @@ fn routes() -> Vec<(&'static str, String)> {
 }
 
 /// What the README allows any authenticated user: every GET (and so HEAD)
-/// of topics and children, reading itself, and the open paths.
+/// of topics, children and the cluster, reading itself, and the open
+/// paths.
 fn allowed_to_anyone(method: &Method, route: &str) -> bool {
     let read = *method == Method::GET || *method == Method::HEAD;
     read && matches!(
@@ -65,6 +68,8 @@ fn allowed_to_anyone(method: &Method, route: &str) -> bool {
             | "/v1/topics/t"
             | "/v1/topics/t/children"
             | "/v1/users/{me}"
+            | "/v1/cluster/members"
+            | "/v1/cluster/status"
             | "/healthz"
             | "/readyz"
             | "/metrics"

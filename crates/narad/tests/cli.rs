@@ -1,5 +1,5 @@
 //! The client CLI end to end against a secured server: topic lifecycle,
-//! pub/sub, peek, replay, users, contexts, version, exit codes.
+//! pub/sub, peek, replay, users, cluster, contexts, version, exit codes.
 
 mod common;
 
@@ -245,4 +245,35 @@ fn contexts_hold_server_and_credentials() {
     assert_eq!(c.bare(&["ctx", "select", "nowhere"]).0, 2);
     let (code, _, _) = c.bare(&["topic", "ls", "--context", "nope"]);
     assert_eq!(code, 2);
+}
+
+#[test]
+fn cluster_members_and_status() {
+    let s = Server::start_opts("cli-cluster", common::Opts::secure().args(&["--node-id", "n1"]));
+    let c = Cli::new(&s, "cli-cluster-cfg");
+    c.ok(&["topic", "add", "t", "--partitions", "5"]);
+    let table = c.ok(&["cluster", "members"]);
+    let lines: Vec<&str> = table.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(header, ["ID", "ADDR", "STATUS", "DRAINING", "OWNED_PARTITIONS"], "{table}");
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    let addr = format!("127.0.0.1:{}", s.port);
+    assert_eq!(row, ["n1", addr.as_str(), "alive", "no", "5"], "{table}");
+    let m = c.json(&["cluster", "members", "-o", "json"]);
+    assert_eq!(m["members"][0]["owned_partitions"], 5);
+    assert_eq!(m["members"][0]["outbound_moves"], 0);
+
+    let st = c.json(&["cluster", "status", "-o", "json"]);
+    assert_eq!((st["role"].as_str(), st["leader"].as_str()), (Some("leader"), Some("n1")));
+    assert_eq!(st["term"], 0);
+    let text = c.ok(&["cluster", "status"]);
+    for want in
+        ["role          leader", "leader        n1", "term          0", "mode          single"]
+    {
+        assert!(text.contains(want), "{want:?} in:\n{text}");
+    }
+    let env = [("NARAD_ADDR", s.base.as_str()), ("NARAD_CONFIG_DIR", c.config_dir.as_str())];
+    let (code, _, err) = run_cli(&["cluster", "members"], &env, None);
+    assert_eq!(code, 1, "no credentials: {err}");
+    assert!(err.contains("401"), "{err}");
 }

@@ -98,3 +98,85 @@ fn a_secured_server_starts_from_a_config_file() {
     assert_eq!(t["partitions"], 7, "the file's topic defaults apply");
     assert_eq!(t["owner"], "admin");
 }
+
+#[test]
+fn cluster_keys_come_from_environment_and_flags_and_the_secret_is_masked() {
+    let env = [
+        ("NARAD_CLUSTER_PEERS", "n1@127.0.0.1:7001,n2@127.0.0.1:7002"),
+        ("NARAD_CLUSTER_INITIAL_MEMBERS", "n1,n2"),
+        ("NARAD_CLUSTER_SECRET", "hunter2"),
+        ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001"),
+        ("NARAD_NODE_ID", "n1"),
+    ];
+    let c = print_config(&[], &env);
+    assert_eq!(
+        c["cluster"]["peers"],
+        serde_json::json!(["n1@127.0.0.1:7001", "n2@127.0.0.1:7002"])
+    );
+    assert_eq!(c["cluster"]["initial_members"], serde_json::json!(["n1", "n2"]));
+    assert_eq!(c["cluster"]["addr"], "0.0.0.0:7001");
+    assert_eq!(c["security"]["cluster_secret"], "********");
+    let c = print_config(
+        &[
+            "--node-id",
+            "n2",
+            "--cluster-addr",
+            "127.0.0.1:7002",
+            "--peers",
+            "n1@127.0.0.1:7001,n2@127.0.0.1:7002",
+            "--initial-members",
+            "n1",
+        ],
+        &env,
+    );
+    assert_eq!(c["cluster"]["node_id"], "n2", "a flag beats env");
+    assert_eq!(c["cluster"]["addr"], "127.0.0.1:7002");
+    assert_eq!(c["cluster"]["initial_members"], serde_json::json!(["n1"]));
+    let dev = print_config(&["--dev"], &[]);
+    assert_eq!(dev["cluster"]["addr"], "127.0.0.1:7943");
+    assert_eq!(dev["cluster"]["peers"], serde_json::json!([]), "no peers: a single node");
+}
+
+#[test]
+fn an_impossible_cluster_config_stops_the_start_naming_the_key() {
+    let dir = temp_dir("config-cluster-bad");
+    let peers = "n1@127.0.0.1:7001,n2@127.0.0.1:7002";
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
+    let cases: [Case; 6] = [
+        (
+            "set NARAD_CLUSTER_SECRET",
+            &[("NARAD_CLUSTER_PEERS", peers), ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001")],
+            &["--node-id", "n1"],
+        ),
+        (
+            "cluster.peers must include this node",
+            &[("NARAD_CLUSTER_PEERS", peers)],
+            &["--dev", "--node-id", "n3"],
+        ),
+        ("cluster.node_id must be set", &[("NARAD_CLUSTER_PEERS", peers)], &["--dev"]),
+        (
+            "cluster.initial_members: \"n9\" is not in cluster.peers",
+            &[],
+            &[
+                "--dev",
+                "--node-id",
+                "n1",
+                "--cluster-addr",
+                "127.0.0.1:7001",
+                "--peers",
+                "n1@127.0.0.1:7001",
+                "--initial-members",
+                "n9",
+            ],
+        ),
+        ("cluster.addr", &[("NARAD_CLUSTER_ADDR", "nowhere")], &[]),
+        ("security.cluster_tls_", &[("NARAD_CLUSTER_TLS_CA_FILE", "ca.pem")], &[]),
+    ];
+    for (needle, env, args) in cases {
+        let mut all = vec!["serve", "--data-dir", dir.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let (code, _, err) = run_cli(&all, env, None);
+        assert_eq!(code, 1, "{needle}: {err}");
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}

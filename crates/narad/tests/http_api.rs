@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Server, metric, payload_bytes};
+use common::{Opts, Server, metric, payload_bytes};
 use serde_json::{Value, json};
 
 /// Status and error of a POST that only *declares* a body of `len` bytes
@@ -581,4 +581,44 @@ fn consume_parameters_that_do_not_combine_are_refused_with_a_400_naming_them() {
     // The refusals leased nothing: a queue consume still gets the message.
     let m = s.consume("q", "partition=0").expect("still available");
     assert_eq!(payload_bytes(&m), b"m0");
+}
+
+/// A single node (no peers) is a cluster of one: it lists itself as the
+/// only alive member owning every partition, leads at term 0 with its
+/// metastore's applied index, and every partition is `ok` on it.
+#[test]
+fn a_single_node_is_its_own_member_leader_and_partition_owner() {
+    let s = Server::start_opts("cluster-single", Opts::dev().args(&["--node-id", "solo"]));
+    let json = |path: &str| -> Value {
+        let r = s.get(path);
+        assert_eq!(r.status(), 200, "{path}");
+        serde_json::from_str(&r.text().unwrap()).unwrap()
+    };
+    let before = json("/v1/cluster/status");
+    s.create_topic(r#"{"name":"a","partitions":4}"#);
+    s.create_topic(r#"{"name":"b"}"#);
+    let m = json("/v1/cluster/members");
+    let want = serde_json::json!({"members": [{
+        "id": "solo", "addr": format!("127.0.0.1:{}", s.port), "status": "alive",
+        "draining": false, "owned_partitions": 7, "outbound_moves": 0,
+    }]});
+    assert_eq!(m, want);
+    let st = json("/v1/cluster/status");
+    assert_eq!(st["node_id"], "solo");
+    assert_eq!(st["mode"], "single");
+    assert_eq!(st["role"], "leader");
+    assert_eq!(st["leader"], "solo");
+    assert_eq!(st["term"], 0);
+    assert_eq!(st["voters"], serde_json::json!(["solo"]));
+    assert_eq!(st["learners"], serde_json::json!([]));
+    let applied = st["applied_index"].as_u64().unwrap();
+    assert!(applied >= before["applied_index"].as_u64().unwrap() + 4, "create + assign, twice");
+    assert_eq!(st["commit_index"], applied);
+    let d = json("/v1/topics/a");
+    for p in d["partition_stats"].as_array().unwrap() {
+        assert_eq!(p["owner_node"], "solo", "{p}");
+        assert_eq!(p["status"], "ok", "{p}");
+        assert_eq!(p["owner_liveness"], "alive", "{p}");
+    }
+    assert_eq!(s.client.post(s.url("/v1/cluster/status")).send().unwrap().status(), 405);
 }

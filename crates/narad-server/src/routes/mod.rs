@@ -1,6 +1,7 @@
 //! One module per resource; each handler parses, calls the broker, encodes.
 
 pub mod children;
+pub mod cluster;
 pub mod consume;
 pub mod health;
 pub mod produce;

@@ -1,5 +1,5 @@
 //! The client commands (SPEC §8): `topic`, `pub`, `sub`, `replay`,
-//! `user`, `ctx`, `version`.
+//! `user`, `cluster`, `ctx`, `version`.
 //!
 //! Every command talks to a server over HTTP(S) with Basic credentials.
 //! Where they come from, strongest first: flags (`-s`, `-u`, `-p`,
@@ -9,6 +9,7 @@
 //! every read command takes `-o json`. Exit codes: 0 ok, 1 server or
 //! network error, 2 usage error.
 
+pub mod cluster;
 pub mod ctx;
 pub mod msg;
 pub mod topic;

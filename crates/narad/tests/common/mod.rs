@@ -2,9 +2,12 @@
 //! port with a temporary data directory and speaks HTTP to it. The default
 //! mode is `serve --dev` (security off); [`Opts`] starts a secured server
 //! (the root password comes from `NARAD_ADMIN_PASSWORD`), with extra flags,
-//! environment variables, or TLS.
+//! environment variables, or TLS. [`cluster`] starts N nodes of one
+//! cluster.
 
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

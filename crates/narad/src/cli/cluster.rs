@@ -1,0 +1,95 @@
+//! `narad cluster members|status`: the members the server's metastore
+//! knows, and the server's view of the control plane (leader, term, its
+//! role).
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use super::{CliResult, Client, Conn, Output, cell, print_table};
+
+/// `narad cluster ...`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    cmd: ClusterCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// List the cluster's members: id, address, status, draining, owned
+    /// partitions.
+    Members,
+    /// This server's view of the control plane: mode, leader, term, role,
+    /// indices, voters.
+    Status,
+}
+
+fn print_members(c: &Client, v: &Value) {
+    if c.output == Output::Json {
+        c.print_json(v);
+        return;
+    }
+    let rows = v["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let draining = if m["draining"] == true { "yes" } else { "no" };
+            vec![
+                cell(&m["id"]),
+                cell(&m["addr"]),
+                cell(&m["status"]),
+                draining.to_owned(),
+                cell(&m["owned_partitions"]),
+            ]
+        })
+        .collect();
+    print_table(&["id", "addr", "status", "draining", "owned_partitions"], rows);
+}
+
+fn names(v: &Value) -> String {
+    v.as_array().into_iter().flatten().map(cell).collect::<Vec<_>>().join(",")
+}
+
+fn print_status(c: &Client, v: &Value) {
+    if c.output == Output::Json {
+        c.print_json(v);
+        return;
+    }
+    let leader = match &v["leader"] {
+        Value::Null => "(none known)".to_owned(),
+        other => cell(other),
+    };
+    let lines = [
+        ("node", cell(&v["node_id"])),
+        ("mode", cell(&v["mode"])),
+        ("role", cell(&v["role"])),
+        ("leader", leader),
+        ("term", cell(&v["term"])),
+        ("commit_index", cell(&v["commit_index"])),
+        ("applied_index", cell(&v["applied_index"])),
+        ("voters", names(&v["voters"])),
+        ("learners", names(&v["learners"])),
+    ];
+    for (k, val) in lines {
+        println!("{k:<14}{val}");
+    }
+}
+
+/// Runs `narad cluster`.
+pub fn run(a: ClusterArgs) -> CliResult {
+    let c = Client::new(&a.conn)?;
+    match a.cmd {
+        ClusterCommand::Members => {
+            let v = c.get("/v1/cluster/members")?.expect(200, "cluster members")?.value()?;
+            print_members(&c, &v);
+        }
+        ClusterCommand::Status => {
+            let v = c.get("/v1/cluster/status")?.expect(200, "cluster status")?.value()?;
+            print_status(&c, &v);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,471 @@
+//! Black-box cluster harness: N real `narad serve` processes on loopback,
+//! each with its own free HTTP (TCP) port, free cluster (UDP) port and
+//! temporary data directory, told about each other through
+//! `NARAD_CLUSTER_PEERS` (node ids `n1`..`nN`).
+//!
+//! Every wait is bounded and panics with the node's log when it runs out.
+//! Processes are controlled by PID (SIGKILL, SIGSTOP/SIGCONT, SIGTERM) and
+//! [`Cluster`]'s `Drop` kills every node it started, paused ones included,
+//! also while a test panics (the data directories are then kept for a
+//! look).
+//!
+//! ```ignore
+//! let mut c = Cluster::start(3, ClusterOpts::dev());
+//! let leader = c.leader(Duration::from_secs(10));
+//! c.kill9(leader);
+//! ```
+
+use std::net::{TcpListener, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use reqwest::blocking::{Client, RequestBuilder};
+use serde_json::Value;
+
+use super::{ADMIN_PASSWORD, temp_dir};
+
+/// How to start a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOpts {
+    /// Security on (no `--dev`; the root password is [`ADMIN_PASSWORD`]).
+    /// Off: every node runs `serve --dev`.
+    pub security: bool,
+    /// `NARAD_CLUSTER_SECRET` of every node (required with security).
+    pub secret: Option<String>,
+    /// `NARAD_CLUSTER_INITIAL_MEMBERS` (empty: every node bootstraps).
+    pub initial_members: Vec<String>,
+    /// Extra environment of every node.
+    pub env: Vec<(String, String)>,
+    /// Extra environment of one node (by index), after `env`: e.g. a wrong
+    /// secret for one node.
+    pub node_env: Vec<(usize, String, String)>,
+}
+
+impl ClusterOpts {
+    /// `serve --dev` nodes: security off, no secret needed.
+    pub fn dev() -> ClusterOpts {
+        ClusterOpts::default()
+    }
+
+    /// Secured nodes sharing `secret`.
+    pub fn secure(secret: &str) -> ClusterOpts {
+        ClusterOpts { security: true, secret: Some(secret.into()), ..ClusterOpts::default() }
+    }
+
+    /// Sets `NARAD_CLUSTER_INITIAL_MEMBERS`.
+    pub fn initial_members(mut self, ids: &[&str]) -> ClusterOpts {
+        self.initial_members = ids.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Adds an environment variable of every node.
+    pub fn env(mut self, k: &str, v: &str) -> ClusterOpts {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Adds an environment variable of node `i` only.
+    pub fn node_env(mut self, i: usize, k: &str, v: &str) -> ClusterOpts {
+        self.node_env.push((i, k.into(), v.into()));
+        self
+    }
+}
+
+/// One node: its id, addresses and files.
+#[derive(Debug)]
+pub struct Node {
+    /// `n1`, `n2`, ...
+    pub id: String,
+    /// Its HTTP port on 127.0.0.1.
+    pub http_port: u16,
+    /// Its cluster (node RPC, UDP) port on 127.0.0.1.
+    pub cluster_port: u16,
+    /// `http://127.0.0.1:<http_port>`.
+    pub base: String,
+    /// Its data directory (kept across restarts).
+    pub data_dir: PathBuf,
+    /// Its log (stderr, appended across restarts).
+    pub log_path: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl Node {
+    /// The URL of `path` on this node.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Whether its process was started and not killed or stopped for good
+    /// (a paused node counts as running).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether it is paused (SIGSTOP).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Its PID, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+}
+
+/// N nodes of one cluster.
+pub struct Cluster {
+    nodes: Vec<Node>,
+    opts: ClusterOpts,
+    peers: String,
+    root: PathBuf,
+    /// A client for requests (10 s timeout per request).
+    pub client: Client,
+    /// A client with a short timeout for polling (a paused node must not
+    /// hold a wait up).
+    probe: Client,
+}
+
+/// Picks `n` distinct free TCP ports and `n` distinct free UDP ports on
+/// 127.0.0.1, holding them all until every one is picked.
+fn free_ports(n: usize) -> Vec<(u16, u16)> {
+    let tcp: Vec<TcpListener> =
+        (0..n).map(|_| TcpListener::bind("127.0.0.1:0").expect("free tcp port")).collect();
+    let udp: Vec<UdpSocket> =
+        (0..n).map(|_| UdpSocket::bind("127.0.0.1:0").expect("free udp port")).collect();
+    tcp.iter()
+        .zip(&udp)
+        .map(|(t, u)| (t.local_addr().unwrap().port(), u.local_addr().unwrap().port()))
+        .collect()
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics after
+/// `timeout` with `what` and the last state `describe` gives.
+pub fn wait_for<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+    describe: impl Fn() -> String,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}\n{}", describe());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Cluster {
+    /// Picks ports and directories for `n` nodes without starting any:
+    /// start them with [`Cluster::spawn`] (e.g. a join-only node later).
+    pub fn prepare(n: usize, opts: ClusterOpts) -> Cluster {
+        assert!(n >= 1, "a cluster has at least one node");
+        let root = temp_dir(&format!("cluster{n}"));
+        let nodes: Vec<Node> = free_ports(n)
+            .into_iter()
+            .enumerate()
+            .map(|(i, (http_port, cluster_port))| {
+                let id = format!("n{}", i + 1);
+                Node {
+                    base: format!("http://127.0.0.1:{http_port}"),
+                    data_dir: root.join(&id).join("data"),
+                    log_path: root.join(&id).join("server.log"),
+                    id,
+                    http_port,
+                    cluster_port,
+                    child: None,
+                    paused: false,
+                }
+            })
+            .collect();
+        for node in &nodes {
+            std::fs::create_dir_all(node.log_path.parent().unwrap()).unwrap();
+        }
+        let peers = nodes
+            .iter()
+            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.cluster_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let client = Client::builder()
+            .timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(16)
+            .build()
+            .unwrap();
+        let probe = Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+        Cluster { nodes, opts, peers, root, client, probe }
+    }
+
+    /// Starts `n` nodes and waits (≤ 30 s each) until every one is ready.
+    pub fn start(n: usize, opts: ClusterOpts) -> Cluster {
+        let mut c = Cluster::prepare(n, opts);
+        for i in 0..n {
+            c.spawn(i);
+        }
+        for i in 0..n {
+            c.wait_ready(i, Duration::from_secs(30));
+        }
+        c
+    }
+
+    /// The number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Node `i` (0-based; its id is `n{i+1}`).
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    /// The index of the node with id `id`.
+    pub fn index_of(&self, id: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// `NARAD_CLUSTER_PEERS` of every node.
+    pub fn peers(&self) -> &str {
+        &self.peers
+    }
+
+    /// The directory holding every node's data directory and log.
+    pub fn root(&self) -> &PathBuf {
+        &self.root
+    }
+
+    /// Starts node `i`'s process (not running), on its ports and data
+    /// directory, without waiting for it to be ready.
+    pub fn spawn(&mut self, i: usize) {
+        let opts = &self.opts;
+        let node = &self.nodes[i];
+        assert!(node.child.is_none(), "{} is already running", node.id);
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&node.log_path).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")) {
+            cmd.env_remove(k);
+        }
+        cmd.arg("serve");
+        if !opts.security {
+            cmd.arg("--dev");
+        }
+        cmd.arg("--addr")
+            .arg(format!("127.0.0.1:{}", node.http_port))
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .arg("--node-id")
+            .arg(&node.id)
+            .arg("--cluster-addr")
+            .arg(format!("127.0.0.1:{}", node.cluster_port))
+            .env("NARAD_LOG_LEVEL", "info")
+            .env("NARAD_CLUSTER_PEERS", &self.peers);
+        if !opts.initial_members.is_empty() {
+            cmd.env("NARAD_CLUSTER_INITIAL_MEMBERS", opts.initial_members.join(","));
+        }
+        if opts.security {
+            cmd.env("NARAD_ADMIN_PASSWORD", ADMIN_PASSWORD);
+        }
+        if let Some(secret) = &opts.secret {
+            cmd.env("NARAD_CLUSTER_SECRET", secret);
+        }
+        cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        for (_, k, v) in opts.node_env.iter().filter(|(n, _, _)| *n == i) {
+            cmd.env(k, v);
+        }
+        let child =
+            cmd.stdout(Stdio::null()).stderr(log).spawn().expect("start narad (cluster node)");
+        let node = &mut self.nodes[i];
+        node.child = Some(child);
+        node.paused = false;
+    }
+
+    /// Waits until node `i` answers `/readyz` 200; panics with its log if
+    /// it exits or `timeout` passes.
+    pub fn wait_ready(&mut self, i: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let node = &mut self.nodes[i];
+            let child = node.child.as_mut().unwrap_or_else(|| panic!("{} is not running", node.id));
+            if let Some(status) = child.try_wait().unwrap() {
+                node.child = None;
+                panic!("{} exited during start-up ({status}); log:\n{}", node.id, node.log());
+            }
+            if let Ok(r) = self.probe.get(node.url("/readyz")).send()
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} not ready within {timeout:?}; log:\n{}",
+                node.id,
+                node.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL node `i` (paused or not) and reap it.
+    pub fn kill9(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        if let Some(mut c) = node.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        node.paused = false;
+    }
+
+    /// SIGTERM node `i` (graceful stop) and its exit status; SIGKILL and a
+    /// panic if it takes over 30 s.
+    pub fn terminate(&mut self, i: usize) -> ExitStatus {
+        if self.nodes[i].paused {
+            self.cont(i);
+        }
+        let node = &mut self.nodes[i];
+        let mut c = node.child.take().unwrap_or_else(|| panic!("{} is not running", node.id));
+        signal(c.id(), "-TERM");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            if Instant::now() >= deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "{} did not stop within 30 s of SIGTERM; log:\n{}",
+                    node.id,
+                    node.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Pauses node `i` (SIGSTOP): it holds its ports and answers nothing.
+    pub fn stop(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let pid = node.pid().unwrap_or_else(|| panic!("{} is not running", node.id));
+        signal(pid, "-STOP");
+        node.paused = true;
+    }
+
+    /// Resumes node `i` (SIGCONT).
+    pub fn cont(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let pid = node.pid().unwrap_or_else(|| panic!("{} is not running", node.id));
+        signal(pid, "-CONT");
+        node.paused = false;
+    }
+
+    /// Starts node `i` again (after [`Cluster::kill9`] or
+    /// [`Cluster::terminate`]) on the same ports and data directory,
+    /// without waiting: follow with [`Cluster::wait_ready`].
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.nodes[i].child.is_none(), "{}: stop it first", self.nodes[i].id);
+        self.spawn(i);
+    }
+
+    /// A request to node `i` (with the root's credentials when security is
+    /// on).
+    pub fn request(&self, i: usize, method: Method, path: &str) -> RequestBuilder {
+        let rb = self.client.request(method, self.nodes[i].url(path));
+        if self.opts.security { rb.basic_auth("admin", Some(ADMIN_PASSWORD)) } else { rb }
+    }
+
+    /// `GET path` on node `i` as JSON, with its status; `None` when the node
+    /// does not answer (down, paused, timed out) or the body is not JSON.
+    pub fn get_json(&self, i: usize, path: &str) -> Option<(u16, Value)> {
+        let mut rb = self.probe.get(self.nodes[i].url(path));
+        if self.opts.security {
+            rb = rb.basic_auth("admin", Some(ADMIN_PASSWORD));
+        }
+        let r = rb.send().ok()?;
+        let status = r.status().as_u16();
+        Some((status, serde_json::from_str(&r.text().ok()?).ok()?))
+    }
+
+    /// `GET /v1/cluster/status` of node `i` (`None`: no answer).
+    pub fn status(&self, i: usize) -> Option<Value> {
+        self.get_json(i, "/v1/cluster/status").filter(|(s, _)| *s == 200).map(|(_, v)| v)
+    }
+
+    /// The index of the leader: a running, unpaused node whose
+    /// `/v1/cluster/status` says it leads (the highest term if several
+    /// do), within `timeout` (else a panic with every node's status).
+    pub fn leader(&self, timeout: Duration) -> usize {
+        wait_for(
+            timeout,
+            "a leader",
+            || {
+                let mut best: Option<(u64, usize)> = None;
+                for (i, node) in self.nodes.iter().enumerate() {
+                    if !node.is_running() || node.paused {
+                        continue;
+                    }
+                    let Some(s) = self.status(i) else { continue };
+                    if s["role"] == "leader" && s["node_id"] == node.id.as_str() {
+                        let term = s["term"].as_u64().unwrap_or(0);
+                        if best.is_none_or(|(t, _)| term > t) {
+                            best = Some((term, i));
+                        }
+                    }
+                }
+                best.map(|(_, i)| i)
+            },
+            || self.describe(),
+        )
+    }
+
+    /// Every node's state, for failure messages: running/paused/down, its
+    /// status, and the tail of its log.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let state = match (node.is_running(), node.paused) {
+                (false, _) => "down",
+                (true, true) => "paused",
+                (true, false) => "running",
+            };
+            let status = if state == "running" {
+                self.status(i).map_or("(no answer)".to_owned(), |v| v.to_string())
+            } else {
+                String::new()
+            };
+            out.push_str(&format!("--- {} ({state}) {status}\n{}\n", node.id, node.log_tail()));
+        }
+        out
+    }
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`, `-TERM`) to `pid`.
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status().is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid} failed");
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            // SIGKILL ends a stopped process too; no SIGCONT needed.
+            self.kill9(i);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
