@@ -426,7 +426,8 @@ mod tests {
             v.extend_from_slice(extra);
             v
         };
-        let cases: Vec<(&str, Vec<(&str, &str)>, bool)> = vec![
+        type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, bool);
+        let cases: Vec<Case> = vec![
             ("cluster.addr", base(&[("NARAD_CLUSTER_ADDR", "nope")]), true),
             (
                 "must be set all or none; missing: key, ca",

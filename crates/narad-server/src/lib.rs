@@ -17,9 +17,9 @@
 pub mod accept;
 pub mod access;
 pub mod auth;
+pub mod body;
 pub mod cluster;
 pub mod cluster_settings;
-pub mod body;
 pub mod config;
 pub mod conn;
 pub mod csrf;
