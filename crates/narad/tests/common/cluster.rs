@@ -356,20 +356,35 @@ impl Cluster {
         }
     }
 
-    /// Pauses node `i` (SIGSTOP): it holds its ports and answers nothing.
+    /// Pauses node `i` (SIGSTOP) and waits (≤ 10 s) until every thread of
+    /// it is stopped: it holds its ports and answers nothing.
     pub fn stop(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let pid = node.pid().unwrap_or_else(|| panic!("{} is not running", node.id));
         signal(pid, "-STOP");
         node.paused = true;
+        wait_for(
+            Duration::from_secs(10),
+            "SIGSTOP took effect",
+            || stopped(pid).then_some(()),
+            || format!("threads of {pid}: {:?}", thread_states(pid)),
+        );
     }
 
-    /// Resumes node `i` (SIGCONT).
+    /// Resumes node `i` (SIGCONT) and waits (≤ 10 s) until no thread of it
+    /// is stopped.
     pub fn cont(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let pid = node.pid().unwrap_or_else(|| panic!("{} is not running", node.id));
         signal(pid, "-CONT");
         node.paused = false;
+        let running = || thread_states(pid).iter().all(|s| *s != 'T');
+        wait_for(
+            Duration::from_secs(10),
+            "SIGCONT took effect",
+            || running().then_some(()),
+            || format!("threads of {pid}: {:?}", thread_states(pid)),
+        );
     }
 
     /// Starts node `i` again (after [`Cluster::kill9`] or
@@ -450,6 +465,23 @@ impl Cluster {
         }
         out
     }
+}
+
+/// The state letter of every thread of `pid` (`/proc/<pid>/task/*/stat`;
+/// `T` = stopped by a signal).
+fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("stat")).ok())
+        .filter_map(|stat| stat.rsplit_once(") ")?.1.chars().next())
+        .collect()
+}
+
+/// Whether every thread of `pid` is stopped (SIGSTOP delivery is
+/// asynchronous: `kill` returns before the threads stop).
+fn stopped(pid: u32) -> bool {
+    let states = thread_states(pid);
+    !states.is_empty() && states.iter().all(|s| *s == 'T')
 }
 
 /// Sends `sig` (`-STOP`, `-CONT`, `-TERM`) to `pid`.
