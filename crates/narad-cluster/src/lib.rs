@@ -13,6 +13,7 @@ pub mod frame;
 pub mod limits;
 pub mod members;
 pub mod metrics;
+pub mod raft;
 pub mod rpc;
 pub mod tls;
 pub mod transport;

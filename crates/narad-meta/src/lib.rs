@@ -49,6 +49,7 @@ pub use request::{
 pub use schema::{CompiledSchema, SchemaHistory};
 pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
 pub use storage::FORMAT_VERSION;
+pub use storage::backend::FsBackend;
 pub use store::{
     AppliedListener, MetaStore, MetaStoreOptions, MetaWriter, Replicator, metastore_path,
 };

@@ -13,14 +13,15 @@ use std::io;
 
 use narad_fs::FileRef;
 
-/// A redb backend over one open file.
+/// A redb backend over one open file (also the Raft log's, in narad-cluster).
 #[derive(Debug)]
-pub(crate) struct FsBackend {
+pub struct FsBackend {
     file: FileRef,
 }
 
 impl FsBackend {
-    pub(crate) fn new(file: FileRef) -> Self {
+    /// The backend over `file`.
+    pub fn new(file: FileRef) -> Self {
         FsBackend { file }
     }
 }
