@@ -1,5 +1,6 @@
 //! The fuzz checks of node RPC's decoders (crates/narad-cluster): the
-//! `NRS1` frame, the request encodings and the reply encoding.
+//! `NRS1` frame, the request encodings, the reply encoding and the JSON
+//! payloads of the control plane's ops (29-32).
 //!
 //! Kept apart from `lib.rs` (which the HTTP server's tests include and
 //! which must not need narad-cluster): the cargo-fuzz targets include this
@@ -10,6 +11,7 @@
 
 use narad_cluster::frame::{Frame, FrameType, Header};
 use narad_cluster::limits::{FRAME_HEADER_LEN, FRAME_MAX_PAYLOAD};
+use narad_cluster::raft::network::ControlPayload;
 use narad_cluster::rpc::{Reply, Request};
 
 /// One check: feeds one input to a decoder; panics only on a bug.
@@ -20,6 +22,7 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("node_rpc_frame", node_rpc_frame),
     ("node_rpc_request", node_rpc_request),
     ("node_rpc_reply", node_rpc_reply),
+    ("control_rpc_payload", control_rpc_payload),
 ];
 
 /// An `NRS1` frame (and an Error frame's message): the header's checks
@@ -67,4 +70,18 @@ pub fn node_rpc_reply(data: &[u8]) {
         Ok(r) => assert_eq!(r.encode(), data),
         Err(e) => assert_eq!(e.status(), 400, "{e}"),
     }
+}
+
+/// A NodeRequest of the control plane (ProposeCommand, Raft AppendEntries,
+/// Vote, InstallSnapshot): its JSON payload decodes or is refused (the
+/// server answers 400); a decoded payload re-encodes to a request that
+/// decodes to the same payload.
+pub fn control_rpc_payload(data: &[u8]) {
+    let Ok(request) = Request::decode(data) else { return };
+    let Some(Ok(payload)) = ControlPayload::decode(&request) else { return };
+    let again = payload.encode();
+    let decoded = ControlPayload::decode(&again)
+        .expect("a control request")
+        .expect("a re-encoded payload decodes");
+    assert_eq!(decoded.encode(), again, "{payload:?}");
 }

@@ -97,11 +97,21 @@ pub enum Op {
     AbortMove = 27,
     /// 28: a partition's assignment.
     GetAssignment = 28,
+    /// 29: a metastore command forwarded to the Raft leader.
+    ProposeCommand = 29,
+    /// 30: Raft AppendEntries.
+    RaftAppendEntries = 30,
+    /// 31: Raft RequestVote.
+    RaftVote = 31,
+    /// 32: Raft InstallSnapshot (one chunk).
+    RaftInstallSnapshot = 32,
+    /// 33: ask a follower to start an election now (leadership handover).
+    RaftCampaign = 33,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 28] = [
+    pub const ALL: [Op; 33] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -130,6 +140,11 @@ impl Op {
         Op::CompleteMove,
         Op::AbortMove,
         Op::GetAssignment,
+        Op::ProposeCommand,
+        Op::RaftAppendEntries,
+        Op::RaftVote,
+        Op::RaftInstallSnapshot,
+        Op::RaftCampaign,
     ];
 
     /// The op of a code byte.
@@ -168,6 +183,11 @@ impl Op {
             Op::CompleteMove => "complete_move",
             Op::AbortMove => "abort_move",
             Op::GetAssignment => "get_assignment",
+            Op::ProposeCommand => "propose_command",
+            Op::RaftAppendEntries => "raft_append_entries",
+            Op::RaftVote => "raft_vote",
+            Op::RaftInstallSnapshot => "raft_install_snapshot",
+            Op::RaftCampaign => "raft_campaign",
         }
     }
 }
@@ -296,13 +316,17 @@ pub struct ChildLink {
     pub delay_ms: i64,
 }
 
-/// JoinCluster (21): `id, cluster_addr`.
+/// JoinCluster (21): `id, cluster_addr` and, optionally, `http_addr`
+/// (written only when known; a reader that knows no HTTP address reads the
+/// two-field form).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinCluster {
     /// Joining member's id.
     pub id: String,
     /// Its cluster (Raft) address.
     pub cluster_addr: String,
+    /// Its advertised HTTP address, if sent.
+    pub http_addr: Option<String>,
 }
 
 /// A request this node serves, decoded.
@@ -344,6 +368,16 @@ pub enum Request {
     DetachChild(ChildLink),
     /// 21.
     JoinCluster(JoinCluster),
+    /// 29: `command` (bytes: the command as JSON).
+    ProposeCommand(Bytes),
+    /// 30: `rpc` (bytes: openraft's AppendEntriesRequest as JSON).
+    RaftAppendEntries(Bytes),
+    /// 31: `rpc` (bytes: openraft's VoteRequest as JSON).
+    RaftVote(Bytes),
+    /// 32: `rpc` (bytes: openraft's InstallSnapshotRequest as JSON).
+    RaftInstallSnapshot(Bytes),
+    /// 33: no fields.
+    RaftCampaign,
 }
 
 impl Request {
@@ -368,6 +402,11 @@ impl Request {
             Request::AttachChild(_) => Op::AttachChild,
             Request::DetachChild(_) => Op::DetachChild,
             Request::JoinCluster(_) => Op::JoinCluster,
+            Request::ProposeCommand(_) => Op::ProposeCommand,
+            Request::RaftAppendEntries(_) => Op::RaftAppendEntries,
+            Request::RaftVote(_) => Op::RaftVote,
+            Request::RaftInstallSnapshot(_) => Op::RaftInstallSnapshot,
+            Request::RaftCampaign => Op::RaftCampaign,
         }
     }
 
@@ -449,7 +488,17 @@ impl Request {
             }
             Request::JoinCluster(j) => {
                 e.str(&j.id).str(&j.cluster_addr);
+                if let Some(http) = &j.http_addr {
+                    e.str(http);
+                }
             }
+            Request::ProposeCommand(b)
+            | Request::RaftAppendEntries(b)
+            | Request::RaftVote(b)
+            | Request::RaftInstallSnapshot(b) => {
+                e.bytes(b);
+            }
+            Request::RaftCampaign => {}
         }
         e.0
     }
@@ -512,7 +561,13 @@ impl Request {
             Op::JoinCluster => Request::JoinCluster(JoinCluster {
                 id: d.string("id")?,
                 cluster_addr: d.string("cluster_addr")?,
+                http_addr: if d.remaining() > 0 { Some(d.string("http_addr")?) } else { None },
             }),
+            Op::ProposeCommand => Request::ProposeCommand(d.bytes("command")?),
+            Op::RaftAppendEntries => Request::RaftAppendEntries(d.bytes("rpc")?),
+            Op::RaftVote => Request::RaftVote(d.bytes("rpc")?),
+            Op::RaftInstallSnapshot => Request::RaftInstallSnapshot(d.bytes("rpc")?),
+            Op::RaftCampaign => Request::RaftCampaign,
             Op::Produce
             | Op::TopicPartitionStats
             | Op::FanoutCursors

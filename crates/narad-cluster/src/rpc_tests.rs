@@ -39,6 +39,15 @@ const GOLDEN: &[(&str, &str)] = &[
     ("detach_child", "10000000017000000001630000000000000000"),
     ("join_cluster", "15000000026e340000000d31302e302e302e343a37393433"),
     (
+        "join_cluster_http",
+        "15000000026e340000000d31302e302e302e343a373934330000000d31302e302e302e343a37393432",
+    ),
+    ("propose_command", "1d000000027b7d"),
+    ("raft_append_entries", "1e000000027b7d"),
+    ("raft_vote", "1f000000027b7d"),
+    ("raft_install_snapshot", "20000000027b7d"),
+    ("raft_campaign", "21"),
+    (
         "reply_ok",
         "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
     ),
@@ -157,8 +166,22 @@ fn samples() -> Vec<(&'static str, Request)> {
             Request::JoinCluster(JoinCluster {
                 id: "n4".into(),
                 cluster_addr: "10.0.0.4:7943".into(),
+                http_addr: None,
             }),
         ),
+        (
+            "join_cluster_http",
+            Request::JoinCluster(JoinCluster {
+                id: "n4".into(),
+                cluster_addr: "10.0.0.4:7943".into(),
+                http_addr: Some("10.0.0.4:7942".into()),
+            }),
+        ),
+        ("propose_command", Request::ProposeCommand(Bytes::from_static(b"{}"))),
+        ("raft_append_entries", Request::RaftAppendEntries(Bytes::from_static(b"{}"))),
+        ("raft_vote", Request::RaftVote(Bytes::from_static(b"{}"))),
+        ("raft_install_snapshot", Request::RaftInstallSnapshot(Bytes::from_static(b"{}"))),
+        ("raft_campaign", Request::RaftCampaign),
     ]
 }
 
@@ -212,16 +235,27 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         assert_eq!(Op::from_u8(*op as u8), Some(*op));
     }
     assert_eq!(Op::from_u8(0), None);
-    assert_eq!(Op::from_u8(29), None);
+    assert_eq!(Op::from_u8(34), None);
     assert_eq!(
         (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
         (11, 20, 21)
+    );
+    assert_eq!(
+        [
+            Op::ProposeCommand,
+            Op::RaftAppendEntries,
+            Op::RaftVote,
+            Op::RaftInstallSnapshot,
+            Op::RaftCampaign
+        ]
+        .map(|op| op as u8),
+        [29, 30, 31, 32, 33]
     );
 }
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 8, 17, 22, 28, 29, 99, 255] {
+    for code in [0u8, 1, 8, 17, 22, 28, 34, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);
@@ -244,6 +278,7 @@ fn every_truncation_of_every_request_and_reply_is_refused() {
             // Cutting exactly the optional incarnation field or section off
             // leaves the valid, shorter form.
             let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
+                || (*name == "join_cluster_http" && cut == full.len() - 17)
                 || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
             assert_eq!(ok, optional_cut, "{name} cut at {cut}");
         }

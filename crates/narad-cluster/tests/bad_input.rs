@@ -39,6 +39,11 @@ fn node_rpc_reply_decoding_never_panics_and_round_trips() {
 }
 
 #[test]
+fn control_rpc_payload_decoding_answers_400_never_panics_and_round_trips() {
+    survives_corpus_and_mutations("control_rpc_payload");
+}
+
+#[test]
 fn every_node_rpc_fuzz_target_has_a_corpus_and_a_test_here() {
     let this = include_str!("bad_input.rs");
     for (name, _) in checks::CHECKS {
@@ -82,7 +87,86 @@ mod seeds {
             ("node_rpc_frame", frames()),
             ("node_rpc_request", requests()),
             ("node_rpc_reply", replies()),
+            ("control_rpc_payload", control_payloads()),
         ]
+    }
+
+    /// Real payloads of ops 29-32, built from openraft's and narad-meta's
+    /// types.
+    fn control_payloads() -> Seeds {
+        use narad_cluster::raft::network::ControlPayload;
+        use narad_cluster::raft::{RaftNode, TypeConfig};
+        use narad_meta::{Command, DeleteTopic, MemberDead};
+        use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+        use openraft::testing::log_id;
+        use openraft::{Entry, EntryPayload, Membership, SnapshotMeta, StoredMembership, Vote};
+        use std::collections::{BTreeMap, BTreeSet};
+
+        let node = |id: &str| RaftNode {
+            id: id.into(),
+            cluster_addr: "127.0.0.1:7943".into(),
+            http_addr: String::new(),
+        };
+        let membership = Membership::new(
+            vec![BTreeSet::from([1u64, 2])],
+            BTreeMap::from([(1u64, node("n1")), (2, node("n2"))]),
+        );
+        let entries = vec![
+            Entry::<TypeConfig> { log_id: log_id(1, 1, 1), payload: EntryPayload::Blank },
+            Entry {
+                log_id: log_id(1, 1, 2),
+                payload: EntryPayload::Membership(membership.clone()),
+            },
+            Entry {
+                log_id: log_id(1, 1, 3),
+                payload: EntryPayload::Normal(Command::DeleteTopic(DeleteTopic {
+                    name: "t".into(),
+                })),
+            },
+        ];
+        let payloads = [
+            (
+                "propose",
+                ControlPayload::Propose(Command::MemberDead(MemberDead { id: "n2".into() })),
+            ),
+            (
+                "append_entries",
+                ControlPayload::AppendEntries(AppendEntriesRequest {
+                    vote: Vote::new_committed(1, 1),
+                    prev_log_id: Some(log_id(1, 1, 0)),
+                    entries,
+                    leader_commit: Some(log_id(1, 1, 2)),
+                }),
+            ),
+            (
+                "heartbeat",
+                ControlPayload::AppendEntries(AppendEntriesRequest {
+                    vote: Vote::new_committed(2, 2),
+                    prev_log_id: None,
+                    entries: vec![],
+                    leader_commit: None,
+                }),
+            ),
+            (
+                "vote",
+                ControlPayload::Vote(VoteRequest::new(Vote::new(3, 2), Some(log_id(2, 2, 9)))),
+            ),
+            (
+                "install_snapshot",
+                ControlPayload::InstallSnapshot(InstallSnapshotRequest {
+                    vote: Vote::new_committed(1, 1),
+                    meta: SnapshotMeta {
+                        last_log_id: Some(log_id(1, 1, 3)),
+                        last_membership: StoredMembership::new(Some(log_id(1, 1, 2)), membership),
+                        snapshot_id: "1-1-3-0".into(),
+                    },
+                    offset: 0,
+                    data: b"NMSNAP".to_vec(),
+                    done: true,
+                }),
+            ),
+        ];
+        payloads.into_iter().map(|(n, p)| (n.to_owned(), p.encode().encode())).collect()
     }
 
     fn record(key: Option<&'static str>, incarnation: u64) -> CommitRecord {
@@ -171,8 +255,37 @@ mod seeds {
                 Request::JoinCluster(JoinCluster {
                     id: "n4".into(),
                     cluster_addr: "10.0.0.4:7943".into(),
+                    http_addr: None,
                 }),
             ),
+            (
+                "join_cluster_http",
+                Request::JoinCluster(JoinCluster {
+                    id: "n4".into(),
+                    cluster_addr: "10.0.0.4:7943".into(),
+                    http_addr: Some("10.0.0.4:7942".into()),
+                }),
+            ),
+            (
+                "propose_command",
+                Request::ProposeCommand(
+                    "{\"DeleteTopic\":{\"name\":\"t\",\"deleted_at_ms\":1}}".into(),
+                ),
+            ),
+            (
+                "raft_append_entries",
+                Request::RaftAppendEntries(
+                    "{\"vote\":{\"leader_id\":{\"term\":1,\"node_id\":7},\"committed\":true},\"prev_log_id\":null,\"entries\":[],\"leader_commit\":null}".into(),
+                ),
+            ),
+            (
+                "raft_vote",
+                Request::RaftVote(
+                    "{\"vote\":{\"leader_id\":{\"term\":2,\"node_id\":7},\"committed\":false},\"last_log_id\":null}".into(),
+                ),
+            ),
+            ("raft_install_snapshot", Request::RaftInstallSnapshot("{}".into())),
+            ("raft_campaign", Request::RaftCampaign),
         ]
     }
 

@@ -1,0 +1,874 @@
+//! The control plane of one node: the Raft node of the metastore group,
+//! how it forms (bootstrap or join), how writes reach the leader, what it
+//! serves over node RPC (ops 21, 29-33), its status and its shutdown.
+//!
+//! * Bootstrap: with `initial_members` empty every peer initialises the
+//!   group with the identical voter set (all peers); with a list, the
+//!   listed nodes do. openraft makes simultaneous initialisation with the
+//!   same membership safe; a node already initialised skips it.
+//! * Join-only (a node not in a non-empty `initial_members`): sends
+//!   JoinCluster (21) to every peer every [`JOIN_INTERVAL`] until it sees a
+//!   leader. The leader answers by adding the node as a learner and then
+//!   as a voter; joining twice is harmless.
+//! * Writes ([`narad_meta::Replicator`]): on the leader `client_write`
+//!   (bounded by [`APPLY_TIMEOUT`]); on a follower the command is
+//!   forwarded with ProposeCommand (29) within its budget (create 75 s,
+//!   delete 30 s, others 5 s), and the answer is returned once this node
+//!   has applied the entry too (read-your-writes on the node that was
+//!   asked). No leader for [`LEADER_WAIT`] → `MetaError::Unavailable`
+//!   (503); a leader that cannot be dialled for that long likewise; a
+//!   transport failure after the request may have reached the leader →
+//!   `MetaError::Upstream` (502).
+//! * Shutdown: a leader stops heartbeating, asks the most up-to-date voter
+//!   to campaign (33) as soon as its leader lease lapses, and waits up to
+//!   [`HANDOVER_WAIT`] for another leader before Raft stops.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_fs::FsRef;
+use narad_meta::{Command, MetaError, MetaStore, Replicator, Response};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesResponse;
+use openraft::{ChangeMembers, ServerState, SnapshotPolicy};
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+use super::Error;
+use super::log_store::LogStore;
+use super::metrics::RaftMetrics;
+use super::network::{ControlPayload, Network, SNAPSHOT_CHUNK_BYTES, peer_of};
+use super::state_machine::StateMachine;
+use super::types::{NodeId, Raft, RaftNode, TypeConfig, raft_id};
+use crate::limits::{CREATE_FORWARD_TIMEOUT, DELETE_FORWARD_TIMEOUT, REPLY_TIMEOUT};
+use crate::rpc::{JoinCluster, Reply, Request};
+use crate::transport::Transport;
+
+/// A join-only node asks to join this often until it sees a leader.
+pub const JOIN_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a write waits for a leader to be known (or reachable).
+pub const LEADER_WAIT: Duration = Duration::from_secs(2);
+/// How long the leader waits for its own write to be committed and applied.
+pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a leader that shuts down waits for another leader.
+pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+/// Leader contact older than this makes a follower's state stale
+/// (SPEC §7.1 AppliedCaughtUp).
+pub const LEADER_CONTACT_FRESH: Duration = Duration::from_secs(5);
+
+/// Status of a request refused because this node is not the leader.
+pub const NOT_LEADER: u16 = 421;
+
+/// One configured peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerEntry {
+    /// Its node id.
+    pub id: String,
+    /// Its node-RPC (cluster) address.
+    pub addr: SocketAddr,
+}
+
+/// Raft's timings.
+///
+/// The defaults follow etcd's: a heartbeat every 100 ms (about the round
+/// trip of a slow LAN, so followers hear from the leader many times per
+/// election timeout) and an election timeout randomised in 1-2 s (ten to
+/// twenty heartbeats: a leader is not deposed by a few lost packets or a
+/// GC-like pause, yet a dead leader is replaced in about two seconds,
+/// well inside the issue's 5 s failover target). Tests may shorten them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftTimings {
+    /// Leader heartbeat interval.
+    pub heartbeat: Duration,
+    /// Lower bound of the randomised election timeout.
+    pub election_min: Duration,
+    /// Upper bound of the randomised election timeout (also openraft's
+    /// leader lease: a node that heard from a leader this recently refuses
+    /// to vote for another).
+    pub election_max: Duration,
+    /// A snapshot is built after this many entries since the last one.
+    pub snapshot_after_entries: u64,
+    /// Entries kept in the log behind a snapshot (a follower that far
+    /// behind catches up from the log rather than a snapshot).
+    pub entries_kept_after_snapshot: u64,
+}
+
+impl Default for RaftTimings {
+    fn default() -> Self {
+        RaftTimings {
+            heartbeat: Duration::from_millis(100),
+            election_min: Duration::from_millis(1000),
+            election_max: Duration::from_millis(2000),
+            snapshot_after_entries: 5000,
+            entries_kept_after_snapshot: 1000,
+        }
+    }
+}
+
+/// How a node takes part in the control plane.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneConfig {
+    /// This node's id.
+    pub node_id: String,
+    /// Where this node's node RPC listens (advertised).
+    pub cluster_addr: SocketAddr,
+    /// This node's advertised HTTP `host:port`.
+    pub http_addr: String,
+    /// Every peer, this node included.
+    pub peers: Vec<PeerEntry>,
+    /// The nodes that bootstrap the group; empty: all peers.
+    pub initial_members: Vec<String>,
+    /// The data directory (the log is `<data>/metastore/raft.redb`).
+    pub data_dir: PathBuf,
+    /// The file system.
+    pub fs: FsRef,
+    /// Raft's timings.
+    pub timings: RaftTimings,
+}
+
+/// The leader as this node knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// Its node id.
+    pub id: String,
+    /// Its node-RPC address.
+    pub cluster_addr: String,
+    /// Its HTTP address ("" when not known).
+    pub http_addr: String,
+}
+
+/// This node's role in the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Leads.
+    Leader,
+    /// Follows a leader (or waits for one).
+    Follower,
+    /// Campaigns.
+    Candidate,
+    /// Receives the log without a vote (joining, or not a member yet).
+    Learner,
+    /// Raft has stopped.
+    Shutdown,
+}
+
+impl Role {
+    /// The lowercase name (`leader`, `follower`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Learner => "learner",
+            Role::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// A snapshot of the control plane's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RaftStatus {
+    /// This node's role.
+    pub role: Role,
+    /// The current term.
+    pub term: u64,
+    /// The leader's node id, when one is known.
+    pub leader: Option<String>,
+    /// The highest log index known committed (0: none).
+    pub commit_index: u64,
+    /// The highest log index applied to the metastore (0: none).
+    pub last_applied: u64,
+    /// The last log index of the current snapshot (0: none).
+    pub snapshot_index: u64,
+    /// The last log index purged from the log (0: none).
+    pub purged_index: u64,
+    /// Milliseconds since this node last heard from the leader (0 on the
+    /// leader; `None`: never).
+    pub millis_since_leader_contact: Option<u64>,
+    /// Voter ids, sorted.
+    pub voters: Vec<String>,
+    /// Learner ids, sorted.
+    pub learners: Vec<String>,
+}
+
+/// The reply body of a ProposeCommand the leader applied.
+#[derive(Debug, Serialize, Deserialize)]
+struct Proposed {
+    /// The log index of the entry (the follower waits to apply it).
+    log_index: u64,
+    /// The command's response.
+    response: Response,
+}
+
+/// What a write on this node came to.
+enum LocalWrite {
+    Written(u64, Result<Response, MetaError>),
+    NotLeader,
+    Failed(MetaError),
+}
+
+/// The control plane of one node.
+pub struct ControlPlane {
+    me: RaftNode,
+    raft_id: NodeId,
+    raft: Raft,
+    transport: Arc<Transport>,
+    peers: Vec<PeerEntry>,
+    timings: RaftTimings,
+    runtime: tokio::runtime::Handle,
+    metrics: RaftMetrics,
+    /// The committed index, refreshed by the monitor task.
+    committed: AtomicU64,
+    /// When an AppendEntries from a leader last arrived.
+    leader_contact: Mutex<Option<Instant>>,
+    /// Membership changes run one at a time.
+    join_lock: tokio::sync::Mutex<()>,
+    stopping: AtomicBool,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("node_id", &self.me.id)
+            .field("raft_id", &self.raft_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The time a forwarded write may take.
+fn budget(command: &Command) -> Duration {
+    match command {
+        Command::CreateTopic(_) => CREATE_FORWARD_TIMEOUT,
+        Command::DeleteTopic(_) => DELETE_FORWARD_TIMEOUT,
+        _ => REPLY_TIMEOUT,
+    }
+}
+
+fn json_reply<T: Serialize>(value: &T) -> Reply {
+    match serde_json::to_vec(value) {
+        Ok(body) => Reply::json(200, body),
+        Err(e) => Reply::error(500, &format!("encode reply: {e}")),
+    }
+}
+
+fn error_text(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    struct Body {
+        error: String,
+    }
+    serde_json::from_slice::<Body>(body)
+        .map(|b| b.error)
+        .unwrap_or_else(|_| String::from_utf8_lossy(body).into_owned())
+}
+
+impl ControlPlane {
+    /// Opens the Raft log, starts the Raft node over `meta`'s state
+    /// machine, and bootstraps or starts joining (see the module docs).
+    /// `transport` is already bound; its handler must pass ops 21 and
+    /// 29-33 to [`ControlPlane::handle`].
+    pub async fn start(
+        cfg: ControlPlaneConfig,
+        meta: Arc<MetaStore>,
+        transport: Arc<Transport>,
+        registry: &mut Registry,
+    ) -> Result<Arc<ControlPlane>, Error> {
+        let me_entry = cfg.peers.iter().find(|p| p.id == cfg.node_id).ok_or_else(|| {
+            Error::Config(format!("the peers do not include this node {:?}", cfg.node_id))
+        })?;
+        let mut ids = BTreeMap::new();
+        for p in &cfg.peers {
+            if let Some(other) = ids.insert(raft_id(&p.id), &p.id) {
+                return Err(Error::Config(format!(
+                    "peers {other:?} and {:?} derive the same raft id",
+                    p.id
+                )));
+            }
+        }
+        if let Some(stranger) =
+            cfg.initial_members.iter().find(|m| !cfg.peers.iter().any(|p| &p.id == *m))
+        {
+            return Err(Error::Config(format!("initial member {stranger:?} is not a peer")));
+        }
+        let me = RaftNode {
+            id: cfg.node_id.clone(),
+            cluster_addr: me_entry.addr.to_string(),
+            http_addr: cfg.http_addr.clone(),
+        };
+        let t = &cfg.timings;
+        let config = openraft::Config {
+            cluster_name: "narad-metastore".to_owned(),
+            heartbeat_interval: t.heartbeat.as_millis() as u64,
+            election_timeout_min: t.election_min.as_millis() as u64,
+            election_timeout_max: t.election_max.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(t.snapshot_after_entries),
+            max_in_snapshot_log_to_keep: t.entries_kept_after_snapshot,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| Error::Config(format!("raft timings: {e}")))?;
+
+        let log = LogStore::<TypeConfig>::open(&*cfg.fs, &cfg.data_dir)?;
+        let metrics = RaftMetrics::default();
+        metrics.register(registry);
+        let sm = StateMachine::new(meta, cfg.fs.clone(), metrics.clone());
+        let id = raft_id(&cfg.node_id);
+        let raft = Raft::new(id, Arc::new(config), Network::new(transport.clone()), log, sm)
+            .await
+            .map_err(|e| Error::Raft(format!("start: {e}")))?;
+
+        let plane = Arc::new(ControlPlane {
+            me,
+            raft_id: id,
+            raft,
+            transport,
+            peers: cfg.peers.clone(),
+            timings: cfg.timings.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            metrics,
+            committed: AtomicU64::new(0),
+            leader_contact: Mutex::new(None),
+            join_lock: tokio::sync::Mutex::new(()),
+            stopping: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+
+        let bootstraps =
+            cfg.initial_members.is_empty() || cfg.initial_members.contains(&cfg.node_id);
+        let initialized =
+            plane.raft.is_initialized().await.map_err(|e| Error::Raft(e.to_string()))?;
+        if bootstraps && !initialized {
+            let voters: BTreeMap<NodeId, RaftNode> = cfg
+                .peers
+                .iter()
+                .filter(|p| cfg.initial_members.is_empty() || cfg.initial_members.contains(&p.id))
+                .map(|p| {
+                    // Identical on every bootstrapping node: only what the
+                    // shared peer list says.
+                    let node = RaftNode {
+                        id: p.id.clone(),
+                        cluster_addr: p.addr.to_string(),
+                        http_addr: String::new(),
+                    };
+                    (raft_id(&p.id), node)
+                })
+                .collect();
+            tracing::info!(voters = ?voters.values().map(|n| &n.id).collect::<Vec<_>>(), "raft group bootstrapping");
+            match plane.raft.initialize(voters).await {
+                Ok(()) => {}
+                Err(RaftError::APIError(e)) => {
+                    tracing::info!(error = %e, "raft group already initialised")
+                }
+                Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+            }
+        }
+        let monitor = tokio::spawn(plane.clone().monitor());
+        lock(&plane.tasks).push(monitor);
+        if !bootstraps {
+            let join = tokio::spawn(plane.clone().join_loop());
+            lock(&plane.tasks).push(join);
+        }
+        tracing::info!(
+            node_id = %plane.me.id,
+            raft_id = plane.raft_id,
+            bootstraps,
+            initialized,
+            "control plane started"
+        );
+        Ok(plane)
+    }
+
+    /// Keeps the gauges and the committed index current.
+    async fn monitor(self: Arc<Self>) {
+        let mut rx = self.raft.metrics();
+        let mut last_leader = None;
+        loop {
+            let m = rx.borrow_and_update().clone();
+            if m.current_leader != last_leader {
+                last_leader = m.current_leader;
+                let leader = self.leader().map(|l| l.id);
+                tracing::info!(term = m.current_term, leader = ?leader, state = ?m.state, "raft leader changed");
+            }
+            let committed =
+                match self.raft.with_raft_state(|st| st.committed.map_or(0, |l| l.index)).await {
+                    Ok(c) => c,
+                    Err(_) => break,
+                };
+            self.committed.store(committed, Ordering::Relaxed);
+            self.metrics.term.set(m.current_term as i64);
+            self.metrics.leader.set(i64::from(m.state == ServerState::Leader));
+            self.metrics.commit_index.set(committed as i64);
+            self.metrics.applied_index.set(m.last_applied.map_or(0, |l| l.index) as i64);
+            if m.state == ServerState::Shutdown || m.running_state.is_err() {
+                break;
+            }
+            // Wake on a change, and at least every 200 ms (the committed
+            // index moves without a metrics change on followers).
+            let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+        }
+    }
+
+    /// A join-only node: JoinCluster to every peer until a leader is seen.
+    async fn join_loop(self: Arc<Self>) {
+        let request = Request::JoinCluster(JoinCluster {
+            id: self.me.id.clone(),
+            cluster_addr: self.me.cluster_addr.clone(),
+            http_addr: Some(self.me.http_addr.clone()),
+        });
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            if self.raft.metrics().borrow().current_leader.is_some() {
+                tracing::info!(node_id = %self.me.id, "joined the raft group: a leader is visible");
+                return;
+            }
+            for p in self.peers.iter().filter(|p| p.id != self.me.id) {
+                let peer = self.transport.peer(p.addr, crate::tls::DEFAULT_SERVER_NAME);
+                match peer.call(&request).await {
+                    Ok(r) if r.status == 200 => {
+                        tracing::info!(peer = %p.id, "join accepted");
+                        break;
+                    }
+                    Ok(r) => tracing::debug!(peer = %p.id, status = r.status, "join refused"),
+                    Err(e) => tracing::debug!(peer = %p.id, error = %e, "join request failed"),
+                }
+            }
+            tokio::time::sleep(JOIN_INTERVAL).await;
+        }
+    }
+
+    /// Serves ops 21 and 29-33 (`None`: not an op of the control plane).
+    pub async fn handle(&self, request: &Request) -> Option<Reply> {
+        match request {
+            Request::JoinCluster(j) => return Some(self.handle_join(j).await),
+            Request::RaftCampaign => return Some(self.handle_campaign().await),
+            _ => {}
+        }
+        let payload = match ControlPayload::decode(request)? {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(Reply::error(
+                    400,
+                    &format!("invalid {} payload: {e}", request.op().name()),
+                ));
+            }
+        };
+        Some(match payload {
+            ControlPayload::Propose(command) => self.handle_propose(command).await,
+            ControlPayload::AppendEntries(rpc) => {
+                let result = self.raft.append_entries(rpc).await;
+                if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+                    *lock(&self.leader_contact) = Some(Instant::now());
+                }
+                json_reply(&result)
+            }
+            ControlPayload::Vote(rpc) => json_reply(&self.raft.vote(rpc).await),
+            ControlPayload::InstallSnapshot(rpc) => {
+                let result = self.raft.install_snapshot(rpc).await;
+                if result.is_ok() {
+                    *lock(&self.leader_contact) = Some(Instant::now());
+                }
+                json_reply(&result)
+            }
+        })
+    }
+
+    fn not_leader(&self) -> Reply {
+        let leader = self.leader().map(|l| l.id);
+        Reply::error(
+            NOT_LEADER,
+            &format!("not the leader (leader: {})", leader.as_deref().unwrap_or("unknown")),
+        )
+    }
+
+    /// JoinCluster on the leader: the node becomes a learner, then a voter.
+    async fn handle_join(&self, j: &JoinCluster) -> Reply {
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        if self.stopping.load(Ordering::Relaxed) {
+            return Reply::error(503, "control plane temporarily unavailable: shutting down");
+        }
+        let id = raft_id(&j.id);
+        if j.cluster_addr.parse::<SocketAddr>().is_err() {
+            return Reply::error(400, &format!("invalid cluster address {:?}", j.cluster_addr));
+        }
+        let node = RaftNode {
+            id: j.id.clone(),
+            cluster_addr: j.cluster_addr.clone(),
+            http_addr: j.http_addr.clone().unwrap_or_default(),
+        };
+        let _one = self.join_lock.lock().await;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let m = membership.membership();
+        if let Some(known) = m.get_node(&id).filter(|n| n.id != j.id) {
+            return Reply::error(
+                409,
+                &format!("node {:?} derives the raft id of node {:?}", j.id, known.id),
+            );
+        }
+        let is_voter = m.voter_ids().any(|v| v == id);
+        if is_voter && m.get_node(&id) == Some(&node) {
+            return Reply::json(200, r#"{"joined":true}"#);
+        }
+        let step = async {
+            match m.get_node(&id) {
+                None => {
+                    self.raft
+                        .add_learner(id, node.clone(), false)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                // A node that rejoins from another address.
+                Some(known) if known != &node => {
+                    let set = ChangeMembers::SetNodes(BTreeMap::from([(id, node.clone())]));
+                    self.raft.change_membership(set, true).await.map_err(|e| e.to_string())?;
+                }
+                Some(_) => {}
+            }
+            if !is_voter {
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout(REPLY_TIMEOUT - Duration::from_millis(500), step).await {
+            Ok(Ok(())) => {
+                tracing::info!(node_id = %j.id, cluster_addr = %j.cluster_addr, "node joined the raft group as a voter");
+                Reply::json(200, r#"{"joined":true}"#)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(node_id = %j.id, error = %e, "join failed");
+                Reply::error(503, &format!("control plane temporarily unavailable: join: {e}"))
+            }
+            Err(_) => Reply::error(
+                503,
+                "control plane temporarily unavailable: join did not commit in time",
+            ),
+        }
+    }
+
+    /// ProposeCommand on the leader.
+    async fn handle_propose(&self, command: Command) -> Reply {
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        match self.write_local(command).await {
+            LocalWrite::Written(log_index, Ok(response)) => {
+                json_reply(&Proposed { log_index, response })
+            }
+            LocalWrite::Written(_, Err(e)) | LocalWrite::Failed(e) => {
+                let (status, text) = e.to_wire();
+                Reply::error(status, &text)
+            }
+            LocalWrite::NotLeader => self.not_leader(),
+        }
+    }
+
+    /// RaftCampaign: start an election as soon as this node's leader lease
+    /// has lapsed (before that, the other voters would refuse to vote).
+    async fn handle_campaign(&self) -> Reply {
+        let lease = self.timings.election_max;
+        let since = self
+            .raft
+            .with_raft_state(|st| st.vote_last_modified().map(|t| t.elapsed()))
+            .await
+            .ok()
+            .flatten();
+        // Past this node's lease, and the other voters' (they heard the
+        // last heartbeat at about the same time), with two heartbeats of slack.
+        let wait =
+            since.map_or(Duration::ZERO, |s| lease.saturating_sub(s)) + self.timings.heartbeat * 2;
+        let raft = self.raft.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "campaign failed");
+            }
+        });
+        tracing::info!(after = ?wait, "campaign requested: starting an election");
+        Reply::json(200, r#"{"campaign":true}"#)
+    }
+
+    /// Writes `command` through Raft on this node, if it leads.
+    async fn write_local(&self, command: Command) -> LocalWrite {
+        match tokio::time::timeout(APPLY_TIMEOUT, self.raft.client_write(command)).await {
+            Err(_) => LocalWrite::Failed(MetaError::Unavailable(format!(
+                "the write was not committed within {APPLY_TIMEOUT:?} (it may still be applied)"
+            ))),
+            Ok(Ok(r)) => LocalWrite::Written(r.log_id.index, r.data.into_result()),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+                LocalWrite::NotLeader
+            }
+            Ok(Err(e)) => LocalWrite::Failed(MetaError::Unavailable(format!("raft: {e}"))),
+        }
+    }
+
+    /// The leader, waiting up to `wait` for one to be known.
+    async fn wait_leader(&self, wait: Duration) -> Option<(NodeId, RaftNode)> {
+        let mut rx = self.raft.metrics();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            {
+                let m = rx.borrow_and_update();
+                if let Some(id) = m.current_leader
+                    && let Some(node) = m.membership_config.membership().get_node(&id)
+                {
+                    return Some((id, node.clone()));
+                }
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    async fn replicate_async(&self, command: Command) -> Result<Response, MetaError> {
+        let start = Instant::now();
+        let deadline = start + budget(&command);
+        let body: Bytes = serde_json::to_vec(&command)
+            .map_err(|e| MetaError::Invalid(format!("command does not serialize: {e}")))?
+            .into();
+        let mut unreachable: Option<(Instant, String)> = None;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if self.stopping.load(Ordering::Relaxed) {
+                return Err(MetaError::Unavailable("this node is shutting down".to_owned()));
+            }
+            let Some((leader_id, leader)) = self.wait_leader(LEADER_WAIT.min(remaining)).await
+            else {
+                let why = unreachable.map_or_else(
+                    || format!("no raft leader elected within {LEADER_WAIT:?}"),
+                    |(_, why)| why,
+                );
+                return Err(MetaError::Unavailable(why));
+            };
+            if remaining.is_zero() {
+                return Err(MetaError::Unavailable(format!(
+                    "the write did not complete within {:?}",
+                    budget(&command)
+                )));
+            }
+            if leader_id == self.raft_id {
+                match self.write_local(command.clone()).await {
+                    LocalWrite::Written(_, result) => return result,
+                    LocalWrite::Failed(e) => return Err(e),
+                    LocalWrite::NotLeader => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            }
+            let peer = peer_of(&self.transport, &leader).map_err(MetaError::Upstream)?;
+            let request = Request::ProposeCommand(body.clone());
+            match peer.call_with_timeout(&request, remaining).await {
+                Ok(reply) if reply.status == 200 => {
+                    let proposed: Proposed = serde_json::from_slice(&reply.body).map_err(|e| {
+                        MetaError::Upstream(format!(
+                            "leader {} answered an unreadable reply: {e}",
+                            leader.id
+                        ))
+                    })?;
+                    self.await_applied(proposed.log_index, deadline).await;
+                    return Ok(proposed.response);
+                }
+                Ok(reply) if reply.status == NOT_LEADER => {
+                    // Nothing was written: ask the leader it names, or wait.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(reply) => {
+                    return Err(MetaError::from_wire(reply.status, error_text(&reply.body)));
+                }
+                Err(e @ crate::Error::Dial { .. }) => {
+                    // The request never left: safe to retry until a
+                    // reachable leader appears, for as long as one may take.
+                    let why = format!(
+                        "raft leader {} ({}) is unreachable: {e}",
+                        leader.id, leader.cluster_addr
+                    );
+                    let since = unreachable.as_ref().map_or_else(Instant::now, |(t, _)| *t);
+                    if since.elapsed() >= LEADER_WAIT {
+                        return Err(MetaError::Unavailable(why));
+                    }
+                    unreachable = Some((since, why));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    return Err(MetaError::Upstream(format!(
+                        "forwarding to the raft leader {} ({}): {e}",
+                        leader.id, leader.cluster_addr
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Waits (bounded by `deadline`, at least briefly) until this node has
+    /// applied `index`, so the caller reads its own write here.
+    async fn await_applied(&self, index: u64, deadline: Instant) {
+        let wait =
+            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
+        let waited =
+            self.raft.wait(Some(wait)).applied_index_at_least(Some(index), "forwarded write").await;
+        if let Err(e) = waited {
+            tracing::warn!(index, error = %e, "a forwarded write is not applied here yet");
+        }
+    }
+
+    /// The leader as this node knows it.
+    pub fn leader(&self) -> Option<LeaderInfo> {
+        let m = self.raft.metrics().borrow().clone();
+        let id = m.current_leader?;
+        let node = m.membership_config.membership().get_node(&id)?.clone();
+        Some(LeaderInfo { id: node.id, cluster_addr: node.cluster_addr, http_addr: node.http_addr })
+    }
+
+    /// Whether this node leads.
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.raft_id)
+    }
+
+    /// This node's view of the group.
+    pub fn status(&self) -> RaftStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let name =
+            |id: NodeId| membership.get_node(&id).map_or_else(|| id.to_string(), |n| n.id.clone());
+        let mut voters: Vec<String> = membership.voter_ids().map(name).collect();
+        let mut learners: Vec<String> = membership.learner_ids().map(name).collect();
+        voters.sort();
+        learners.sort();
+        let role = match m.state {
+            ServerState::Leader => Role::Leader,
+            ServerState::Follower => Role::Follower,
+            ServerState::Candidate => Role::Candidate,
+            ServerState::Learner => Role::Learner,
+            ServerState::Shutdown => Role::Shutdown,
+        };
+        let millis_since_leader_contact = if role == Role::Leader {
+            Some(0)
+        } else {
+            lock(&self.leader_contact).map(|t| t.elapsed().as_millis() as u64)
+        };
+        RaftStatus {
+            role,
+            term: m.current_term,
+            leader: m.current_leader.map(name),
+            commit_index: self.committed.load(Ordering::Relaxed),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            purged_index: m.purged.map_or(0, |l| l.index),
+            millis_since_leader_contact,
+            voters,
+            learners,
+        }
+    }
+
+    /// SPEC §7.1 AppliedCaughtUp: a leader is known, this node leads or
+    /// heard from it within [`LEADER_CONTACT_FRESH`], and it has applied
+    /// everything it knows committed.
+    pub fn applied_caught_up(&self) -> bool {
+        let s = self.status();
+        let fresh = s.role == Role::Leader
+            || s.millis_since_leader_contact
+                .is_some_and(|ms| ms <= LEADER_CONTACT_FRESH.as_millis() as u64);
+        s.leader.is_some() && fresh && s.last_applied >= s.commit_index
+    }
+
+    /// Resolves once a leader is visible (join-only readiness), or never.
+    pub async fn wait_for_leader(&self) {
+        let mut rx = self.raft.metrics();
+        loop {
+            if rx.borrow_and_update().current_leader.is_some() {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                // Raft stopped: no leader will ever be visible.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Graceful stop: a leader hands leadership to the most up-to-date
+    /// voter (op 33) and waits up to [`HANDOVER_WAIT`] for another leader;
+    /// then Raft shuts down. Idempotent.
+    pub async fn shutdown(&self) {
+        if self.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.is_leader() {
+            self.hand_over().await;
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+        tracing::info!(node_id = %self.me.id, "control plane stopped");
+    }
+
+    async fn hand_over(&self) {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let matched = |id: &NodeId| {
+            m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |l| l.index)
+        };
+        let Some((_, node)) = membership
+            .voter_ids()
+            .filter(|id| *id != self.raft_id)
+            .filter_map(|id| membership.get_node(&id).map(|n| (id, n.clone())))
+            .max_by_key(|(id, _)| matched(id))
+        else {
+            return;
+        };
+        // No more heartbeats: the other voters' leader lease lapses.
+        self.raft.runtime_config().heartbeat(false);
+        self.raft.runtime_config().elect(false);
+        let asked = match peer_of(&self.transport, &node) {
+            Ok(peer) => {
+                peer.call_with_timeout(&Request::RaftCampaign, Duration::from_secs(1)).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "leadership handover: no address");
+                return;
+            }
+        };
+        if let Err(e) = &asked {
+            tracing::warn!(target = %node.id, error = %e, "leadership handover: campaign request failed");
+        }
+        let me = self.raft_id;
+        let handed = self
+            .raft
+            .wait(Some(HANDOVER_WAIT))
+            .metrics(move |m| m.current_leader.is_some_and(|l| l != me), "another leader")
+            .await;
+        match handed {
+            Ok(m) => {
+                tracing::info!(leader = ?m.current_leader, to = %node.id, "leadership handed over")
+            }
+            Err(e) => tracing::warn!(error = %e, "leadership handover: no other leader in time"),
+        }
+    }
+}
+
+impl Replicator for ControlPlane {
+    fn replicate(&self, command: Command) -> Result<Response, MetaError> {
+        self.runtime.block_on(self.replicate_async(command))
+    }
+}
