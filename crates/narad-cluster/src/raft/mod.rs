@@ -1,14 +1,14 @@
 //! The replicated metastore: narad-meta's commands go through Raft
 //! (openraft 0.9, `storage-v2`), carried by node RPC.
 //!
-//! * [`types`]: the type configuration, node ids (FNV-1a 64 of the
+//! * [`types`] — the type configuration, node ids (FNV-1a 64 of the
 //!   configured id), the applied state stored beside the metastore;
-//! * [`log_store`]: the log and the vote in `<data>/metastore/raft.redb`;
-//! * [`state_machine`]: the metastore as Raft's state machine, snapshots;
-//! * [`network`]: Raft's RPCs over the node RPC transport (ops 30-32);
-//! * [`control`]: the [`ControlPlane`]: bootstrap and join (op 21), writes
+//! * [`log_store`] — the log and the vote in `<data>/metastore/raft.redb`;
+//! * [`state_machine`] — the metastore as Raft's state machine, snapshots;
+//! * [`network`] — Raft's RPCs over the node RPC transport (ops 30-32);
+//! * [`control`] — the [`ControlPlane`]: bootstrap and join (op 21), writes
 //!   forwarded to the leader (op 29), leadership handover (op 33), status;
-//! * [`metrics`]: `narad_raft_*`.
+//! * [`metrics`] — `narad_raft_*`.
 
 pub mod control;
 pub mod log_store;
@@ -16,6 +16,9 @@ pub mod metrics;
 pub mod network;
 pub mod state_machine;
 pub mod types;
+
+#[cfg(test)]
+mod storage_suite;
 
 pub use control::{
     ControlPlane, ControlPlaneConfig, LeaderInfo, PeerEntry, RaftStatus, RaftTimings, Role,

@@ -31,13 +31,39 @@ use super::types::{
     TypeConfig,
 };
 
+/// A snapshot's metadata and bytes.
+type Stored = (SnapshotMeta<NodeId, RaftNode>, Vec<u8>);
+
+/// A failure inside a blocking step, turned into openraft's error after.
+enum Failure {
+    Read(String),
+    Write(String),
+}
+
+fn read(e: impl ToString) -> Failure {
+    Failure::Read(e.to_string())
+}
+
+fn write(e: impl ToString) -> Failure {
+    Failure::Write(e.to_string())
+}
+
+impl From<Failure> for StorageError {
+    fn from(f: Failure) -> StorageError {
+        match f {
+            Failure::Read(e) => StorageIOError::read_state_machine(AnyError::error(e)).into(),
+            Failure::Write(e) => StorageIOError::write_state_machine(AnyError::error(e)).into(),
+        }
+    }
+}
+
 struct Shared {
     meta: Arc<MetaStore>,
     fs: FsRef,
     /// Held by every apply and by a snapshot build's read of the state.
     gate: Mutex<()>,
     /// The last snapshot built or installed.
-    current: Mutex<Option<(SnapshotMeta<NodeId, RaftNode>, Vec<u8>)>>,
+    current: Mutex<Option<Stored>>,
     metrics: RaftMetrics,
     /// Snapshots built by this process, for unique ids.
     built: std::sync::atomic::AtomicU64,
@@ -65,14 +91,6 @@ pub struct SnapshotBuilder {
     sm: StateMachine,
 }
 
-fn sm_read_err(e: impl ToString) -> StorageError {
-    StorageIOError::read_state_machine(AnyError::error(e.to_string())).into()
-}
-
-fn sm_write_err(e: impl ToString) -> StorageError {
-    StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
-}
-
 impl StateMachine {
     /// The state machine over `meta` (opened on `fs`).
     pub fn new(meta: Arc<MetaStore>, fs: FsRef, metrics: RaftMetrics) -> Self {
@@ -94,14 +112,9 @@ impl StateMachine {
     }
 
     /// Exports the state now, with its metadata (blocking).
-    fn export(
-        shared: &Shared,
-    ) -> Result<Option<(SnapshotMeta<NodeId, RaftNode>, Vec<u8>)>, String> {
+    fn export(shared: &Shared) -> Result<Stored, String> {
         let (state, data) = {
             let _gate = lock(&shared.gate);
-            if shared.meta.raft_state().is_none() {
-                return Ok(None);
-            }
             let state = Self::applied(&shared.meta)?;
             let data = shared.meta.export_snapshot().map_err(|e| e.to_string())?;
             (state, data)
@@ -116,23 +129,21 @@ impl StateMachine {
             last_membership: state.membership,
             snapshot_id: id,
         };
-        Ok(Some((meta, data)))
+        Ok((meta, data))
     }
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, StorageError> {
-    tokio::task::spawn_blocking(f).await.map_err(sm_write_err)?
+    Ok(tokio::task::spawn_blocking(f).await.map_err(write)??)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let shared = self.sm.shared.clone();
         let built = blocking(move || {
-            let (meta, data) = StateMachine::export(&shared)
-                .map_err(sm_read_err)?
-                .ok_or_else(|| sm_read_err("nothing applied yet"))?;
+            let (meta, data) = StateMachine::export(&shared).map_err(read)?;
             *lock(&shared.current) = Some((meta.clone(), data.clone()));
             Ok((meta, data))
         })
@@ -150,7 +161,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = SnapshotBuilder;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let state = Self::applied(&self.shared.meta).map_err(sm_read_err)?;
+        let state = Self::applied(&self.shared.meta).map_err(read)?;
         Ok((state.last_applied, state.membership))
     }
 
@@ -163,7 +174,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let shared = self.shared.clone();
         blocking(move || {
             let _gate = lock(&shared.gate);
-            let mut state = Self::applied(&shared.meta).map_err(sm_read_err)?;
+            let mut state = Self::applied(&shared.meta).map_err(read)?;
             let mut out = Vec::with_capacity(entries.len());
             for entry in &entries {
                 let start = Instant::now();
@@ -176,8 +187,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                     EntryPayload::Blank => None,
                 };
-                let outcome =
-                    shared.meta.apply_entry(command, &state.encode()).map_err(sm_write_err)?;
+                let outcome = shared.meta.apply_entry(command, &state.encode()).map_err(write)?;
                 shared.metrics.apply_duration.observe(start.elapsed().as_secs_f64());
                 out.push(ApplyOutcome::new(outcome));
             }
@@ -203,10 +213,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (shared, meta) = (self.shared.clone(), meta.clone());
         blocking(move || {
             let _gate = lock(&shared.gate);
-            shared.meta.install_snapshot(&*shared.fs, &data).map_err(sm_write_err)?;
-            let state = Self::applied(&shared.meta).map_err(sm_read_err)?;
+            shared.meta.install_snapshot(&*shared.fs, &data).map_err(write)?;
+            let state = Self::applied(&shared.meta).map_err(read)?;
             if state.last_applied != meta.last_log_id {
-                return Err(sm_write_err(format!(
+                return Err(write(format!(
                     "installed snapshot {} carries applied log id {:?}, its metadata says {:?}",
                     meta.snapshot_id, state.last_applied, meta.last_log_id
                 )));
@@ -229,7 +239,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             if let Some(c) = lock(&shared.current).clone() {
                 return Ok(Some(c));
             }
-            let built = StateMachine::export(&shared).map_err(sm_read_err)?;
+            if shared.meta.raft_state().is_none() {
+                return Ok(None); // nothing applied: no snapshot yet
+            }
+            let built = Some(StateMachine::export(&shared).map_err(read)?);
             *lock(&shared.current) = built.clone();
             Ok(built)
         })
