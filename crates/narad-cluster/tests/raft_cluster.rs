@@ -370,3 +370,57 @@ async fn without_a_quorum_a_write_is_unavailable_within_bounded_time() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn control_ops_refuse_lying_payloads_and_followers_answer_421() {
+    use narad_cluster::rpc::JoinCluster;
+    let mut c = Cluster::new("ops", 3, &[], fast());
+    c.start_all().await;
+    let l = c.leader(Duration::from_secs(10)).await;
+    let f = (l + 1) % 3;
+    let client = Transport::client_only(
+        "127.0.0.1:0".parse().unwrap(),
+        ClusterAuth::default(),
+        RpcMetrics::default(),
+    )
+    .unwrap();
+    let peer = |i: usize| client.peer(c.peers[i].addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+    // Payloads that are not what the op says, our own frame magic included.
+    for bad in [&b"NRS1\x01\x08"[..], b"{}", b"[", b"null", b"{\"vote\":7}"] {
+        for req in [
+            Request::ProposeCommand(bytes::Bytes::copy_from_slice(bad)),
+            Request::RaftAppendEntries(bytes::Bytes::copy_from_slice(bad)),
+            Request::RaftVote(bytes::Bytes::copy_from_slice(bad)),
+            Request::RaftInstallSnapshot(bytes::Bytes::copy_from_slice(bad)),
+        ] {
+            let reply = peer(l).call(&req).await.unwrap();
+            assert_eq!(
+                reply.status,
+                400,
+                "{:?} {:?}",
+                req.op(),
+                String::from_utf8_lossy(&reply.body)
+            );
+        }
+    }
+    // A follower takes no command and no join: 421, nothing written.
+    let command = narad_meta::Command::MemberDead(narad_meta::MemberDead { id: "n9".into() });
+    let command = serde_json::to_vec(&command).unwrap();
+    let reply = peer(f).call(&Request::ProposeCommand(command.into())).await.unwrap();
+    assert_eq!(reply.status, 421, "{}", String::from_utf8_lossy(&reply.body));
+    let join = Request::JoinCluster(JoinCluster {
+        id: "n9".into(),
+        cluster_addr: "127.0.0.1:1".into(),
+        http_addr: None,
+    });
+    assert_eq!(peer(f).call(&join).await.unwrap().status, 421);
+    // The leader refuses a join with an address it cannot dial.
+    let bad_join = Request::JoinCluster(JoinCluster {
+        id: "n9".into(),
+        cluster_addr: "not an address".into(),
+        http_addr: None,
+    });
+    assert_eq!(peer(l).call(&bad_join).await.unwrap().status, 400);
+    assert_eq!(c.node(l).plane.status().voters, ["n1", "n2", "n3"]);
+    c.shutdown().await;
+}
