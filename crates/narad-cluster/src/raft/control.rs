@@ -867,6 +867,12 @@ impl ControlPlane {
     }
 }
 
+impl crate::members::LeaderView for ControlPlane {
+    fn is_leader(&self) -> bool {
+        ControlPlane::is_leader(self)
+    }
+}
+
 impl Replicator for ControlPlane {
     fn replicate(&self, command: Command) -> Result<Response, MetaError> {
         self.runtime.block_on(self.replicate_async(command))
