@@ -150,7 +150,7 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
 /// it; docs/DURABILITY.md, "payloads that look like ours").
 fn our_bytes(rng: &mut SimRng) -> Vec<u8> {
     match rng.below(3) {
-        0 => narad_wal::frame::segment_header(rng.below(1_000)).to_vec(),
+        0 => narad_wal::frame::segment_header(rng.below(1_000), rng.below(u64::MAX)).to_vec(),
         1 => narad_wal::prep::trailer(rng.below(16 << 10) as u32).to_vec(),
         _ => vec![0u8; 1 + rng.below(600) as usize],
     }

@@ -180,25 +180,33 @@ mod seeds {
         names.into_iter().map(String::from).zip(records().iter().map(encode)).collect()
     }
 
-    fn wal_image() -> Vec<u8> {
-        let mut image = narad_wal::frame::segment_header(0).to_vec();
+    /// A segment image holding every record: version 2 (salted) when
+    /// `salt` is given, else version 1 as an older binary wrote it.
+    fn wal_image(salt: Option<u64>) -> Vec<u8> {
+        use narad_wal::frame::{FrameSeed, segment_header, segment_header_unsalted};
+        let (mut image, seed) = match salt {
+            Some(salt) => (segment_header(0, salt).to_vec(), FrameSeed::of_salt(salt)),
+            None => (segment_header_unsalted(0, 0).to_vec(), FrameSeed::UNSALTED),
+        };
         for (seq, r) in records().iter().enumerate() {
             let payload = encode(r);
             let at = narad_wal::frame::begin_frame(&mut image, payload.len() as u32, seq as u64, 0);
             image.extend_from_slice(&payload);
-            narad_wal::frame::seal_frame(&mut image, at);
+            narad_wal::frame::seal_frame(&mut image, at, seed);
         }
         image
     }
 
     fn wal_segments() -> Seeds {
-        let image = wal_image();
-        let torn = image[..image.len() - 5].to_vec();
-        named(vec![
-            ("sealed", [&[0u8][..], &image].concat()),
-            ("last", [&[1u8][..], &image].concat()),
-            ("last-torn", [&[1u8][..], &torn].concat()),
-        ])
+        let mut seeds = Vec::new();
+        for (version, salt) in [("", None), ("salted-", Some(0x5a17_5a17_5a17_5a17))] {
+            let image = wal_image(salt);
+            let torn = image[..image.len() - 5].to_vec();
+            seeds.push((format!("{version}sealed"), [&[0u8][..], &image].concat()));
+            seeds.push((format!("{version}last"), [&[1u8][..], &image].concat()));
+            seeds.push((format!("{version}last-torn"), [&[1u8][..], &torn].concat()));
+        }
+        seeds
     }
 
     fn payload() -> PayloadBuilder {

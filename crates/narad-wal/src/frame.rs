@@ -5,21 +5,39 @@
 //! offset 0   segment header (32 bytes)
 //! offset 32  frame, frame, ...   (a frame never spans two segments)
 //! ```
-//! Segment header (big-endian):
+//! Segment header, version 2 (written by this binary; big-endian):
+//! ```text
+//! 0  magic "NARADWAL" (8) | 8 version u16 = 2 | 10 flags u16
+//! 12 base_seq u64 | 20 salt u64 | 28 crc32c u32 over bytes [0, 28)
+//! ```
+//! Version 1 (read, never written since version 2):
 //! ```text
 //! 0  magic "NARADWAL" (8) | 8 version u16 = 1 | 10 header_len u16 = 32
 //! 12 flags u32 | 16 base_seq u64 | 24 reserved u32 = 0
 //! 28 crc32c u32 over bytes [0, 28)
 //! ```
 //! Flags: bit 0 ([`SEGMENT_FLAG_PREPARED`]) marks a segment renamed in from
-//! a prepared file (see [`crate::prep`]); every other bit is zero. Readers
-//! that predate the flag ignore it: it only tells recovery that a trailer
-//! at the end of this file may be ours (a header is our bytes under a CRC,
-//! where the end of the file may be a client's payload).
+//! a prepared file (see [`crate::prep`]); every other bit is zero. It only
+//! tells recovery that a trailer at the end of this file may be ours (a
+//! header is our bytes under a CRC, where the end of the file may be a
+//! client's payload).
+//!
+//! The salt (version 2) is 64 bits from the operating system's random
+//! source, drawn when the segment is started and never shown to anyone.
+//! Every frame's CRC is seeded with it ([`FrameSeed`]): a frame checks only
+//! in the segment it was written for. A client can put bytes shaped like a
+//! frame into a payload, with a CRC computed by the public algorithm, but it
+//! cannot compute the seed, so such a frame fails its check (but for a
+//! 2^-32 chance per forgery: the check is 32 bits, whatever the salt's
+//! size). Recovery relies on that when it looks behind damage for frames of
+//! a later write (see [`crate::recovery`]). A version 1 segment has no salt:
+//! its frames are checked with the unsalted seed, as they were written.
+//!
 //! Frame (big-endian, 24-byte header):
 //! ```text
 //! 0 magic "NWAL" u32 | 4 len u32 (1..=16 MiB) | 8 seq u64
-//! 16 write_index u32 | 20 crc32c u32 over bytes [4, 20) ++ payload
+//! 16 write_index u32 | 20 crc32c u32, seeded with the segment's FrameSeed,
+//!                      over bytes [4, 20) ++ payload
 //! 24 payload (one encoded record, see `record`)
 //! ```
 //! `write_index` is the frame's position within the single write (one
@@ -34,7 +52,14 @@
 //! # Invariants
 //! * Sequence numbers are dense: each frame's `seq` is the previous frame's
 //!   plus one, across segments; a segment's first frame has `base_seq`.
-//! * The CRC covers everything in the frame except the magic and the CRC.
+//! * The CRC covers everything in the frame except the magic and the CRC,
+//!   and starts from the seed of the segment's salt: every frame of a
+//!   segment was sealed with that segment's seed (version 2: the salt in
+//!   its header; version 1: [`FrameSeed::UNSALTED`]).
+//! * This binary writes only version 2 headers, and frames only into
+//!   version 2 segments: a version 1 segment left by an older binary is read
+//!   and recovered by its own rules, then sealed (the WAL rolls to a new
+//!   segment at open when the last one is version 1 and holds frames).
 
 use crate::limits::{FRAME_HEADER_BYTES, MAX_RECORD_BYTES, SEGMENT_HEADER_BYTES};
 
@@ -42,11 +67,37 @@ use crate::limits::{FRAME_HEADER_BYTES, MAX_RECORD_BYTES, SEGMENT_HEADER_BYTES};
 pub const FRAME_MAGIC: u32 = u32::from_be_bytes(*b"NWAL");
 /// Segment header magic.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"NARADWAL";
-/// The segment format version this code writes and reads.
-pub const SEGMENT_VERSION: u16 = 1;
+/// The segment format version this code writes (it also reads
+/// [`SEGMENT_VERSION_UNSALTED`]).
+pub const SEGMENT_VERSION: u16 = 2;
+/// The first segment format: no salt, frames sealed with
+/// [`FrameSeed::UNSALTED`].
+pub const SEGMENT_VERSION_UNSALTED: u16 = 1;
 /// Segment header flag: the segment was a prepared file (zeros to the
 /// segment size, then a trailer) when it was renamed in.
 pub const SEGMENT_FLAG_PREPARED: u32 = 1;
+
+/// The CRC32C state every frame CRC of a segment starts from: the CRC of
+/// the segment's salt (computed once per segment, so sealing or checking a
+/// frame costs no byte more than an unsalted CRC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameSeed(u32);
+
+impl FrameSeed {
+    /// The seed of version 1 segments, which have no salt: a plain CRC32C.
+    pub const UNSALTED: FrameSeed = FrameSeed(0);
+
+    /// The seed of a version 2 segment whose header holds `salt`.
+    pub fn of_salt(salt: u64) -> FrameSeed {
+        FrameSeed(crc32c::crc32c(&salt.to_be_bytes()))
+    }
+}
+
+/// A fresh salt for a new segment, from the operating system's random
+/// source.
+pub fn new_salt() -> std::io::Result<u64> {
+    getrandom::u64().map_err(|e| std::io::Error::other(format!("no randomness for a salt: {e}")))
+}
 
 /// A decoded frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,9 +147,10 @@ impl FrameHeader {
         FRAME_HEADER_BYTES + u64::from(self.len)
     }
 
-    /// Whether `payload` matches the stored CRC.
-    pub fn check(&self, header_bytes: &[u8], payload: &[u8]) -> bool {
-        frame_crc(&header_bytes[4..20], payload) == self.crc
+    /// Whether `payload` matches the stored CRC, in a segment whose frames
+    /// are sealed with `seed`.
+    pub fn check(&self, header_bytes: &[u8], payload: &[u8], seed: FrameSeed) -> bool {
+        frame_crc(seed, &header_bytes[4..20], payload) == self.crc
     }
 
     /// The sequence number of the first frame of this frame's write.
@@ -107,8 +159,8 @@ impl FrameHeader {
     }
 }
 
-fn frame_crc(covered_header: &[u8], payload: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(covered_header), payload)
+fn frame_crc(seed: FrameSeed, covered_header: &[u8], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c_append(seed.0, covered_header), payload)
 }
 
 /// Appends the header of a frame whose `len`-byte payload the caller appends
@@ -125,29 +177,70 @@ pub fn begin_frame(out: &mut Vec<u8>, len: u32, seq: u64, write_index: u32) -> u
 }
 
 /// Computes and stores the CRC of the frame starting at `at` (its payload is
-/// everything after the header to the end of `out`).
-pub fn seal_frame(out: &mut [u8], at: usize) {
+/// everything after the header to the end of `out`), for a segment whose
+/// frames are sealed with `seed`.
+pub fn seal_frame(out: &mut [u8], at: usize, seed: FrameSeed) {
     let header_end = at + FRAME_HEADER_BYTES as usize;
-    let crc = frame_crc(&out[at + 4..at + 20], &out[header_end..]);
+    let crc = frame_crc(seed, &out[at + 4..at + 20], &out[header_end..]);
     out[at + 20..header_end].copy_from_slice(&crc.to_be_bytes());
 }
 
-/// Encodes a segment header (no flags).
-pub fn segment_header(base_seq: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
-    segment_header_with_flags(base_seq, 0)
+/// Encodes a version 2 segment header (no flags) holding `salt`.
+pub fn segment_header(base_seq: u64, salt: u64) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    segment_header_with_flags(base_seq, 0, salt)
 }
 
-/// Encodes a segment header with `flags`.
-pub fn segment_header_with_flags(base_seq: u64, flags: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+/// Encodes a version 2 segment header with `flags` (which fit in 16 bits)
+/// and `salt`.
+pub fn segment_header_with_flags(
+    base_seq: u64,
+    flags: u32,
+    salt: u64,
+) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    debug_assert!(flags <= u32::from(u16::MAX));
     let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
     h[0..8].copy_from_slice(&SEGMENT_MAGIC);
     h[8..10].copy_from_slice(&SEGMENT_VERSION.to_be_bytes());
+    h[10..12].copy_from_slice(&(flags as u16).to_be_bytes());
+    h[12..20].copy_from_slice(&base_seq.to_be_bytes());
+    h[20..28].copy_from_slice(&salt.to_be_bytes());
+    let crc = crc32c::crc32c(&h[0..28]);
+    h[28..32].copy_from_slice(&crc.to_be_bytes());
+    h
+}
+
+/// Encodes a version 1 (unsalted) segment header. This binary never writes
+/// one into a WAL; tests use it to build the segments an older binary left.
+pub fn segment_header_unsalted(base_seq: u64, flags: u32) -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    h[8..10].copy_from_slice(&SEGMENT_VERSION_UNSALTED.to_be_bytes());
     h[10..12].copy_from_slice(&(SEGMENT_HEADER_BYTES as u16).to_be_bytes());
     h[12..16].copy_from_slice(&flags.to_be_bytes());
     h[16..24].copy_from_slice(&base_seq.to_be_bytes());
     let crc = crc32c::crc32c(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_be_bytes());
     h
+}
+
+/// A segment header that passed its checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// [`SEGMENT_VERSION`] or [`SEGMENT_VERSION_UNSALTED`].
+    pub version: u16,
+    /// The flags ([`SEGMENT_FLAG_PREPARED`]).
+    pub flags: u32,
+    /// The sequence number of its first frame.
+    pub base_seq: u64,
+    /// The salt (version 2); `None` in a version 1 header.
+    pub salt: Option<u64>,
+}
+
+impl SegmentHeader {
+    /// The seed the segment's frames are sealed with.
+    pub fn seed(&self) -> FrameSeed {
+        self.salt.map_or(FrameSeed::UNSALTED, FrameSeed::of_salt)
+    }
 }
 
 /// What is wrong with a segment header.
@@ -157,7 +250,7 @@ pub enum SegmentHeaderError {
     #[error("segment header is damaged or incomplete")]
     Damaged,
     /// A valid header of a version this binary does not know.
-    #[error("segment format version {0} is not supported (this binary reads version 1)")]
+    #[error("segment format version {0} is not supported (this binary reads versions 1 and 2)")]
     UnsupportedVersion(u16),
     /// The header's base does not match the file name.
     #[error("segment header says base {found}, the file name says {expected}")]
@@ -169,8 +262,12 @@ pub enum SegmentHeaderError {
     },
 }
 
-/// Checks a segment header against the base sequence number in its name.
-pub fn check_segment_header(b: &[u8], expected_base: u64) -> Result<(), SegmentHeaderError> {
+/// Checks a segment header against the base sequence number in its name
+/// and decodes it.
+pub fn check_segment_header(
+    b: &[u8],
+    expected_base: u64,
+) -> Result<SegmentHeader, SegmentHeaderError> {
     if (b.len() as u64) < SEGMENT_HEADER_BYTES || b[0..8] != SEGMENT_MAGIC {
         return Err(SegmentHeaderError::Damaged);
     }
@@ -178,22 +275,34 @@ pub fn check_segment_header(b: &[u8], expected_base: u64) -> Result<(), SegmentH
     if crc32c::crc32c(&b[0..28]) != crc {
         return Err(SegmentHeaderError::Damaged);
     }
+    let be64 = |i: usize| {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&b[i..i + 8]);
+        u64::from_be_bytes(v)
+    };
     let version = u16::from_be_bytes([b[8], b[9]]);
-    if version != SEGMENT_VERSION {
-        return Err(SegmentHeaderError::UnsupportedVersion(version));
+    let header = match version {
+        SEGMENT_VERSION => SegmentHeader {
+            version,
+            flags: u32::from(u16::from_be_bytes([b[10], b[11]])),
+            base_seq: be64(12),
+            salt: Some(be64(20)),
+        },
+        SEGMENT_VERSION_UNSALTED => SegmentHeader {
+            version,
+            flags: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+            base_seq: be64(16),
+            salt: None,
+        },
+        _ => return Err(SegmentHeaderError::UnsupportedVersion(version)),
+    };
+    if header.base_seq != expected_base {
+        return Err(SegmentHeaderError::BaseMismatch {
+            expected: expected_base,
+            found: header.base_seq,
+        });
     }
-    let mut base = [0u8; 8];
-    base.copy_from_slice(&b[16..24]);
-    let found = u64::from_be_bytes(base);
-    if found != expected_base {
-        return Err(SegmentHeaderError::BaseMismatch { expected: expected_base, found });
-    }
-    Ok(())
-}
-
-/// The flags of a segment header that passed [`check_segment_header`].
-pub fn segment_flags(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[12], b[13], b[14], b[15]])
+    Ok(header)
 }
 
 /// The file name of the segment whose first sequence number is `base`.
@@ -214,7 +323,8 @@ pub fn parse_segment_file_name(name: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    /// A frame holding the 3-byte payload "abc" with seq 5, write index 2.
+    /// A frame holding the 3-byte payload "abc" with seq 5, write index 2,
+    /// in a version 1 (unsalted) segment.
     const GOLDEN_FRAME: &[u8] = &[
         b'N', b'W', b'A', b'L', // magic
         0, 0, 0, 3, // len
@@ -224,56 +334,128 @@ mod tests {
         b'a', b'b', b'c',
     ];
 
+    /// The salt of the version 2 golden bytes.
+    const SALT: u64 = 0x0123_4567_89AB_CDEF;
+
+    /// The same frame in a version 2 segment whose salt is [`SALT`]: only the
+    /// CRC differs. It is the CRC32C of the salt's 8 bytes (big-endian),
+    /// bytes [4, 20) and the payload, computed independently (a bitwise
+    /// CRC32C in Python).
+    const GOLDEN_SALTED_FRAME: &[u8] = &[
+        b'N', b'W', b'A', b'L', 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 2, //
+        0x50, 0x4B, 0x1E, 0x40, b'a', b'b', b'c',
+    ];
+
     const GOLDEN_SEGMENT_HEADER_BASE_42: &[u8] = &[
+        b'N', b'A', b'R', b'A', b'D', b'W', b'A', b'L', 0, 2, 0, 0, 0, 0, 0, 0, //
+        0, 0, 0, 42, 0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF, 0x71, 0xDF, 0xE5, 0xDF,
+    ];
+
+    const GOLDEN_PREPARED_SEGMENT_HEADER_BASE_42: &[u8] = &[
+        b'N', b'A', b'R', b'A', b'D', b'W', b'A', b'L', 0, 2, 0, 1, 0, 0, 0, 0, //
+        0, 0, 0, 42, 0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF, 0x2E, 0x3B, 0x39, 0x80,
+    ];
+    // Both CRCs were computed independently (a bitwise CRC32C in Python).
+
+    const GOLDEN_V1_SEGMENT_HEADER_BASE_42: &[u8] = &[
         b'N', b'A', b'R', b'A', b'D', b'W', b'A', b'L', 0, 1, 0, 32, 0, 0, 0, 0, //
         0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0xD0, 0xF0, 0x32, 0x00,
     ];
 
-    const GOLDEN_PREPARED_SEGMENT_HEADER_BASE_42: &[u8] = &[
+    const GOLDEN_V1_PREPARED_SEGMENT_HEADER_BASE_42: &[u8] = &[
         b'N', b'A', b'R', b'A', b'D', b'W', b'A', b'L', 0, 1, 0, 32, 0, 0, 0, 1, //
         0, 0, 0, 0, 0, 0, 0, 42, 0, 0, 0, 0, 0xE0, 0x22, 0x0A, 0x65,
     ];
-    // The CRC was computed independently (a bitwise CRC32C in Python, which
-    // also reproduces the unflagged header's D0 F0 32 00).
 
-    #[test]
-    fn frame_matches_golden_bytes_and_parses_them() {
+    fn sealed(seed: FrameSeed) -> Vec<u8> {
         let mut out = Vec::new();
         let at = begin_frame(&mut out, 3, 5, 2);
         out.extend_from_slice(b"abc");
-        seal_frame(&mut out, at);
+        seal_frame(&mut out, at, seed);
+        out
+    }
+
+    #[test]
+    fn frame_matches_golden_bytes_and_parses_them() {
+        let out = sealed(FrameSeed::UNSALTED);
         assert_eq!(out, GOLDEN_FRAME, "{:02X?}", &out[20..24]);
         let h = FrameHeader::parse(GOLDEN_FRAME).unwrap();
         assert_eq!((h.len, h.seq, h.write_index, h.write_first_seq()), (3, 5, 2, 3));
-        assert!(h.check(GOLDEN_FRAME, &GOLDEN_FRAME[24..]));
+        let seed = FrameSeed::UNSALTED;
+        assert!(h.check(GOLDEN_FRAME, &GOLDEN_FRAME[24..], seed));
         let mut bad = GOLDEN_FRAME.to_vec();
         bad[25] ^= 1;
-        assert!(!h.check(&bad, &bad[24..]));
+        assert!(!h.check(&bad, &bad[24..], seed));
         bad = GOLDEN_FRAME.to_vec();
         bad[15] ^= 1; // the seq is covered by the CRC
         let h2 = FrameHeader::parse(&bad).unwrap();
-        assert!(!h2.check(&bad, &bad[24..]));
+        assert!(!h2.check(&bad, &bad[24..], seed));
+    }
+
+    #[test]
+    fn salted_frame_matches_golden_bytes_and_checks_only_with_its_segments_seed() {
+        let seed = FrameSeed::of_salt(SALT);
+        let out = sealed(seed);
+        assert_eq!(out, GOLDEN_SALTED_FRAME, "{:02X?}", &out[20..24]);
+        let h = FrameHeader::parse(GOLDEN_SALTED_FRAME).unwrap();
+        assert!(h.check(GOLDEN_SALTED_FRAME, &GOLDEN_SALTED_FRAME[24..], seed));
+        // What a client can compute: the unsalted CRC, or a guessed salt.
+        for wrong in [FrameSeed::UNSALTED, FrameSeed::of_salt(0), FrameSeed::of_salt(SALT ^ 1)] {
+            assert!(!h.check(GOLDEN_SALTED_FRAME, &GOLDEN_SALTED_FRAME[24..], wrong), "{wrong:?}");
+        }
+        let unsalted = FrameHeader::parse(GOLDEN_FRAME).unwrap();
+        assert!(!unsalted.check(GOLDEN_FRAME, &GOLDEN_FRAME[24..], seed));
     }
 
     #[test]
     fn segment_header_matches_golden_bytes() {
-        let h = segment_header(42);
+        let h = segment_header(42, SALT);
         assert_eq!(&h[..], GOLDEN_SEGMENT_HEADER_BASE_42, "{:02X?}", &h[28..]);
-        assert_eq!(check_segment_header(&h, 42), Ok(()));
+        let want = SegmentHeader { version: 2, flags: 0, base_seq: 42, salt: Some(SALT) };
+        assert_eq!(check_segment_header(&h, 42), Ok(want));
+        assert_eq!(want.seed(), FrameSeed::of_salt(SALT));
         assert_eq!(
             check_segment_header(&h, 41),
             Err(SegmentHeaderError::BaseMismatch { expected: 41, found: 42 })
         );
         assert_eq!(check_segment_header(&h[..31], 42), Err(SegmentHeaderError::Damaged));
-        assert_eq!(segment_flags(&h), 0);
+        // The salt is under the header's CRC.
+        let mut bad = h;
+        bad[27] ^= 1;
+        assert_eq!(check_segment_header(&bad, 42), Err(SegmentHeaderError::Damaged));
     }
 
     #[test]
     fn prepared_segment_header_matches_golden_bytes() {
-        let h = segment_header_with_flags(42, SEGMENT_FLAG_PREPARED);
+        let h = segment_header_with_flags(42, SEGMENT_FLAG_PREPARED, SALT);
         assert_eq!(&h[..], GOLDEN_PREPARED_SEGMENT_HEADER_BASE_42, "{:02X?}", &h[28..]);
-        assert_eq!(check_segment_header(&h, 42), Ok(()));
-        assert_eq!(segment_flags(&h), SEGMENT_FLAG_PREPARED);
+        assert_eq!(check_segment_header(&h, 42).map(|h| h.flags), Ok(SEGMENT_FLAG_PREPARED));
+    }
+
+    #[test]
+    fn version_1_headers_still_read_and_have_no_salt() {
+        for (flags, golden) in [
+            (0, GOLDEN_V1_SEGMENT_HEADER_BASE_42),
+            (SEGMENT_FLAG_PREPARED, GOLDEN_V1_PREPARED_SEGMENT_HEADER_BASE_42),
+        ] {
+            let h = segment_header_unsalted(42, flags);
+            assert_eq!(&h[..], golden, "{:02X?}", &h[28..]);
+            let want = SegmentHeader { version: 1, flags, base_seq: 42, salt: None };
+            assert_eq!(check_segment_header(golden, 42), Ok(want));
+            assert_eq!(want.seed(), FrameSeed::UNSALTED);
+        }
+        let mut v3 = segment_header(42, SALT);
+        v3[9] = 3;
+        let crc = crc32c::crc32c(&v3[..28]);
+        v3[28..].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(check_segment_header(&v3, 42), Err(SegmentHeaderError::UnsupportedVersion(3)));
+    }
+
+    #[test]
+    fn salts_differ_between_segments() {
+        let a = new_salt().unwrap();
+        let b = new_salt().unwrap();
+        assert_ne!(a, b, "two draws of 64 random bits");
     }
 
     #[test]

@@ -41,7 +41,7 @@ impl WalEntry {
         };
         let header = FrameHeader::parse(&self.header)
             .map_err(|f| corrupt(format!("frame header became unreadable: {f:?}")))?;
-        if !header.check(&self.header, &self.payload) {
+        if !header.check(&self.header, &self.payload, self.segment.seed) {
             return Err(corrupt(format!("CRC mismatch reading sequence {}", self.seq)));
         }
         record::decode(self.seq, &self.payload)

@@ -30,10 +30,15 @@
 //! trailer is honoured only by [`prepared_tail`], which asks for our own
 //! header's flag and nothing but zeros between the frames and the trailer
 //! (a client's bytes are inside a valid frame, never behind the damage).
-//! What a client can still steer: a torn (never acked) write whose payload
-//! carries a CRC-valid frame of a "later write" makes the open fail instead
-//! of cutting the tear. That costs availability (an operator must look),
-//! never a record.
+//! Nor can a client's bytes pass for a frame of a later write behind a
+//! tear: every frame's CRC is seeded with its segment's secret salt (see
+//! [`crate::frame`]), which the scan and the look-behind both use, so a
+//! frame a client embedded in a payload (sealed with the public CRC, or a
+//! guessed salt) is not a valid frame, and a torn, never-acked write that
+//! carries one is cut like any other. A version 1 segment (no salt, left
+//! by an older binary) keeps the old rule: there, such a payload makes the
+//! open fail instead of cutting the tear (an operator must look; no record
+//! is lost).
 
 use std::path::Path;
 
@@ -41,7 +46,7 @@ use bytes::Bytes;
 
 use crate::error::WalError;
 use crate::frame::{
-    FrameHeader, HeaderFault, SEGMENT_FLAG_PREPARED, check_segment_header, segment_flags,
+    FrameHeader, FrameSeed, HeaderFault, SEGMENT_FLAG_PREPARED, SegmentHeader, check_segment_header,
 };
 use crate::limits::{FRAME_HEADER_BYTES, INDEX_STRIDE_BYTES, SEGMENT_BYTES, SEGMENT_HEADER_BYTES};
 use crate::record;
@@ -110,16 +115,34 @@ pub(crate) struct Scan {
     pub damage: Option<(u64, Damage)>,
     /// The file's length.
     pub file_len: u64,
+    /// The segment header, if it passed its checks.
+    pub header: Option<SegmentHeader>,
+}
+
+impl Scan {
+    /// The seed the segment's frames are checked with.
+    pub fn seed(&self) -> FrameSeed {
+        self.header.map_or(FrameSeed::UNSALTED, |h| h.seed())
+    }
 }
 
 /// Scans a whole segment image. `base` is the sequence number from its name.
 pub(crate) fn scan(image: &Bytes, base: u64) -> Scan {
     let file_len = image.len() as u64;
-    let mut scan = Scan { valid_len: 0, next_seq: base, index: Vec::new(), damage: None, file_len };
-    if check_segment_header(image, base).is_err() {
+    let mut scan = Scan {
+        valid_len: 0,
+        next_seq: base,
+        index: Vec::new(),
+        damage: None,
+        file_len,
+        header: None,
+    };
+    let Ok(segment_header) = check_segment_header(image, base) else {
         scan.damage = Some((0, Damage::SegmentHeader));
         return scan;
-    }
+    };
+    scan.header = Some(segment_header);
+    let seed = segment_header.seed();
     let mut pos = SEGMENT_HEADER_BYTES;
     scan.valid_len = pos;
     let mut last_indexed: Option<u64> = None;
@@ -146,7 +169,7 @@ pub(crate) fn scan(image: &Bytes, base: u64) -> Scan {
             return scan;
         }
         let payload = image.slice(at + FRAME_HEADER_BYTES as usize..end as usize);
-        if !header.check(&image[at..], &payload) {
+        if !header.check(&image[at..], &payload, seed) {
             scan.damage = Some((pos, Damage::BadCrc));
             return scan;
         }
@@ -169,10 +192,10 @@ pub(crate) fn scan(image: &Bytes, base: u64) -> Scan {
     scan
 }
 
-/// Looks for valid frames behind a damaged spot at `from` whose expected
-/// sequence number was `expected_seq`, and says whether any belongs to a
-/// later write.
-pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64) -> Behind {
+/// Looks for valid frames (sealed with the segment's `seed`) behind a
+/// damaged spot at `from` whose expected sequence number was
+/// `expected_seq`, and says whether any belongs to a later write.
+pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64, seed: FrameSeed) -> Behind {
     let mut behind = Behind::Nothing;
     let magic = crate::frame::FRAME_MAGIC.to_be_bytes();
     let mut pos = from as usize + 1;
@@ -182,7 +205,11 @@ pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64) -> Behind 
         if let Ok(h) = FrameHeader::parse(&image[at..]) {
             let end = at as u64 + h.frame_len();
             if end <= image.len() as u64
-                && h.check(&image[at..], &image[at + FRAME_HEADER_BYTES as usize..end as usize])
+                && h.check(
+                    &image[at..],
+                    &image[at + FRAME_HEADER_BYTES as usize..end as usize],
+                    seed,
+                )
             {
                 if h.write_first_seq() > expected_seq {
                     return Behind::LaterWrite;
@@ -207,17 +234,17 @@ pub(crate) fn look_behind(image: &[u8], from: u64, expected_seq: u64) -> Behind 
 /// Never steered by a payload: a client's bytes are in a frame that passed
 /// the scan, so they are before the first damage, and a trailer honoured
 /// here lies behind zeros that run from that damage to it.
-pub(crate) fn prepared_tail(image: &[u8], scan_damage: Option<(u64, Damage)>) -> bool {
+pub(crate) fn prepared_tail(image: &[u8], scan: &Scan) -> bool {
     // Frames run to the end of the file: its last bytes are a payload's,
     // whatever they look like.
-    let Some((from, damage)) = scan_damage else { return false };
+    let Some((from, damage)) = scan.damage else { return false };
     let Some(limit) = crate::prep::prepared_limit(image) else { return false };
     if from > limit || image[from as usize..limit as usize].iter().any(|&b| b != 0) {
         return false;
     }
     match damage {
         Damage::SegmentHeader => from == 0,
-        _ => segment_flags(image) & SEGMENT_FLAG_PREPARED != 0,
+        _ => scan.header.is_some_and(|h| h.flags & SEGMENT_FLAG_PREPARED != 0),
     }
 }
 
@@ -229,11 +256,12 @@ pub(crate) fn prepared_tail(image: &[u8], scan_damage: Option<(u64, Damage)>) ->
 /// applies the same steps.
 pub fn verdict(image: &Bytes, base: u64, last: bool) -> Result<u64, u64> {
     let scan = scan(image, base);
-    if last && prepared_tail(image, scan.damage) {
+    if last && prepared_tail(image, &scan) {
         return Ok(scan.valid_len.max(SEGMENT_HEADER_BYTES));
     }
     let Some((offset, damage)) = scan.damage else { return Ok(scan.valid_len) };
-    let behind = if last { look_behind(image, offset, scan.next_seq) } else { Behind::Nothing };
+    let behind =
+        if last { look_behind(image, offset, scan.next_seq, scan.seed()) } else { Behind::Nothing };
     match decide(damage, last, behind) {
         Decision::FailOpen => Err(offset),
         Decision::TruncateTail if damage == Damage::SegmentHeader => Ok(SEGMENT_HEADER_BYTES),
@@ -308,14 +336,17 @@ mod tests {
         }
     }
 
-    /// A segment image: `header`, one frame of `payload` (seq 0), `gap`
-    /// zeros, and a trailer naming the offset where it starts.
+    const SALT: u64 = 0x5eed;
+
+    /// A segment image: `header` (salted with [`SALT`]), one frame of
+    /// `payload` (seq 0), `gap` zeros, and a trailer naming the offset where
+    /// it starts.
     fn image(header: [u8; 32], payload: &[u8], gap: usize) -> Vec<u8> {
         let mut out = header.to_vec();
         let r = rec(payload);
         let at = crate::frame::begin_frame(&mut out, r.encoded_len().unwrap(), 0, 0);
         r.encode_into(&mut out);
-        crate::frame::seal_frame(&mut out, at);
+        crate::frame::seal_frame(&mut out, at, FrameSeed::of_salt(SALT));
         out.resize(out.len() + gap, 0);
         let limit = out.len() as u32;
         out.extend_from_slice(&crate::prep::trailer(limit));
@@ -323,13 +354,13 @@ mod tests {
     }
 
     fn honoured(image: &[u8]) -> bool {
-        prepared_tail(image, scan(&Bytes::copy_from_slice(image), 0).damage)
+        prepared_tail(image, &scan(&Bytes::copy_from_slice(image), 0))
     }
 
     #[test]
     fn a_trailer_counts_only_behind_zeros_in_a_segment_our_header_says_was_prepared() {
-        let flagged = crate::frame::segment_header_with_flags(0, SEGMENT_FLAG_PREPARED);
-        let plain = crate::frame::segment_header(0);
+        let flagged = crate::frame::segment_header_with_flags(0, SEGMENT_FLAG_PREPARED, SALT);
+        let plain = crate::frame::segment_header(0, SALT);
         // The normal state of a prepared active segment.
         assert!(honoured(&image(flagged, b"abc", 100)));
         assert!(honoured(&image(flagged, b"abc", 0)), "frames filling it to the limit");
@@ -350,7 +381,7 @@ mod tests {
         assert_eq!(32 + 24 + r.encoded_len().unwrap() as usize, frame_end);
         let at = crate::frame::begin_frame(&mut forged, r.encoded_len().unwrap(), 0, 0);
         r.encode_into(&mut forged);
-        crate::frame::seal_frame(&mut forged, at);
+        crate::frame::seal_frame(&mut forged, at, FrameSeed::of_salt(SALT));
         assert!(crate::prep::prepared_limit(&forged).is_some(), "the forgery is well formed");
         assert!(!honoured(&forged));
         assert_eq!(verdict(&Bytes::from(forged.clone()), 0, true), Ok(forged.len() as u64));

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use narad_fs::FileRef;
 
+use crate::frame::FrameSeed;
 use crate::limits::INDEX_STRIDE_BYTES;
 
 /// One segment file.
@@ -24,6 +25,8 @@ pub(crate) struct Segment {
     pub path: PathBuf,
     /// The open file.
     pub file: FileRef,
+    /// What its frames' CRCs are seeded with (from its header's salt).
+    pub seed: FrameSeed,
     /// Bytes from offset 0 that are durable and hold whole frames.
     durable_len: AtomicU64,
     /// First sequence number after the durable frames of this segment.
@@ -40,11 +43,18 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    pub(crate) fn new(base: u64, path: PathBuf, file: FileRef, header_len: u64) -> Segment {
+    pub(crate) fn new(
+        base: u64,
+        path: PathBuf,
+        file: FileRef,
+        header_len: u64,
+        seed: FrameSeed,
+    ) -> Segment {
         Segment {
             base,
             path,
             file,
+            seed,
             durable_len: AtomicU64::new(header_len),
             end_seq: AtomicU64::new(base),
             index: Mutex::new(Vec::new()),

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::frame::{begin_frame, seal_frame, segment_header};
+use crate::frame::{FrameSeed, begin_frame, new_salt, seal_frame, segment_header};
 use crate::group::Group;
 use crate::limits::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES, STAGING_KEEP_BYTES};
 use crate::record::RecordRef;
@@ -33,6 +33,8 @@ pub(crate) struct Chunk {
     pub offset: u64,
     /// Encoded frames (and the segment header if `create`).
     pub bytes: Vec<u8>,
+    /// The salt in the header of a segment this chunk creates (0 otherwise).
+    pub salt: u64,
     /// Sequence number of the first frame in `bytes`.
     pub first_seq: u64,
     /// One past the last frame's sequence number.
@@ -48,6 +50,11 @@ pub(crate) struct Stage {
     pub active_base: u64,
     /// Byte offset where the next frame goes in the active segment.
     pub active_end: u64,
+    /// The seed the active segment's frames are sealed with.
+    pub active_seed: FrameSeed,
+    /// The active segment takes no more frames (it is an older binary's,
+    /// unsalted): the next record rolls first.
+    pub roll_first: bool,
     /// Staged, not yet taken by the sync thread.
     pub chunks: Vec<Chunk>,
     /// The other staging buffer, returned by the sync thread after a flush.
@@ -73,6 +80,8 @@ pub(crate) struct Mark {
     next_seq: u64,
     active_base: u64,
     active_end: u64,
+    active_seed: FrameSeed,
+    roll_first: bool,
     chunks: usize,
     last_chunk_len: usize,
     last_chunk_end_seq: u64,
@@ -83,6 +92,7 @@ impl Stage {
         next_seq: u64,
         active_base: u64,
         active_end: u64,
+        active_seed: FrameSeed,
         segment_bytes: u64,
     ) -> Stage {
         Stage {
@@ -90,6 +100,8 @@ impl Stage {
             next_seq,
             active_base,
             active_end,
+            active_seed,
+            roll_first: false,
             chunks: Vec::new(),
             spare: Vec::new(),
             group: Arc::new(Group::default()),
@@ -111,29 +123,37 @@ impl Stage {
         wake
     }
 
-    /// Starts a new segment at the next sequence number.
-    pub(crate) fn roll(&mut self) {
+    /// Starts a new segment at the next sequence number, with a fresh salt.
+    /// Fails (changing nothing) only if the system has no randomness to give.
+    pub(crate) fn roll(&mut self) -> std::io::Result<()> {
+        let salt = new_salt()?;
         let base = self.next_seq;
         self.active_base = base;
         self.active_end = SEGMENT_HEADER_BYTES;
+        self.active_seed = FrameSeed::of_salt(salt);
+        self.roll_first = false;
         self.chunks.push(Chunk {
             segment: base,
             create: true,
             offset: 0,
-            bytes: segment_header(base).to_vec(),
+            bytes: segment_header(base, salt).to_vec(),
+            salt,
             first_seq: base,
             end_seq: base,
         });
+        Ok(())
     }
 
     /// Encodes one record as a frame into the staging area; returns its
-    /// sequence number. `len` is the record's checked encoded length.
-    pub(crate) fn stage(&mut self, rec: &RecordRef<'_>, len: u32) -> u64 {
+    /// sequence number. `len` is the record's checked encoded length. Fails
+    /// (staging nothing) only if a roll it needs fails ([`Stage::roll`]).
+    pub(crate) fn stage(&mut self, rec: &RecordRef<'_>, len: u32) -> std::io::Result<u64> {
         let frame_len = FRAME_HEADER_BYTES + u64::from(len);
-        if self.active_end + frame_len > self.segment_bytes
-            && self.active_end > SEGMENT_HEADER_BYTES
+        if self.roll_first
+            || (self.active_end + frame_len > self.segment_bytes
+                && self.active_end > SEGMENT_HEADER_BYTES)
         {
-            self.roll();
+            self.roll()?;
         }
         if self.chunks.last().is_none_or(|c| c.segment != self.active_base) {
             let bytes = std::mem::take(&mut self.spare);
@@ -142,6 +162,7 @@ impl Stage {
                 create: false,
                 offset: self.active_end,
                 bytes,
+                salt: 0,
                 first_seq: self.next_seq,
                 end_seq: self.next_seq,
             });
@@ -153,11 +174,11 @@ impl Stage {
         let at = begin_frame(&mut chunk.bytes, len, seq, write_index);
         rec.encode_into(&mut chunk.bytes);
         debug_assert_eq!(chunk.bytes.len() - at, frame_len as usize);
-        seal_frame(&mut chunk.bytes, at);
+        seal_frame(&mut chunk.bytes, at, self.active_seed);
         chunk.end_seq = seq + 1;
         self.next_seq = seq + 1;
         self.active_end += frame_len;
-        seq
+        Ok(seq)
     }
 
     /// Remembers the current staging state.
@@ -166,6 +187,8 @@ impl Stage {
             next_seq: self.next_seq,
             active_base: self.active_base,
             active_end: self.active_end,
+            active_seed: self.active_seed,
+            roll_first: self.roll_first,
             chunks: self.chunks.len(),
             last_chunk_len: self.chunks.last().map_or(0, |c| c.bytes.len()),
             last_chunk_end_seq: self.chunks.last().map_or(0, |c| c.end_seq),
@@ -190,6 +213,8 @@ impl Stage {
         self.next_seq = mark.next_seq;
         self.active_base = mark.active_base;
         self.active_end = mark.active_end;
+        self.active_seed = mark.active_seed;
+        self.roll_first = mark.roll_first;
     }
 
     /// Takes the staged chunks and their group for a flush.
@@ -232,28 +257,28 @@ mod tests {
         let payload = [7u8; 16];
         let r = rec(&payload);
         let len = r.encoded_len().unwrap();
-        let mut st = Stage::new(100, 0, SEGMENT_HEADER_BYTES, SEGMENT_BYTES);
+        let mut st = Stage::new(100, 0, SEGMENT_HEADER_BYTES, FrameSeed::UNSALTED, SEGMENT_BYTES);
         // Not parked: nobody to wake.
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
         assert!(!st.take_sync_wake());
         // Parked in a gather wait for sequence 105: records 101..104 staged
         // on the way there do not wake it; the one that reaches it does.
         st.sync_waiting = true;
         st.sync_wake_at_seq = 105;
         for _ in 101..104 {
-            st.stage(&r, len);
+            st.stage(&r, len).unwrap();
             assert!(!st.take_sync_wake(), "next_seq {}", st.next_seq);
         }
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
         assert_eq!(st.next_seq, 105);
         assert!(st.take_sync_wake());
         // One wake-up per park.
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
         assert!(!st.take_sync_wake());
         // Parked for any record (the idle wait).
         st.sync_waiting = true;
         st.sync_wake_at_seq = 0;
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
         assert!(st.take_sync_wake());
     }
 
@@ -263,13 +288,13 @@ mod tests {
         let r = rec(&payload);
         let len = r.encoded_len().unwrap();
         let frame = FRAME_HEADER_BYTES + u64::from(len);
-        let mut st = Stage::new(0, 0, SEGMENT_HEADER_BYTES, SEGMENT_BYTES);
+        let mut st = Stage::new(0, 0, SEGMENT_HEADER_BYTES, FrameSeed::UNSALTED, SEGMENT_BYTES);
         let per_segment = (SEGMENT_BYTES - SEGMENT_HEADER_BYTES) / frame;
         for _ in 0..per_segment {
-            st.stage(&r, len);
+            st.stage(&r, len).unwrap();
         }
         assert_eq!(st.chunks.len(), 1);
-        let seq = st.stage(&r, len);
+        let seq = st.stage(&r, len).unwrap();
         assert_eq!(st.chunks.len(), 2);
         let new = &st.chunks[1];
         assert!(new.create);
@@ -280,20 +305,21 @@ mod tests {
 
     #[test]
     fn rollback_withdraws_frames_and_gives_sequence_numbers_back() {
-        let mut st = Stage::new(10, 10, SEGMENT_HEADER_BYTES, SEGMENT_BYTES);
+        let mut st = Stage::new(10, 10, SEGMENT_HEADER_BYTES, FrameSeed::UNSALTED, SEGMENT_BYTES);
         let r = rec(b"abc");
         let len = r.encoded_len().unwrap();
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
         let mark = st.mark();
         let before = st.chunks[0].bytes.clone();
-        st.stage(&r, len);
-        st.roll();
-        st.stage(&r, len);
+        st.stage(&r, len).unwrap();
+        st.roll().unwrap();
+        st.stage(&r, len).unwrap();
         st.rollback(mark);
         assert_eq!(st.next_seq, 11);
         assert_eq!(st.chunks.len(), 1);
         assert_eq!(st.chunks[0].bytes, before);
         assert_eq!(st.chunks[0].end_seq, 11);
-        assert_eq!(st.stage(&r, len), 11);
+        assert_eq!(st.active_seed, FrameSeed::UNSALTED, "the roll is undone with its seed");
+        assert_eq!(st.stage(&r, len).unwrap(), 11);
     }
 }

@@ -51,8 +51,8 @@ use tracing::{error, info, warn};
 use crate::checkpoint::{CheckpointFile, Stored};
 use crate::error::WalError;
 use crate::frame::{
-    SEGMENT_FLAG_PREPARED, parse_segment_file_name, segment_file_name, segment_header,
-    segment_header_with_flags,
+    FrameSeed, SEGMENT_FLAG_PREPARED, SEGMENT_VERSION, new_salt, parse_segment_file_name,
+    segment_file_name, segment_header, segment_header_with_flags,
 };
 use crate::group::Pending;
 use crate::limits::{
@@ -278,8 +278,16 @@ impl Wal {
         let oldest = *recovered.segments.keys().next().expect("recovery leaves a segment");
         let checkpoint = recover_checkpoint(&*fs, &dir, oldest, recovered.next_seq)?;
         let last = recovered.segments.values().next_back().expect("a segment");
-        let stage =
-            Stage::new(recovered.next_seq, last.base, last.durable_len(), options.segment_bytes);
+        let mut stage = Stage::new(
+            recovered.next_seq,
+            last.base,
+            last.durable_len(),
+            last.seed,
+            options.segment_bytes,
+        );
+        // An older binary's last segment (version 1, holding frames) takes
+        // no frame of this one: the first record rolls to a salted segment.
+        stage.roll_first = recovered.last_unsalted;
         info!(
             dir = %dir.display(),
             segments = recovered.segments.len(),
@@ -357,6 +365,15 @@ impl Wal {
         Ok(())
     }
 
+    /// The error of a roll that found no randomness for the new segment's
+    /// salt: nothing was staged and nothing latched, so it is retriable.
+    fn no_salt(&self, st: &Stage, e: std::io::Error) -> WalError {
+        WalError::SegmentUnavailable {
+            path: self.shared.dir.join(segment_file_name(st.next_seq)),
+            source: Arc::new(e),
+        }
+    }
+
     fn wake_sync(&self, st: &mut Stage) {
         if st.take_sync_wake() {
             self.shared.sync_wake.notify_one();
@@ -370,7 +387,7 @@ impl Wal {
         let len = self.checked_len(rec)?;
         let mut st = lock(&self.shared.stage);
         self.check_open(&st)?;
-        let seq = st.stage(rec, len);
+        let seq = st.stage(rec, len).map_err(|e| self.no_salt(&st, e))?;
         let group = st.group.clone();
         self.wake_sync(&mut st);
         Ok(Pending::new(group, seq))
@@ -436,7 +453,7 @@ impl Wal {
             for i in 0..count {
                 let rec = fill(i)?;
                 let len = self.checked_len(&rec)?;
-                guard.st.stage(&rec, len);
+                guard.st.stage(&rec, len).map_err(|e| self.no_salt(guard.st, e))?;
             }
             guard.mark = None;
         }
@@ -632,6 +649,13 @@ impl Drop for Wal {
 struct Recovered {
     segments: BTreeMap<u64, Arc<Segment>>,
     next_seq: u64,
+    /// The last segment is version 1 (unsalted) and holds frames.
+    last_unsalted: bool,
+}
+
+/// A fresh salt for a segment recovery (re)writes the header of.
+fn salt_for(path: &Path) -> Result<u64, WalError> {
+    new_salt().map_err(|e| WalError::io("draw a segment salt", path, e))
 }
 
 fn corrupt(path: &Path, offset: u64, reason: impl Into<String>) -> WalError {
@@ -659,8 +683,9 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         };
         let seg = create_segment(fs, dir, start)?;
         segments.insert(start, Arc::new(seg));
-        return Ok(Recovered { segments, next_seq: start });
+        return Ok(Recovered { segments, next_seq: start, last_unsalted: false });
     }
+    let mut last_unsalted = false;
     let mut next_seq = bases[0];
     for (i, &base) in bases.iter().enumerate() {
         let path = dir.join(segment_file_name(base));
@@ -682,23 +707,26 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         // a trailer there counts only as `prepared_tail` says (our header's
         // flag, and nothing but zeros from the last good frame to it).
         let scan = recovery::scan(&image, base);
+        let mut seed = scan.seed();
         let mut valid_len = scan.valid_len;
-        let mut prepared = last && recovery::prepared_tail(&image, scan.damage);
+        let mut prepared = last && recovery::prepared_tail(&image, &scan);
         if prepared {
             // Zeros from the last good frame to the trailer: the normal state
             // of a prepared active segment. If even the segment header is
             // zeros, the roll renamed the file in but never synced a write:
             // nothing in it was acked.
             if let Some((0, recovery::Damage::SegmentHeader)) = scan.damage {
-                file.write_all_at(&segment_header_with_flags(base, SEGMENT_FLAG_PREPARED), 0)
+                let salt = salt_for(&path)?;
+                file.write_all_at(&segment_header_with_flags(base, SEGMENT_FLAG_PREPARED, salt), 0)
                     .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
                 file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
                 valid_len = SEGMENT_HEADER_BYTES;
+                seed = FrameSeed::of_salt(salt);
             }
         } else if let Some((offset, damage)) = scan.damage {
             let expected = scan.next_seq;
             let behind = if last {
-                recovery::look_behind(&image, offset, expected)
+                recovery::look_behind(&image, offset, expected, seed)
             } else {
                 Behind::Nothing // irrelevant: sealed damage always fails
             };
@@ -743,10 +771,12 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
                     // the torn write past the cut can ever be read as new.
                     prepared = false;
                     if damage == recovery::Damage::SegmentHeader {
+                        let salt = salt_for(&path)?;
                         file.set_len(0).map_err(|e| WalError::io("truncate segment", &path, e))?;
-                        file.write_all_at(&segment_header(base), 0)
+                        file.write_all_at(&segment_header(base, salt), 0)
                             .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
                         valid_len = SEGMENT_HEADER_BYTES;
+                        seed = FrameSeed::of_salt(salt);
                     } else {
                         file.set_len(offset)
                             .map_err(|e| WalError::io("truncate segment", &path, e))?;
@@ -756,7 +786,22 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
                 }
             }
         }
-        let seg = Segment::new(base, path, file, valid_len);
+        let unsalted = scan.header.is_some_and(|h| h.version != SEGMENT_VERSION)
+            && seed == FrameSeed::UNSALTED;
+        if last && unsalted && scan.next_seq == base {
+            // An older binary's last segment with no frame in it: its header
+            // is rewritten as version 2 (same flags), so new frames are
+            // salted without a segment of the same name being created.
+            let salt = salt_for(&path)?;
+            let flags = scan.header.map_or(0, |h| h.flags);
+            file.write_all_at(&segment_header_with_flags(base, flags, salt), 0)
+                .map_err(|e| WalError::io("rewrite segment header", &path, e))?;
+            file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
+            seed = FrameSeed::of_salt(salt);
+        } else if last && unsalted {
+            last_unsalted = true;
+        }
+        let seg = Segment::new(base, path, file, valid_len, seed);
         seg.set_prepared(prepared);
         for &(seq, off) in &scan.index {
             seg.note_index(seq, off);
@@ -765,7 +810,7 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         next_seq = scan.next_seq;
         segments.insert(base, Arc::new(seg));
     }
-    Ok(Recovered { segments, next_seq })
+    Ok(Recovered { segments, next_seq, last_unsalted })
 }
 
 fn create_segment(fs: &dyn narad_fs::Fs, dir: &Path, base: u64) -> Result<Segment, WalError> {
@@ -773,10 +818,11 @@ fn create_segment(fs: &dyn narad_fs::Fs, dir: &Path, base: u64) -> Result<Segmen
     let file = fs
         .open(&path, OpenMode::CreateNew)
         .map_err(|e| WalError::io("create segment", &path, e))?;
-    file.write_all_at(&segment_header(base), 0)
+    let salt = salt_for(&path)?;
+    file.write_all_at(&segment_header(base, salt), 0)
         .map_err(|e| WalError::io("write segment header", &path, e))?;
     file.sync_data().map_err(|e| WalError::io("sync segment header", &path, e))?;
-    Ok(Segment::new(base, path, file, SEGMENT_HEADER_BYTES))
+    Ok(Segment::new(base, path, file, SEGMENT_HEADER_BYTES, FrameSeed::of_salt(salt)))
 }
 
 fn recover_checkpoint(
@@ -976,12 +1022,14 @@ fn withdraw_staged(shared: &Shared, e: &WalError) {
         let taken = st.take();
         let active = {
             let segs = shared.segments.read().unwrap_or_else(|p| p.into_inner());
-            segs.values().next_back().map(|s| (s.base, s.durable_len()))
+            segs.values().next_back().map(|s| (s.base, s.durable_len(), s.seed))
         };
-        let (base, end) = active.expect("the WAL always has an active segment");
+        let (base, end, seed) = active.expect("the WAL always has an active segment");
         st.next_seq = shared.durable_next.load(Ordering::Acquire);
         st.active_base = base;
         st.active_end = end;
+        st.active_seed = seed;
+        st.roll_first = seed == FrameSeed::UNSALTED;
         taken
     };
     group.complete(Err(e.clone()));
@@ -1016,7 +1064,13 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
                 }
                 None => (create_next_segment(shared, &path)?, false),
             };
-            let seg = Arc::new(Segment::new(chunk.segment, path, file, 0));
+            let seg = Arc::new(Segment::new(
+                chunk.segment,
+                path,
+                file,
+                0,
+                FrameSeed::of_salt(chunk.salt),
+            ));
             seg.set_prepared(prepared);
             shared
                 .segments
@@ -1032,7 +1086,8 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             // The staged header has no flags: a prepared segment's says so,
             // which is what lets recovery honour its trailer (see
             // `recovery::prepared_tail`). Both writes precede the sync.
-            let header = segment_header_with_flags(chunk.segment, SEGMENT_FLAG_PREPARED);
+            let header =
+                segment_header_with_flags(chunk.segment, SEGMENT_FLAG_PREPARED, chunk.salt);
             segment
                 .file
                 .write_all_at(&header, 0)
@@ -1320,7 +1375,10 @@ fn compact(shared: &Shared) {
             && synced >= st.next_seq
             && st.active_end > shared.options.rotate_dispatched_active_bytes
         {
-            st.roll();
+            if let Err(e) = st.roll() {
+                warn!(error = %e, "could not rotate the dispatched active ingress WAL segment");
+                return;
+            }
             st.sync_waiting = false;
             shared.sync_wake.notify_one();
             Some(Pending::new(st.group.clone(), ()))

@@ -31,8 +31,8 @@ use std::sync::{Arc, Mutex};
 
 use narad_fs::{CrashMode, Fs, OpenMode, SimFs, SimRng};
 use narad_wal::frame::{
-    SEGMENT_FLAG_PREPARED, begin_frame, parse_segment_file_name, seal_frame, segment_file_name,
-    segment_header, segment_header_with_flags,
+    FrameSeed, SEGMENT_FLAG_PREPARED, begin_frame, parse_segment_file_name, seal_frame,
+    segment_file_name, segment_header, segment_header_with_flags,
 };
 use narad_wal::limits::{FRAME_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use narad_wal::{RecordRef, Wal, WalOptions, prep};
@@ -101,11 +101,10 @@ fn predict_frame_start(wal: &Wal, fs: &SimFs, dir: &std::path::Path) -> u64 {
     total.saturating_sub(sealed).max(SEGMENT_HEADER_BYTES)
 }
 
-/// A CRC-valid WAL frame holding a small record, of the first write ever
-/// (sequence numbers from 0, write index equal to them). Not of a *later*
-/// write: a torn write whose payload carries a valid frame of a later
-/// write makes the open fail (the price of refusing to cut acked records
-/// on real damage; docs/DURABILITY.md, "payloads that look like ours").
+/// A WAL frame holding a small record, built with the real encoder as a
+/// client could: of any write, the first ever or (mostly) a later one than
+/// the torn write it may end up in, which is what recovery looks for
+/// behind damage (docs/DURABILITY.md, "payloads that look like ours").
 fn wal_frame(rng: &mut SimRng) -> Vec<u8> {
     let payload = vec![rng.below(256) as u8; 1 + rng.below(40) as usize];
     let r = RecordRef {
@@ -117,10 +116,22 @@ fn wal_frame(rng: &mut SimRng) -> Vec<u8> {
         payload: &payload,
     };
     let mut out = Vec::new();
-    let seq = rng.below(3);
-    let at = begin_frame(&mut out, r.encoded_len().unwrap(), seq, seq as u32);
+    let (seq, write_index) = match rng.below(3) {
+        0 => {
+            let seq = rng.below(3);
+            (seq, seq as u32)
+        }
+        _ => (rng.below(5_000), rng.below(2) as u32),
+    };
+    let at = begin_frame(&mut out, r.encoded_len().unwrap(), seq, write_index);
     r.encode_into(&mut out);
-    seal_frame(&mut out, at);
+    // The segment's salt is secret: a client seals with no salt, or a guess.
+    let guess = match rng.below(3) {
+        0 => FrameSeed::UNSALTED,
+        1 => FrameSeed::of_salt(0),
+        _ => FrameSeed::of_salt(rng.below(u64::MAX)),
+    };
+    seal_frame(&mut out, at, guess);
     out
 }
 
@@ -142,8 +153,8 @@ fn log_frame(rng: &mut SimRng) -> Vec<u8> {
 /// trailer at the end of the payload would land at, if known.
 fn magic_block(rng: &mut SimRng, trailer_at: Option<u64>) -> Vec<u8> {
     match rng.below(6) {
-        0 => segment_header(rng.below(5_000)).to_vec(),
-        1 => segment_header_with_flags(rng.below(5_000), SEGMENT_FLAG_PREPARED).to_vec(),
+        0 => segment_header(rng.below(5_000), rng.below(u64::MAX)).to_vec(),
+        1 => segment_header_with_flags(rng.below(5_000), SEGMENT_FLAG_PREPARED, 0).to_vec(),
         2 => wal_frame(rng),
         3 => log_frame(rng),
         4 => vec![0u8; 1 + rng.below(600) as usize],

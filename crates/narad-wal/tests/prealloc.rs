@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use narad_fs::{Fs, OpenMode, SimFs};
-use narad_wal::frame::{SEGMENT_FLAG_PREPARED, segment_file_name, segment_flags};
+use narad_wal::frame::{SEGMENT_FLAG_PREPARED, check_segment_header, segment_file_name};
 use narad_wal::prep::{self, PREP_TRAILER_BYTES, prepared_limit};
 use narad_wal::{RecordRef, Wal, WalOptions, recovery};
 
@@ -80,7 +80,8 @@ fn prepared_segments_are_renamed_in_and_sealed_ones_are_cut_to_their_frames() {
     }
     assert_eq!(last.1.len() as u64, SEGMENT + PREP_TRAILER_BYTES, "active segment is prepared");
     assert_eq!(prepared_limit(&last.1), Some(SEGMENT));
-    assert_eq!(segment_flags(&last.1), SEGMENT_FLAG_PREPARED, "its header says prepared");
+    let flags = check_segment_header(&last.1, last.0).unwrap().flags;
+    assert_eq!(flags, SEGMENT_FLAG_PREPARED, "its header says prepared");
 
     // A clean stop and a reopen keep every record and the preparation.
     let wal = Wal::open_with(fs.shared(), dir(), options()).unwrap();

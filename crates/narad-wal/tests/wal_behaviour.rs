@@ -8,7 +8,9 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use narad_fs::{CrashMode, FaultKind, Fs, OpenMode, SimFs};
-use narad_wal::frame::{begin_frame, seal_frame, segment_file_name, segment_header};
+use narad_wal::frame::{
+    FrameSeed, begin_frame, check_segment_header, seal_frame, segment_file_name, segment_header,
+};
 use narad_wal::{RecordRef, Wal, WalError, WalOptions};
 
 mod common;
@@ -60,6 +62,15 @@ fn write_segments(fs: &SimFs, records: usize) -> Vec<String> {
         .collect()
 }
 
+/// The seed the frames of the segment file at `path` are sealed with.
+fn segment_seed(f: &dyn narad_fs::File, path: &Path) -> FrameSeed {
+    let mut header = [0u8; 32];
+    f.read_exact_at(&mut header, 0).unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let base = narad_wal::frame::parse_segment_file_name(name).unwrap();
+    check_segment_header(&header, base).unwrap().seed()
+}
+
 fn segment_path(base: u64) -> PathBuf {
     dir().join(segment_file_name(base))
 }
@@ -69,12 +80,13 @@ fn segment_path(base: u64) -> PathBuf {
 fn append_raw_frames(fs: &SimFs, path: &Path, frames: &[(u64, u32, Vec<u8>)]) -> u64 {
     let f = fs.open(path, OpenMode::Existing).unwrap();
     let at = f.len().unwrap();
+    let seed = segment_seed(&*f, path);
     let mut bytes = Vec::new();
     for (seq, widx, payload) in frames {
         let r = rec(payload);
         let start = begin_frame(&mut bytes, r.encoded_len().unwrap(), *seq, *widx);
         r.encode_into(&mut bytes);
-        seal_frame(&mut bytes, start);
+        seal_frame(&mut bytes, start, seed);
     }
     f.write_all_at(&bytes, at).unwrap();
     f.sync_data().unwrap();
@@ -329,7 +341,7 @@ fn a_torn_header_of_a_new_last_segment_is_rewritten() {
     drop(wal);
     // The roll created the next segment, but its header never became durable.
     let f = fs.open(&segment_path(1), OpenMode::CreateNew).unwrap();
-    f.write_all_at(&segment_header(1)[..10], 0).unwrap();
+    f.write_all_at(&segment_header(1, 77)[..10], 0).unwrap();
     f.sync_data().unwrap();
     let wal = open(&fs).unwrap();
     assert_eq!(wal.append(&rec(b"b")).unwrap(), 1);
