@@ -265,6 +265,8 @@ impl Broker {
             topics.open_at_startup(&live)?;
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
                 .map_err(|e| BrokerError::internal("open ingress WAL", e))?;
+            let metastore = narad_meta::metastore_path(&cfg.data_dir);
+            crate::start_check::wal_records_not_newer(&wal, &metastore, applied)?;
             Ok((Arc::new(topics), Arc::new(wal)))
         })
         .await?;

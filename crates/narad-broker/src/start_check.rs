@@ -10,7 +10,10 @@
 //!   every topic's files deleted);
 //! * a topic directory's incarnation marker names an incarnation above the
 //!   metastore's applied index (incarnations are the index of the command
-//!   that created them, so the metastore is older than the topic).
+//!   that created them, so the metastore is older than the topic);
+//! * an ingress WAL record carries a topic incarnation above the
+//!   metastore's applied index (it was accepted under that incarnation, so
+//!   the metastore had applied it then).
 //!
 //! A metastore behind its own applied-index record is refused by
 //! [`narad_meta::MetaStore::open`].
@@ -76,6 +79,29 @@ pub(crate) fn markers_not_newer(
         }
     }
     Ok(())
+}
+
+/// After the ingress WAL is opened, before the dispatcher reads it:
+/// refuses a WAL holding a record whose topic incarnation is above the
+/// metastore's applied index. A record is accepted under the incarnation
+/// the metastore had applied, so such a record proves the metastore lost
+/// commits (an older copy restored); starting would discard the record as
+/// one of a deleted topic.
+pub(crate) fn wal_records_not_newer(
+    wal: &narad_wal::Wal,
+    metastore: &Path,
+    applied_index: u64,
+) -> Result<(), BrokerError> {
+    match wal.newest_incarnation_at_open() {
+        Some(n) if n.incarnation > applied_index => Err(refuse(format!(
+            "{} holds record {} of topic incarnation {}, above the metastore's applied index {applied_index} ({}): the metastore is older than the ingress WAL (rolled back or replaced); refusing to start rather than discard the WAL's records",
+            n.segment.display(),
+            n.seq,
+            n.incarnation,
+            metastore.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

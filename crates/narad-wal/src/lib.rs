@@ -37,7 +37,7 @@ pub use error::WalError;
 pub use group::Pending;
 pub use reader::{WalEntry, WalReader};
 pub use record::{RecordError, RecordRef, WalRecord};
-pub use wal::{DurableListener, Wal, WalOptions, WalStats, runway_group_max};
+pub use wal::{DurableListener, NewestIncarnation, Wal, WalOptions, WalStats, runway_group_max};
 
 /// The WAL directory inside a data directory: `<data>/ingress/produce`.
 pub fn wal_dir(data_dir: &std::path::Path) -> std::path::PathBuf {

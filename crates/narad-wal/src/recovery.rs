@@ -117,6 +117,9 @@ pub(crate) struct Scan {
     pub file_len: u64,
     /// The segment header, if it passed its checks.
     pub header: Option<SegmentHeader>,
+    /// The highest topic incarnation a good frame's record carries, with
+    /// that record's sequence number (the first such record).
+    pub newest_incarnation: Option<(u64, u64)>,
 }
 
 impl Scan {
@@ -136,6 +139,7 @@ pub(crate) fn scan(image: &Bytes, base: u64) -> Scan {
         damage: None,
         file_len,
         header: None,
+        newest_incarnation: None,
     };
     let Ok(segment_header) = check_segment_header(image, base) else {
         scan.damage = Some((0, Damage::SegmentHeader));
@@ -177,9 +181,14 @@ pub(crate) fn scan(image: &Bytes, base: u64) -> Scan {
             scan.damage = Some((pos, Damage::SeqOutOfOrder));
             return scan;
         }
-        if record::decode(header.seq, &payload).is_err() {
+        let Ok(rec) = record::decode(header.seq, &payload) else {
             scan.damage = Some((pos, Damage::UndecodableRecord));
             return scan;
+        };
+        if let Some(inc) = rec.incarnation
+            && scan.newest_incarnation.is_none_or(|(newest, _)| inc > newest)
+        {
+            scan.newest_incarnation = Some((inc, header.seq));
         }
         if last_indexed.is_none_or(|l| pos >= l + INDEX_STRIDE_BYTES) {
             scan.index.push((header.seq, pos));

@@ -247,6 +247,22 @@ impl std::fmt::Debug for Shared {
 pub struct Wal {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    newest_incarnation: Option<NewestIncarnation>,
+}
+
+/// The record carrying the highest topic incarnation among those the WAL
+/// held when it was opened. A record is accepted under the incarnation the
+/// metastore had applied, so the metastore that accepted it had applied
+/// index at least `incarnation`: the broker refuses to start on a
+/// metastore behind that (a rolled-back copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewestIncarnation {
+    /// The incarnation id.
+    pub incarnation: u64,
+    /// The sequence number of the (first) record carrying it.
+    pub seq: u64,
+    /// The segment file holding that record.
+    pub segment: PathBuf,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -337,7 +353,13 @@ impl Wal {
             let s3 = shared.clone();
             threads.push(spawn("wal-prep", Box::new(move || prep_loop(&s3)))?);
         }
-        Ok(Wal { shared, threads: Mutex::new(threads) })
+        Ok(Wal { shared, threads: Mutex::new(threads), newest_incarnation: recovered.newest })
+    }
+
+    /// The record with the highest topic incarnation the WAL held when it
+    /// was opened (records of format 1 carry none), if any.
+    pub fn newest_incarnation_at_open(&self) -> Option<&NewestIncarnation> {
+        self.newest_incarnation.as_ref()
     }
 
     /// The WAL's directory.
@@ -651,6 +673,8 @@ struct Recovered {
     next_seq: u64,
     /// The last segment is version 1 (unsalted) and holds frames.
     last_unsalted: bool,
+    /// See [`Wal::newest_incarnation_at_open`].
+    newest: Option<NewestIncarnation>,
 }
 
 /// A fresh salt for a segment recovery (re)writes the header of.
@@ -683,9 +707,10 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         };
         let seg = create_segment(fs, dir, start)?;
         segments.insert(start, Arc::new(seg));
-        return Ok(Recovered { segments, next_seq: start, last_unsalted: false });
+        return Ok(Recovered { segments, next_seq: start, last_unsalted: false, newest: None });
     }
     let mut last_unsalted = false;
+    let mut newest: Option<NewestIncarnation> = None;
     let mut next_seq = bases[0];
     for (i, &base) in bases.iter().enumerate() {
         let path = dir.join(segment_file_name(base));
@@ -801,6 +826,11 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         } else if last && unsalted {
             last_unsalted = true;
         }
+        if let Some((incarnation, seq)) = scan.newest_incarnation
+            && newest.as_ref().is_none_or(|n| incarnation > n.incarnation)
+        {
+            newest = Some(NewestIncarnation { incarnation, seq, segment: path.clone() });
+        }
         let seg = Segment::new(base, path, file, valid_len, seed);
         seg.set_prepared(prepared);
         for &(seq, off) in &scan.index {
@@ -810,7 +840,7 @@ fn recover(fs: &dyn narad_fs::Fs, dir: &Path, options: &WalOptions) -> Result<Re
         next_seq = scan.next_seq;
         segments.insert(base, Arc::new(seg));
     }
-    Ok(Recovered { segments, next_seq, last_unsalted })
+    Ok(Recovered { segments, next_seq, last_unsalted, newest })
 }
 
 fn create_segment(fs: &dyn narad_fs::Fs, dir: &Path, base: u64) -> Result<Segment, WalError> {
