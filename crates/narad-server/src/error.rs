@@ -98,11 +98,12 @@ impl From<BrokerError> for ApiError {
             // every metadata write of a leaderless minute would repeat it.
             // The control plane logs the election itself; one WARN per
             // 10 s says requests are being refused.
-            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_)) => {
-                if control_plane_warn_due() {
-                    warn!(error = %e, status = status.as_u16(), "metadata write refused: control plane unavailable");
-                }
+            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_))
+                if control_plane_warn_due() =>
+            {
+                warn!(error = %e, status = status.as_u16(), "metadata write refused: control plane unavailable");
             }
+            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_)) => {}
             _ if status.is_server_error() => {
                 error!(error = %e, status = status.as_u16(), "http server error");
             }

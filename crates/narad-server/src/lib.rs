@@ -19,6 +19,7 @@ pub mod access;
 pub mod auth;
 pub mod body;
 pub mod cluster;
+pub mod cluster_node;
 pub mod cluster_settings;
 pub mod config;
 pub mod conn;

@@ -10,11 +10,11 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post, put};
-use narad_broker::{Broker, BrokerConfig, metrics::BrokerMetrics};
+use narad_broker::{Broker, BrokerConfig, Registration, metrics::BrokerMetrics};
 use narad_clock::SystemClock;
 use narad_fs::RealFs;
 use narad_log::LogConfig;
-use narad_meta::TopicDefaults;
+use narad_meta::{Member, MemberStatus, TopicDefaults};
 use narad_wal::WalOptions;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -24,6 +24,7 @@ use tracing::{error, info, warn};
 use crate::accept::{ConnLimit, PlainListener, auto_max_connections, open_file_limit};
 use crate::access::Security;
 use crate::auth::{Authenticator, seed_root};
+use crate::cluster_node::ClusterNode;
 use crate::cluster_settings::ClusterSettings;
 use crate::config::{Config, LimitsConfig};
 use crate::conn::ConnConfig;
@@ -141,6 +142,9 @@ pub enum ServerError {
     /// The HTTP server failed.
     #[error("http server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// The cluster side (node RPC, consensus) could not start.
+    #[error("cannot start: {0}")]
+    Cluster(#[source] crate::cluster_node::ClusterStartError),
     /// A final sync at shutdown failed.
     #[error("shutdown did not complete cleanly: {0}")]
     Shutdown(#[source] narad_broker::BrokerError),
@@ -212,27 +216,89 @@ pub async fn run(
              password hashes): chmod 700 it"
         );
     }
-    let broker = Broker::open(
-        BrokerConfig {
-            data_dir: config.data_dir.clone(),
-            node_id: config.node_id.clone(),
-            advertised_addr: local.to_string(),
-            topic_defaults: config.topic_defaults.clone(),
-            log: config.log.clone(),
-            wal: config.wal,
-            idle_log_eviction_ms: config.idle_log_eviction_ms,
-        },
-        RealFs::shared(),
-        SystemClock::shared(),
-        metrics,
-    )
-    .await
-    .map_err(ServerError::Start)?;
+    let broker_config = BrokerConfig {
+        data_dir: config.data_dir.clone(),
+        node_id: config.node_id.clone(),
+        advertised_addr: local.to_string(),
+        topic_defaults: config.topic_defaults.clone(),
+        log: config.log.clone(),
+        wal: config.wal,
+        idle_log_eviction_ms: config.idle_log_eviction_ms,
+    };
+    let (fs, clock) = (RealFs::shared(), SystemClock::shared());
+    let (broker, cluster) = match &config.cluster {
+        None => {
+            let broker = Broker::open(broker_config, fs, clock, metrics)
+                .await
+                .map_err(ServerError::Start)?;
+            (broker, None)
+        }
+        Some(settings) => {
+            // Consensus runs over the metastore before the broker opens on
+            // it, so every write of the broker's goes through consensus.
+            let meta = Broker::open_meta(&broker_config, fs.clone(), clock.clone())
+                .await
+                .map_err(ServerError::Start)?;
+            let node = ClusterNode::start(
+                settings,
+                local.to_string(),
+                meta.clone(),
+                config.data_dir.clone(),
+                fs.clone(),
+                &mut registry,
+            )
+            .await
+            .map_err(ServerError::Cluster)?;
+            let broker = match Broker::open_on(
+                broker_config,
+                fs,
+                clock.clone(),
+                metrics,
+                meta,
+                Registration::ByHeartbeat,
+            )
+            .await
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    node.shutdown().await;
+                    return Err(ServerError::Start(e));
+                }
+            };
+            node.start_membership(
+                Member {
+                    id: config.node_id.clone(),
+                    addr: local.to_string(),
+                    cluster_addr: Some(settings.advertised_addr.to_string()),
+                    status: MemberStatus::Alive,
+                    last_heartbeat: 0,
+                },
+                clock,
+                &mut registry,
+                broker.metrics().errors.clone(),
+            );
+            (broker, Some(node))
+        }
+    };
     let auth = if config.security_enabled {
-        match start_security(broker.meta().clone(), config.admin_password.clone()).await {
+        let started = match &cluster {
+            None => start_security(broker.meta().clone(), config.admin_password.clone()).await,
+            Some(node) => {
+                node.seed_root_when_led(config.admin_password.clone());
+                let meta = broker.meta().clone();
+                tokio::task::spawn_blocking(move || Authenticator::new(meta))
+                    .await
+                    .map_err(|e| format!("security set-up: {e}"))
+                    .and_then(|a| a)
+            }
+        };
+        match started {
             Ok(a) => Some(a),
             Err(e) => {
                 let _ = broker.shutdown().await;
+                if let Some(node) = &cluster {
+                    node.shutdown().await;
+                }
                 return Err(ServerError::Security(e));
             }
         }
@@ -251,12 +317,21 @@ pub async fn run(
         broker: broker.clone(),
         registry,
         http,
-        ready: AtomicBool::new(true),
+        // A cluster node is ready once it sees a leader and caught up.
+        ready: AtomicBool::new(cluster.is_none()),
         shutting_down: AtomicBool::new(false),
         max_consume_wait: config.max_consume_wait,
         security,
-        cluster: None,
+        cluster: cluster.clone().map(|n| n as Arc<dyn crate::cluster::ClusterView>),
     });
+    if let Some(node) = &cluster {
+        let st = Arc::downgrade(&state);
+        node.mark_ready_when_caught_up(move || {
+            if let Some(st) = st.upgrade() {
+                st.ready.store(true, Ordering::Release);
+            }
+        });
+    }
     info!(
         addr = %local,
         data_dir = %config.data_dir.display(),
@@ -282,6 +357,9 @@ pub async fn run(
             Err(e) => {
                 error!(error = %e, "http server failed");
                 let _ = broker.shutdown().await;
+                if let Some(node) = &cluster {
+                    node.shutdown().await;
+                }
                 return Err(ServerError::Serve(e));
             }
         },
@@ -290,7 +368,13 @@ pub async fn run(
             crate::conn::serve(listener, app, conn, drain, grace).await
         }
     }
-    broker.shutdown().await.map_err(ServerError::Shutdown)?;
+    let stopped = broker.shutdown().await;
+    // After the broker (its last metadata writes): membership stops, a
+    // leader hands leadership over, consensus and node RPC stop.
+    if let Some(node) = &cluster {
+        node.shutdown().await;
+    }
+    stopped.map_err(ServerError::Shutdown)?;
     info!("narad stopped");
     Ok(())
 }

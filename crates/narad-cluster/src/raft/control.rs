@@ -674,7 +674,20 @@ impl ControlPlane {
             }
             let peer = peer_of(&self.transport, &leader).map_err(MetaError::Upstream)?;
             let request = Request::ProposeCommand(body.clone());
-            match peer.call_with_timeout(&request, remaining).await {
+            // A connection to a leader that just died looks healthy until
+            // QUIC's idle timeout (30 s): do not wait for it once this node
+            // sees another leader (or an election).
+            let call = tokio::select! {
+                call = peer.call_with_timeout(&request, remaining) => call,
+                () = self.leader_replaced(leader_id) => {
+                    return Err(MetaError::Unavailable(format!(
+                        "the raft leader {} was replaced while the write was in flight; it may \
+                         or may not have been applied (retry: a repeated create answers 409 if it was)",
+                        leader.id
+                    )));
+                }
+            };
+            match call {
                 Ok(reply) if reply.status == 200 => {
                     let proposed: Proposed = serde_json::from_slice(&reply.body).map_err(|e| {
                         MetaError::Upstream(format!(
@@ -712,6 +725,21 @@ impl ControlPlane {
                         leader.id, leader.cluster_addr
                     )));
                 }
+            }
+        }
+    }
+
+    /// Resolves once this node's view of the leader is no longer `leader`
+    /// (an election started, or another node leads).
+    async fn leader_replaced(&self, leader: NodeId) {
+        let mut rx = self.raft.metrics();
+        loop {
+            if rx.borrow_and_update().current_leader != Some(leader) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                // Raft stopped; the stopping check answers the caller.
+                std::future::pending::<()>().await;
             }
         }
     }

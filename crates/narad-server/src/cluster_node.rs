@@ -1,0 +1,284 @@
+//! The cluster side of a node (DESIGN §6b). With peers configured the
+//! server binds node RPC (QUIC, `cluster.addr`), starts the replicated
+//! metastore ([`ControlPlane`]) over it, routes this node's metadata writes
+//! through it, and runs the membership heartbeat and the leader's
+//! controller. Without peers none of this exists and the metastore applies
+//! directly, as a single node always has.
+//!
+//! Start-up: metastore opened → node RPC bound → consensus started over the
+//! store → writes routed through it → broker opened on the store →
+//! membership → HTTP. `/readyz` turns 200 once a leader is visible and this
+//! replica has applied what it knows committed, or after
+//! [`READY_CATCH_UP_WAIT`] with a leader visible (SPEC §7.6).
+//!
+//! Shutdown: HTTP drained → broker stopped → membership stopped →
+//! leadership handed over (as leader) and consensus stopped → QUIC closed.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use narad_broker::metrics::ErrorLabels;
+use narad_clock::ClockRef;
+use narad_cluster::raft::{ControlPlane, ControlPlaneConfig, PeerEntry, RaftTimings, Role};
+use narad_cluster::rpc::{Reply, Request};
+use narad_cluster::{Handler, Membership, RpcMetrics, Transport};
+use narad_fs::FsRef;
+use narad_meta::{Member, MetaStore};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+use crate::cluster::{ClusterMode, ClusterRole, ClusterStatus, ClusterView};
+use crate::cluster_settings::ClusterSettings;
+
+/// How long a node that sees a leader waits for its replica to catch up
+/// before it calls itself ready anyway (SPEC §7.6: 60 s).
+pub const READY_CATCH_UP_WAIT: Duration = Duration::from_secs(60);
+
+/// Answers node RPC: the control plane's ops (21, 29-33) now; the data
+/// plane's (commit, consume, ack, stats) arrive with the cross-node
+/// produce path and are answered `400 unsupported rpc operation N` until
+/// then, like any op this node does not serve.
+#[derive(Debug, Default)]
+struct NodeHandler {
+    control: OnceLock<Arc<ControlPlane>>,
+}
+
+impl Handler for NodeHandler {
+    async fn handle(&self, request: Request) -> Reply {
+        let Some(control) = self.control.get() else {
+            return Reply::error(503, "node is starting");
+        };
+        match control.handle(&request).await {
+            Some(reply) => reply,
+            None => Reply::error(400, &format!("unsupported rpc operation {}", request.op() as u8)),
+        }
+    }
+}
+
+/// A running cluster node's control plane.
+#[derive(Debug)]
+pub struct ClusterNode {
+    node_id: String,
+    meta: Arc<MetaStore>,
+    transport: Arc<Transport>,
+    control: Arc<ControlPlane>,
+    membership: OnceLock<Membership>,
+}
+
+/// Why the cluster side could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterStartError {
+    /// Node RPC could not bind `cluster.addr`.
+    #[error("cannot listen for node RPC on {addr} (udp): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: narad_cluster::Error,
+    },
+    /// This node holds metastore state from before it was in a cluster and
+    /// would not be the group's only source of it.
+    #[error(
+        "this node's metastore has state from before it joined a cluster (applied index \
+         {applied}) and no Raft state: {why}. A cluster forms from empty nodes, or from one \
+         node with state that bootstraps alone (cluster.initial_members = [{node_id}]) while the \
+         others start empty and join; move this data directory aside or make this node the \
+         only initial member"
+    )]
+    PreClusterState {
+        /// The metastore's applied index.
+        applied: u64,
+        /// This node.
+        node_id: String,
+        /// Why its state cannot be used.
+        why: &'static str,
+    },
+    /// Consensus could not start (raft.redb damaged, bad configuration).
+    #[error("cannot start the control plane: {0}")]
+    Control(#[source] narad_cluster::raft::Error),
+}
+
+/// A node whose metastore applied commands before it had any Raft state
+/// (an upgraded single node) brings state the Raft log does not hold. The
+/// group's state machines agree only if every member starts from the same
+/// state: that node must bootstrap alone, and the others start empty and
+/// receive its state through the log or a snapshot. Two such nodes, or one
+/// that joins or bootstraps with others, would diverge (different topics,
+/// different incarnation ids) silently, so the start is refused.
+fn refuse_diverging_state(
+    settings: &ClusterSettings,
+    meta: &MetaStore,
+) -> Result<(), ClusterStartError> {
+    let applied = meta.snapshot().applied_index();
+    if applied == 0 || meta.raft_state().is_some() {
+        return Ok(());
+    }
+    let bootstrappers: Vec<&str> = if settings.initial_members.is_empty() {
+        settings.peers.iter().map(|p| p.id.as_str()).collect()
+    } else {
+        settings.initial_members.iter().map(String::as_str).collect()
+    };
+    let why = if settings.join_only() {
+        "it would join a group whose log does not hold that state"
+    } else if bootstrappers != [settings.node_id.as_str()] {
+        "it would bootstrap together with other nodes that do not hold that state"
+    } else {
+        return Ok(());
+    };
+    Err(ClusterStartError::PreClusterState { applied, node_id: settings.node_id.clone(), why })
+}
+
+impl ClusterNode {
+    /// Binds node RPC, starts consensus over `meta` and routes `meta`'s
+    /// writes through it. Call before the broker opens on `meta`.
+    pub async fn start(
+        settings: &ClusterSettings,
+        http_addr: String,
+        meta: Arc<MetaStore>,
+        data_dir: std::path::PathBuf,
+        fs: FsRef,
+        registry: &mut Registry,
+    ) -> Result<Arc<ClusterNode>, ClusterStartError> {
+        refuse_diverging_state(settings, &meta)?;
+        let rpc_metrics = RpcMetrics::default();
+        rpc_metrics.register(registry);
+        let handler = Arc::new(NodeHandler::default());
+        let transport = Transport::serve(
+            settings.bind_addr,
+            settings.auth.clone(),
+            rpc_metrics,
+            handler.clone(),
+        )
+        .map_err(|source| ClusterStartError::Bind { addr: settings.bind_addr, source })?;
+        let transport = Arc::new(transport);
+        let config = ControlPlaneConfig {
+            node_id: settings.node_id.clone(),
+            cluster_addr: settings.advertised_addr,
+            http_addr,
+            peers: settings
+                .peers
+                .iter()
+                .map(|p| PeerEntry { id: p.id.clone(), addr: p.addr })
+                .collect(),
+            initial_members: settings.initial_members.clone(),
+            data_dir,
+            fs,
+            timings: RaftTimings::default(),
+        };
+        let control = ControlPlane::start(config, meta.clone(), transport.clone(), registry)
+            .await
+            .map_err(ClusterStartError::Control)?;
+        let _ = handler.control.set(control.clone());
+        meta.set_replicator(control.clone());
+        info!(
+            node_id = %settings.node_id,
+            cluster_addr = %settings.advertised_addr,
+            peers = settings.peers.len(),
+            join_only = settings.join_only(),
+            "control plane started"
+        );
+        Ok(Arc::new(ClusterNode {
+            node_id: settings.node_id.clone(),
+            meta,
+            transport,
+            control,
+            membership: OnceLock::new(),
+        }))
+    }
+
+    /// Starts the heartbeat (and, while this node leads, the controller).
+    pub fn start_membership(
+        &self,
+        me: Member,
+        clock: ClockRef,
+        registry: &mut Registry,
+        errors: Family<ErrorLabels, Counter>,
+    ) {
+        let m =
+            Membership::start(self.meta.clone(), me, self.control.clone(), clock, registry, errors);
+        let _ = self.membership.set(m);
+    }
+
+    /// Sets `ready` once a leader is visible and this replica caught up
+    /// (or [`READY_CATCH_UP_WAIT`] after a leader became visible).
+    pub fn mark_ready_when_caught_up(self: &Arc<Self>, ready: impl Fn() + Send + 'static) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.control.wait_for_leader().await;
+            let deadline = tokio::time::Instant::now() + READY_CATCH_UP_WAIT;
+            while !me.control.applied_caught_up() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            info!(node_id = %me.node_id, caught_up = me.control.applied_caught_up(), "ready: a leader is visible");
+            ready();
+        });
+    }
+
+    /// Seeds the root user (security on) once a leader is visible, unless
+    /// the replicated state already has one: every node tries, the first
+    /// proposal wins and the others are refused (a root exists), so the
+    /// password of the node whose proposal won is the one that holds (with
+    /// `NARAD_ADMIN_PASSWORD` set alike on every node, that one). Retries
+    /// every second while the control plane refuses.
+    pub fn seed_root_when_led(self: &Arc<Self>, admin_password: Option<String>) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            me.control.wait_for_leader().await;
+            loop {
+                if me.meta.snapshot().has_root() {
+                    return;
+                }
+                let (meta, password) = (me.meta.clone(), admin_password.clone());
+                let seeded = tokio::task::spawn_blocking(move || {
+                    crate::auth::seed_root(&meta, password.as_deref())
+                })
+                .await;
+                match seeded {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(_)) if me.meta.snapshot().has_root() => return,
+                    Ok(Err(e)) => warn!(error = %e, "root user not seeded yet; retrying"),
+                    Err(e) => warn!(error = %e, "root user seeding task failed; retrying"),
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+
+    /// Stops membership, hands leadership over and stops consensus, then
+    /// closes node RPC.
+    pub async fn shutdown(&self) {
+        if let Some(m) = self.membership.get() {
+            m.stop().await;
+        }
+        self.control.shutdown().await;
+        // A handshake to a dead peer can hold the endpoint open until the
+        // 30 s idle timeout; the process is about to exit, so bound it.
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.transport.close()).await;
+    }
+}
+
+impl ClusterView for ClusterNode {
+    fn status(&self) -> ClusterStatus {
+        let s = self.control.status();
+        ClusterStatus {
+            node_id: self.node_id.clone(),
+            mode: ClusterMode::Cluster,
+            role: match s.role {
+                Role::Leader => ClusterRole::Leader,
+                Role::Follower | Role::Shutdown => ClusterRole::Follower,
+                Role::Candidate => ClusterRole::Candidate,
+                Role::Learner => ClusterRole::Learner,
+            },
+            term: s.term,
+            leader: s.leader,
+            commit_index: s.commit_index,
+            applied_index: self.meta.snapshot().applied_index(),
+            voters: s.voters,
+            learners: s.learners,
+        }
+    }
+}
