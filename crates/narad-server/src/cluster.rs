@@ -45,7 +45,8 @@ pub struct ClusterStatus {
     /// The highest committed Raft log index (a single node: its applied
     /// index).
     pub commit_index: u64,
-    /// The metastore's applied index on this node.
+    /// The applied index: a cluster node's Raft log index it applied (compare
+    /// with `commit_index`); a single node's metastore applied index.
     pub applied_index: u64,
     /// The voters' node ids.
     pub voters: Vec<String>,

@@ -276,7 +276,9 @@ impl ClusterView for ClusterNode {
             term: s.term,
             leader: s.leader,
             commit_index: s.commit_index,
-            applied_index: self.meta.snapshot().applied_index(),
+            // Raft log indexes both, so they compare: applied = committed
+            // once this replica caught up.
+            applied_index: s.last_applied,
             voters: s.voters,
             learners: s.learners,
         }
