@@ -37,7 +37,12 @@ pub fn plan(state: &MetaState, now_s: i64) -> Vec<Command> {
     let mut commands: Vec<Command> = state
         .members()
         .filter(|m| m.status == MemberStatus::Alive && heartbeat_overdue(m.last_heartbeat, now_s))
-        .map(|m| Command::MemberDead(MemberDead { id: m.id.clone() }))
+        .map(|m| {
+            Command::MemberDead(MemberDead {
+                id: m.id.clone(),
+                last_heartbeat: Some(m.last_heartbeat),
+            })
+        })
         .collect();
     // The same rule as the marking above: alive and not overdue.
     let ring = placement::alive_ring(state, now_s);

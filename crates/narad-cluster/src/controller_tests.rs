@@ -89,7 +89,10 @@ fn random_state(rng: &mut SimRng) -> MetaState {
         };
         s = run(&s, member(id, NOW - age));
         if rng.chance(1, 4) {
-            s = run(&s, Command::MemberDead(MemberDead { id: id.to_owned() }));
+            s = run(
+                &s,
+                Command::MemberDead(MemberDead { id: id.to_owned(), last_heartbeat: None }),
+            );
         }
     }
     let mut roots = Vec::new();
@@ -287,9 +290,24 @@ fn a_member_is_marked_dead_only_when_silent_for_more_than_30_seconds() {
     s = run(&s, member("n1", NOW));
     s = run(&s, member("n2", NOW - 30));
     s = run(&s, member("n3", NOW - 31));
-    assert_eq!(plan(&s, NOW), vec![Command::MemberDead(MemberDead { id: "n3".into() })]);
+    assert_eq!(
+        plan(&s, NOW),
+        vec![Command::MemberDead(MemberDead { id: "n3".into(), last_heartbeat: Some(NOW - 31) })]
+    );
     let s = applied(&s, &plan(&s, NOW));
     assert_eq!(plan(&s, NOW), Vec::new(), "a dead member is not marked again");
+    // A marking planned before a heartbeat that then committed is refused
+    // and leaves the member alive.
+    let mut racing = MetaState::default();
+    racing = run(&racing, member("n3", NOW - 31));
+    let stale = plan(&racing, NOW);
+    racing = run(&racing, member("n3", NOW));
+    let refused = narad_meta::apply(&racing, racing.applied_index() + 1, &stale[0]);
+    assert!(
+        matches!(refused, Err(narad_meta::MetaError::Conflict(_))),
+        "a stale dead-marking must be refused: {refused:?}"
+    );
+    assert_eq!(racing.member("n3").unwrap().status, MemberStatus::Alive);
     // Heartbeating again makes it alive (MemberJoin upserts the record).
     let s = run(&s, member("n3", NOW));
     assert_eq!(s.member("n3").unwrap().status, MemberStatus::Alive);
@@ -317,7 +335,7 @@ fn a_dead_owners_partitions_stay_and_a_child_waiting_for_its_parent_is_placed_in
     for id in ["n1", "n2", "n3"] {
         s = run(&s, member(id, NOW));
     }
-    s = run(&s, Command::MemberDead(MemberDead { id: "n3".into() }));
+    s = run(&s, Command::MemberDead(MemberDead { id: "n3".into(), last_heartbeat: None }));
     s = run(&s, topic("p", 3, None));
     s = run(&s, assign(&s, "p", &[(0, "n3")]));
     s = run(&s, topic("c", 4, Some(("p", 1))));
@@ -340,5 +358,8 @@ fn with_no_member_alive_nothing_is_placed() {
     s = run(&s, member("n1", NOW - 100));
     s = run(&s, topic("t", 3, None));
     let commands = plan(&s, NOW);
-    assert_eq!(commands, vec![Command::MemberDead(MemberDead { id: "n1".into() })]);
+    assert_eq!(
+        commands,
+        vec![Command::MemberDead(MemberDead { id: "n1".into(), last_heartbeat: Some(NOW - 100) })]
+    );
 }

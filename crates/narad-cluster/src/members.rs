@@ -268,7 +268,17 @@ fn controller_tick(ctx: &Ctx, stop: &watch::Receiver<bool>) -> Result<(), MetaEr
             ),
             _ => {}
         }
-        ctx.meta.propose(command)?;
+        match ctx.meta.propose(command) {
+            // The member heartbeated after this tick's view: it is alive,
+            // and the rest of the plan still holds (it only left the
+            // member out of the ring).
+            Err(MetaError::Conflict(why)) => {
+                tracing::info!(reason = %why, "member not marked dead: it heartbeated meanwhile");
+            }
+            other => {
+                other?;
+            }
+        }
     }
     Ok(())
 }

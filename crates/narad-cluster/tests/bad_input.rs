@@ -127,7 +127,10 @@ mod seeds {
         let payloads = [
             (
                 "propose",
-                ControlPayload::Propose(Command::MemberDead(MemberDead { id: "n2".into() })),
+                ControlPayload::Propose(Command::MemberDead(MemberDead {
+                    id: "n2".into(),
+                    last_heartbeat: None,
+                })),
             ),
             (
                 "append_entries",

@@ -404,7 +404,10 @@ async fn control_ops_refuse_lying_payloads_and_followers_answer_421() {
         }
     }
     // A follower takes no command and no join: 421, nothing written.
-    let command = narad_meta::Command::MemberDead(narad_meta::MemberDead { id: "n9".into() });
+    let command = narad_meta::Command::MemberDead(narad_meta::MemberDead {
+        id: "n9".into(),
+        last_heartbeat: None,
+    });
     let command = serde_json::to_vec(&command).unwrap();
     let reply = peer(f).call(&Request::ProposeCommand(command.into())).await.unwrap();
     assert_eq!(reply.status, 421, "{}", String::from_utf8_lossy(&reply.body));

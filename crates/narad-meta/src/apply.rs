@@ -538,6 +538,14 @@ fn member_join(txn: &mut Txn, c: &MemberJoin) -> Result<Response, MetaError> {
 fn member_dead(txn: &mut Txn, c: &MemberDead) -> Result<Response, MetaError> {
     let current = txn.state.members.get(&c.id).cloned();
     let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
+    if let Some(seen) = c.last_heartbeat
+        && seen != current.last_heartbeat
+    {
+        return Err(MetaError::Conflict(format!(
+            "member {} heartbeated at {} after the {} this marking judged overdue",
+            c.id, current.last_heartbeat, seen
+        )));
+    }
     let member = Member { status: MemberStatus::Dead, ..(*current).clone() };
     Ok(Response::Member(txn.put_member(member)))
 }

@@ -634,11 +634,11 @@ fn members_are_upserted_and_marked_dead() {
     sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 10) })).unwrap();
     sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 15) })).unwrap();
     assert_eq!(sm.state.member("n1").unwrap().last_heartbeat, 15);
-    sm.run(Command::MemberDead(MemberDead { id: "n1".into() })).unwrap();
+    sm.run(Command::MemberDead(MemberDead { id: "n1".into(), last_heartbeat: None })).unwrap();
     assert_eq!(sm.state.member("n1").unwrap().status, MemberStatus::Dead);
     sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 20) })).unwrap();
     assert_eq!(sm.state.member("n1").unwrap().status, MemberStatus::Alive);
-    let e = sm.refuse(Command::MemberDead(MemberDead { id: "n9".into() }));
+    let e = sm.refuse(Command::MemberDead(MemberDead { id: "n9".into(), last_heartbeat: None }));
     assert_eq!((e.status(), e.to_string()), (404, "member not found".to_owned()));
     let e = sm.refuse(Command::MemberJoin(MemberJoin { member: member("", 1) }));
     assert_eq!(e.to_string(), "invalid argument: member id required");

@@ -165,6 +165,14 @@ pub struct MemberJoin {
 pub struct MemberDead {
     /// The member id.
     pub id: String,
+    /// The `last_heartbeat` the proposer judged overdue: the command is
+    /// refused (409, nothing changes) when the member heartbeated since,
+    /// so a dead-marking planned on a view older than a fresh heartbeat
+    /// never marks a live node dead. Absent (older logs, or an operator's
+    /// unconditional marking): no condition. Optional and skipped when
+    /// absent, so older commands encode and replay unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<i64>,
 }
 
 /// Creates a user. The password hash and the timestamps come from the
@@ -420,7 +428,10 @@ mod tests {
                 }),
                 r#"{"op":5,"d":{"member":{"id":"n1","addr":"127.0.0.1:7942","status":"alive","last_heartbeat":1700000005}}}"#,
             ),
-            (Command::MemberDead(MemberDead { id: "n1".into() }), r#"{"op":6,"d":{"id":"n1"}}"#),
+            (
+                Command::MemberDead(MemberDead { id: "n1".into(), last_heartbeat: None }),
+                r#"{"op":6,"d":{"id":"n1"}}"#,
+            ),
             (
                 Command::CreateUser(CreateUser {
                     user: User {

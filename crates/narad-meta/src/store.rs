@@ -340,7 +340,9 @@ impl MetaStore {
 
     /// Marks a member dead.
     pub fn member_dead(&self, id: &str) -> Result<Arc<Member>, MetaError> {
-        match self.propose(Command::MemberDead(MemberDead { id: id.to_owned() }))? {
+        match self
+            .propose(Command::MemberDead(MemberDead { id: id.to_owned(), last_heartbeat: None }))?
+        {
             Response::Member(m) => Ok(m),
             other => unreachable!("MemberDead answered {other:?}"),
         }

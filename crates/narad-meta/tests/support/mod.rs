@@ -103,7 +103,10 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
                 last_heartbeat: state.applied_index() as i64,
             },
         }),
-        9 => Command::MemberDead(MemberDead { id: pick(rng, &MEMBERS).to_owned() }),
+        9 => Command::MemberDead(MemberDead {
+            id: pick(rng, &MEMBERS).to_owned(),
+            last_heartbeat: None,
+        }),
         10 => {
             let user = User {
                 username: name.clone(),
