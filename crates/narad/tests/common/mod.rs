@@ -4,12 +4,21 @@
 //! (the root password comes from `NARAD_ADMIN_PASSWORD`), with extra flags,
 //! environment variables, or TLS. [`cluster`] starts N nodes of one
 //! cluster.
+//!
+//! With `NARAD_TEST_REPLICATED=1` in the test process's environment every
+//! [`Server`] runs as a one-voter Raft group (node `n1`, peers naming only
+//! itself on a free UDP port kept across restarts, the cluster secret when
+//! security is on), so every metadata write goes through the replicated
+//! path; a test that configures the cluster itself (`--node-id`,
+//! `--cluster-addr`, `NARAD_NODE_ID`, `NARAD_CLUSTER_*`) is left as it is.
+//! `/readyz` answers 200 only once the group has a leader, which
+//! [`Server::wait_ready`] waits for.
 
 #![allow(dead_code)]
 
 pub mod cluster;
 
-use std::net::TcpListener;
+use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,6 +31,15 @@ static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
 /// The root password of secured test servers.
 pub const ADMIN_PASSWORD: &str = "admin-secret";
+
+/// The cluster secret of secured servers in replicated mode.
+pub const REPLICATED_SECRET: &str = "replicated-test-secret";
+
+/// Whether `NARAD_TEST_REPLICATED=1`: every [`Server`] is a one-voter
+/// Raft group.
+pub fn replicated() -> bool {
+    std::env::var("NARAD_TEST_REPLICATED").is_ok_and(|v| v == "1")
+}
 
 /// How to start a server.
 #[derive(Debug, Clone)]
@@ -78,10 +96,28 @@ pub struct Server {
     log_path: PathBuf,
     pub client: Client,
     opts: Opts,
+    /// The one-voter group's cluster (UDP) port in replicated mode, kept
+    /// across restarts (the Raft membership names it).
+    cluster_port: Option<u16>,
 }
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Opts {
+    /// Whether the test configured the cluster itself (then replicated
+    /// mode leaves the server as the test asked).
+    fn sets_cluster(&self) -> bool {
+        self.args.iter().any(|a| a.starts_with("--node-id") || a.starts_with("--cluster")) || self
+            .env
+            .iter()
+            .any(|(k, _)| k == "NARAD_NODE_ID" || k.starts_with("NARAD_CLUSTER_"))
+    }
 }
 
 pub fn temp_dir(name: &str) -> PathBuf {
@@ -128,8 +164,17 @@ impl Server {
             .pool_max_idle_per_host(64)
             .build()
             .unwrap();
-        let mut s =
-            Server { data_dir, port, base: String::new(), child: None, log_path, client, opts };
+        let cluster_port = (replicated() && !opts.sets_cluster()).then(free_udp_port);
+        let mut s = Server {
+            data_dir,
+            port,
+            base: String::new(),
+            child: None,
+            log_path,
+            client,
+            opts,
+            cluster_port,
+        };
         s.base = s.base_for(port);
         s.spawn();
         s
@@ -155,6 +200,15 @@ impl Server {
         cmd.arg("serve");
         if self.opts.dev {
             cmd.arg("--dev");
+        }
+        if let Some(cport) = self.cluster_port {
+            let addr = format!("127.0.0.1:{cport}");
+            cmd.env("NARAD_NODE_ID", "n1")
+                .env("NARAD_CLUSTER_ADDR", &addr)
+                .env("NARAD_CLUSTER_PEERS", format!("n1@{addr}"));
+            if !self.opts.dev {
+                cmd.env("NARAD_CLUSTER_SECRET", REPLICATED_SECRET);
+            }
         }
         let child = cmd
             .arg("--addr")
@@ -200,7 +254,12 @@ impl Server {
                 panic!("narad exited during start-up ({status}); log:\n{}", self.log());
             }
             if self.opts.tls {
-                if self.log().contains("narad listening") {
+                // A cluster node listens before it sees a leader; it logs
+                // when it is ready.
+                let log = self.log();
+                if log.contains("narad listening")
+                    && (self.cluster_port.is_none() || log.contains("ready: a leader is visible"))
+                {
                     return;
                 }
             } else if let Ok(r) = self.client.get(format!("{}/readyz", self.base)).send()
