@@ -204,13 +204,23 @@ impl ClusterNode {
     }
 
     /// Sets `ready` once a leader is visible and this replica caught up
-    /// (or [`READY_CATCH_UP_WAIT`] after a leader became visible).
-    pub fn mark_ready_when_caught_up(self: &Arc<Self>, ready: impl Fn() + Send + 'static) {
+    /// (or [`READY_CATCH_UP_WAIT`] after a leader became visible), and,
+    /// with `needs_root` (security on), once the replicated state holds the
+    /// root user: a single node seeds it before it listens, so a ready
+    /// node never answers the root's credentials with 401.
+    pub fn mark_ready_when_caught_up(
+        self: &Arc<Self>,
+        needs_root: bool,
+        ready: impl Fn() + Send + 'static,
+    ) {
         let me = self.clone();
         tokio::spawn(async move {
             me.control.wait_for_leader().await;
             let deadline = tokio::time::Instant::now() + READY_CATCH_UP_WAIT;
             while !me.control.applied_caught_up() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            while needs_root && !me.meta.snapshot().has_root() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             info!(node_id = %me.node_id, caught_up = me.control.applied_caught_up(), "ready: a leader is visible");

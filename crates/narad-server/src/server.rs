@@ -326,7 +326,7 @@ pub async fn run(
     });
     if let Some(node) = &cluster {
         let st = Arc::downgrade(&state);
-        node.mark_ready_when_caught_up(move || {
+        node.mark_ready_when_caught_up(config.security_enabled, move || {
             if let Some(st) = st.upgrade() {
                 st.ready.store(true, Ordering::Release);
             }
