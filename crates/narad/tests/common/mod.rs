@@ -113,10 +113,8 @@ impl Opts {
     /// Whether the test configured the cluster itself (then replicated
     /// mode leaves the server as the test asked).
     fn sets_cluster(&self) -> bool {
-        self.args.iter().any(|a| a.starts_with("--node-id") || a.starts_with("--cluster")) || self
-            .env
-            .iter()
-            .any(|(k, _)| k == "NARAD_NODE_ID" || k.starts_with("NARAD_CLUSTER_"))
+        self.args.iter().any(|a| a.starts_with("--node-id") || a.starts_with("--cluster"))
+            || self.env.iter().any(|(k, _)| k == "NARAD_NODE_ID" || k.starts_with("NARAD_CLUSTER_"))
     }
 }
 
@@ -183,6 +181,16 @@ impl Server {
     fn spawn(&mut self) {
         self.spawn_unready();
         self.wait_ready();
+        if self.cluster_port.is_some() {
+            // Replicated mode really runs the metastore through Raft.
+            let raft = self.data_dir.join("metastore").join("raft.redb");
+            assert!(
+                raft.exists(),
+                "replicated mode without {}; log:\n{}",
+                raft.display(),
+                self.log()
+            );
+        }
     }
 
     /// Starts the process without waiting for it to be ready.
