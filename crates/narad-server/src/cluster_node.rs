@@ -100,6 +100,38 @@ pub enum ClusterStartError {
     /// Consensus could not start (raft.redb damaged, bad configuration).
     #[error("cannot start the control plane: {0}")]
     Control(#[source] narad_cluster::raft::Error),
+    /// A Raft tuning variable is set but is not a positive whole number.
+    #[error("{var} must be a whole number of entries (above 0 for the snapshot threshold), got {value:?}")]
+    Tuning {
+        /// The environment variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+/// The Raft timings: the defaults, with the snapshot threshold tuned by
+/// `NARAD_RAFT_SNAPSHOT_AFTER_ENTRIES` (a snapshot every N applied
+/// entries) and `NARAD_RAFT_ENTRIES_KEPT_AFTER_SNAPSHOT` (log kept behind
+/// it) when set (docs/CONFIGURATION.md).
+fn raft_timings_from_env() -> Result<RaftTimings, ClusterStartError> {
+    let mut t = RaftTimings::default();
+    let read = |var: &'static str, zero_ok: bool| -> Result<Option<u64>, ClusterStartError> {
+        match std::env::var(var) {
+            Err(_) => Ok(None),
+            Ok(value) => match value.trim().parse::<u64>() {
+                Ok(n) if n > 0 || zero_ok => Ok(Some(n)),
+                _ => Err(ClusterStartError::Tuning { var, value }),
+            },
+        }
+    };
+    if let Some(n) = read("NARAD_RAFT_SNAPSHOT_AFTER_ENTRIES", false)? {
+        t.snapshot_after_entries = n;
+    }
+    if let Some(n) = read("NARAD_RAFT_ENTRIES_KEPT_AFTER_SNAPSHOT", true)? {
+        t.entries_kept_after_snapshot = n;
+    }
+    Ok(t)
 }
 
 /// A node whose metastore applied commands before it had any Raft state
@@ -144,6 +176,7 @@ impl ClusterNode {
         registry: &mut Registry,
     ) -> Result<Arc<ClusterNode>, ClusterStartError> {
         refuse_diverging_state(settings, &meta)?;
+        let timings = raft_timings_from_env()?;
         let rpc_metrics = RpcMetrics::default();
         rpc_metrics.register(registry);
         let handler = Arc::new(NodeHandler::default());
@@ -167,7 +200,7 @@ impl ClusterNode {
             initial_members: settings.initial_members.clone(),
             data_dir,
             fs,
-            timings: RaftTimings::default(),
+            timings,
         };
         let control = ControlPlane::start(config, meta.clone(), transport.clone(), registry)
             .await
