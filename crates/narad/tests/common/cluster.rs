@@ -41,6 +41,10 @@ pub struct ClusterOpts {
     /// Extra environment of one node (by index), after `env`: e.g. a wrong
     /// secret for one node.
     pub node_env: Vec<(usize, String, String)>,
+    /// Nodes (by index) started with `serve --dev` and neither secret nor
+    /// root password even when `security` is on: an outsider to a secured
+    /// cluster.
+    pub dev_nodes: Vec<usize>,
 }
 
 impl ClusterOpts {
@@ -63,6 +67,12 @@ impl ClusterOpts {
     /// Adds an environment variable of every node.
     pub fn env(mut self, k: &str, v: &str) -> ClusterOpts {
         self.env.push((k.into(), v.into()));
+        self
+    }
+
+    /// Starts node `i` with `serve --dev`, without the secret.
+    pub fn dev_node(mut self, i: usize) -> ClusterOpts {
+        self.dev_nodes.push(i);
         self
     }
 
@@ -260,7 +270,8 @@ impl Cluster {
             cmd.env_remove(k);
         }
         cmd.arg("serve");
-        if !opts.security {
+        let secured = opts.security && !opts.dev_nodes.contains(&i);
+        if !secured {
             cmd.arg("--dev");
         }
         cmd.arg("--addr")
@@ -276,10 +287,10 @@ impl Cluster {
         if !opts.initial_members.is_empty() {
             cmd.env("NARAD_CLUSTER_INITIAL_MEMBERS", opts.initial_members.join(","));
         }
-        if opts.security {
+        if secured {
             cmd.env("NARAD_ADMIN_PASSWORD", ADMIN_PASSWORD);
         }
-        if let Some(secret) = &opts.secret {
+        if let Some(secret) = opts.secret.as_ref().filter(|_| !opts.dev_nodes.contains(&i)) {
             cmd.env("NARAD_CLUSTER_SECRET", secret);
         }
         cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));

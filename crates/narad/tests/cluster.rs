@@ -1,0 +1,436 @@
+//! Black-box tests of the cluster control plane (issue 23 part 5): real
+//! `narad serve` processes on loopback (common/cluster.rs), each test
+//! bounded in time and independent of the others.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::ADMIN_PASSWORD;
+use common::cluster::{Cluster, ClusterOpts, wait_for};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const READY: Duration = Duration::from_secs(30);
+
+/// The members node `i` lists, as (id, status); None: no answer.
+fn members(c: &Cluster, i: usize) -> Option<Vec<(String, String)>> {
+    let (status, v) = c.get_json(i, "/v1/cluster/members")?;
+    (status == 200).then(|| {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["id"].as_str().unwrap().to_owned(), m["status"].as_str().unwrap().to_owned()))
+            .collect()
+    })
+}
+
+/// A follower of the current leader (the first running node that is not it).
+fn follower(c: &Cluster, leader: usize) -> usize {
+    (0..c.len()).find(|&i| i != leader && c.node(i).is_running()).unwrap()
+}
+
+/// POST a topic through node `i`; its status and body.
+fn create_topic(c: &Cluster, i: usize, name: &str, partitions: u32) -> (u16, String) {
+    let r = c
+        .request(i, Method::POST, "/v1/topics")
+        .body(json!({"name": name, "partitions": partitions}).to_string())
+        .send()
+        .unwrap();
+    (r.status().as_u16(), r.text().unwrap())
+}
+
+/// The view of topic `t` that every node must agree on: partition count
+/// and each partition's owner (None: 404).
+fn topic_view(c: &Cluster, i: usize, t: &str) -> Option<Option<Vec<Value>>> {
+    let (status, v) = c.get_json(i, &format!("/v1/topics/{t}"))?;
+    match status {
+        404 => Some(None),
+        200 => Some(Some(
+            v["partition_stats"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| json!([p["partition"], p["owner_node"]]))
+                .collect(),
+        )),
+        _ => None,
+    }
+}
+
+/// Waits until every running node shows `want` for topic `t`.
+fn wait_topic_everywhere(c: &Cluster, t: &str, want: &Option<Vec<Value>>, within: Duration) {
+    let running: Vec<usize> = (0..c.len()).filter(|&i| c.node(i).is_running()).collect();
+    wait_for(
+        within,
+        &format!("topic {t} the same on every node: {want:?}"),
+        || running.iter().all(|&i| topic_view(c, i, t).as_ref() == Some(want)).then_some(()),
+        || {
+            let views: Vec<_> = running.iter().map(|&i| topic_view(c, i, t)).collect();
+            format!("views: {views:?}\n{}", c.describe())
+        },
+    );
+}
+
+/// Retries a create through node `i` until it answers 201 or `within`
+/// passes (panics with the last answer); returns the time it took.
+fn create_until_ok(c: &Cluster, i: usize, name: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    let mut last = (0, String::new());
+    while start.elapsed() < within {
+        match c.request(i, Method::POST, "/v1/topics").body(json!({"name": name}).to_string()).send()
+        {
+            Ok(r) => {
+                last = (r.status().as_u16(), r.text().unwrap_or_default());
+                if last.0 == 201 {
+                    return start.elapsed();
+                }
+                // A retried create that landed before its answer was lost.
+                if last.0 == 409 {
+                    return start.elapsed();
+                }
+            }
+            Err(e) => last = (0, e.to_string()),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("create {name} through {} not ok within {within:?}: {last:?}\n{}", c.node(i).id, c.describe());
+}
+
+#[test]
+fn three_nodes_bootstrap_list_three_alive_members_and_agree_on_one_leader() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let want: Vec<(String, String)> =
+        ["n1", "n2", "n3"].iter().map(|id| (id.to_string(), "alive".to_owned())).collect();
+    wait_for(
+        Duration::from_secs(15),
+        "every node lists n1..n3 alive and names the same leader",
+        || {
+            (0..3)
+                .all(|i| {
+                    let mut m = members(&c, i).unwrap_or_default();
+                    m.sort();
+                    let s = c.status(i).unwrap_or_default();
+                    m == want && s["leader"] == c.node(leader).id.as_str() && s["mode"] == "cluster"
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    let leaders: Vec<usize> =
+        (0..3).filter(|&i| c.status(i).is_some_and(|s| s["role"] == "leader")).collect();
+    assert_eq!(leaders, vec![leader], "exactly one node leads\n{}", c.describe());
+    for i in 0..3 {
+        let s = c.status(i).unwrap();
+        let mut voters: Vec<String> =
+            s["voters"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        voters.sort();
+        assert_eq!(voters, ["n1", "n2", "n3"], "{s}");
+    }
+}
+
+#[test]
+fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_every_node() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let f = follower(&c, c.leader(Duration::from_secs(15)));
+    let (st, body) = create_topic(&c, f, "orders", 3);
+    assert_eq!(st, 201, "{body}");
+    let view = topic_view(&c, f, "orders").unwrap();
+    let owners: BTreeSet<String> = view.as_ref().unwrap().iter().map(|p| p[1].to_string()).collect();
+    assert_eq!(owners.len(), 3, "3 partitions round robin over 3 members: {view:?}");
+    wait_topic_everywhere(&c, "orders", &view, Duration::from_secs(10));
+
+    let r = c
+        .request(f, Method::PATCH, "/v1/topics/orders")
+        .body(json!({"partitions": 5}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().unwrap());
+    let grown = topic_view(&c, f, "orders").unwrap();
+    assert_eq!(grown.as_ref().unwrap().len(), 5, "{grown:?}");
+    assert!(grown.as_ref().unwrap().iter().all(|p| p[1].is_string()), "every partition owned: {grown:?}");
+    wait_topic_everywhere(&c, "orders", &grown, Duration::from_secs(10));
+
+    // Every node holds the topic's files once it accepted a record for it.
+    for i in 0..3 {
+        let r = c.request(i, Method::POST, "/v1/topics/orders/produce").body("x").send().unwrap();
+        assert_eq!(r.status(), 202, "{}", r.text().unwrap());
+    }
+    let dirs: Vec<_> = (0..3).map(|i| c.node(i).data_dir.join("topics/orders")).collect();
+    wait_for(
+        Duration::from_secs(10),
+        "the topic's directory on every node",
+        || dirs.iter().all(|d| d.exists()).then_some(()),
+        || format!("{dirs:?}"),
+    );
+
+    let r = c.request(f, Method::DELETE, "/v1/topics/orders").send().unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().unwrap());
+    wait_topic_everywhere(&c, "orders", &None, Duration::from_secs(10));
+    wait_for(
+        Duration::from_secs(15),
+        "the deleted topic's directory gone on every node",
+        || dirs.iter().all(|d| !d.exists()).then_some(()),
+        || format!("{:?}\n{}", dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>(), c.describe()),
+    );
+}
+
+#[test]
+fn a_user_created_through_a_follower_logs_in_on_every_node_of_a_secured_cluster() {
+    let c = Cluster::start(3, ClusterOpts::secure("s3cret-cluster"));
+    let leader = c.leader(Duration::from_secs(15));
+    let f = follower(&c, leader);
+    let body = json!({"username": "bob", "password": "bob-pw", "grants": []});
+    let r = c.request(f, Method::POST, "/v1/users").body(body.to_string()).send().unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().unwrap());
+    for i in 0..3 {
+        wait_for(
+            Duration::from_secs(10),
+            &format!("bob authenticates on {}", c.node(i).id),
+            || {
+                let get = |pw: &str| {
+                    c.client
+                        .get(c.node(i).url("/v1/topics"))
+                        .basic_auth("bob", Some(pw))
+                        .send()
+                        .map(|r| r.status().as_u16())
+                        .unwrap_or(0)
+                };
+                (get("bob-pw") == 200 && get("wrong") == 401).then_some(())
+            },
+            || c.describe(),
+        );
+        let (st, users) = c.get_json(i, "/v1/users").unwrap();
+        assert_eq!(st, 200, "{users}");
+        assert!(users.to_string().contains("\"bob\""), "{users}");
+    }
+    // Deleted through another node: refused everywhere.
+    let other = (0..3).find(|&i| i != f).unwrap();
+    let r = c.request(other, Method::DELETE, "/v1/users/bob").send().unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().unwrap());
+    for i in 0..3 {
+        wait_for(
+            Duration::from_secs(10),
+            "bob refused on every node",
+            || {
+                let st = c.client.get(c.node(i).url("/v1/topics")).basic_auth("bob", Some("bob-pw")).send();
+                st.is_ok_and(|r| r.status() == 401).then_some(())
+            },
+            || c.describe(),
+        );
+    }
+    let _ = ADMIN_PASSWORD;
+}
+
+#[test]
+fn five_nodes_fail_over_serve_writes_with_two_down_and_answer_503_without_quorum() {
+    let mut c = Cluster::start(5, ClusterOpts::dev());
+    let old = c.leader(Duration::from_secs(15));
+    c.kill9(old);
+    let took = Instant::now();
+    let new = c.leader(Duration::from_secs(15));
+    assert_ne!(new, old);
+    for i in (0..5).filter(|&i| i != old) {
+        create_until_ok(&c, i, &format!("after-failover-{i}"), Duration::from_secs(15).saturating_sub(took.elapsed()).max(Duration::from_secs(1)));
+    }
+    // 2 of 5 down: kill a second node (a follower), writes still succeed.
+    let second = (0..5).find(|&i| i != old && i != new).unwrap();
+    c.kill9(second);
+    let survivors: Vec<usize> = (0..5).filter(|&i| c.node(i).is_running()).collect();
+    assert_eq!(survivors.len(), 3);
+    for &i in &survivors {
+        create_until_ok(&c, i, &format!("two-down-{i}"), Duration::from_secs(15));
+    }
+    // 3 of 5 down: no quorum, a write through either survivor is a 503.
+    let third = *survivors.iter().find(|&&i| i != new).unwrap();
+    c.kill9(third);
+    let left: Vec<usize> = (0..5).filter(|&i| c.node(i).is_running()).collect();
+    for &i in &left {
+        let (st, body) = create_topic(&c, i, &format!("no-quorum-{i}"), 1);
+        assert_eq!(st, 503, "through {}: {body}", c.node(i).id);
+        assert!(body.contains("control plane temporarily unavailable"), "{body}");
+    }
+    // One back: quorum again, writes resume.
+    c.restart(second);
+    c.wait_ready(second, READY);
+    for &i in &left {
+        create_until_ok(&c, i, &format!("resumed-{i}"), Duration::from_secs(20));
+    }
+    for &i in &left {
+        wait_topic_everywhere_one(&c, i, "resumed-{}", &left);
+    }
+}
+
+/// Waits until node `i` sees every `resumed-<j>` topic.
+fn wait_topic_everywhere_one(c: &Cluster, i: usize, pattern: &str, ids: &[usize]) {
+    for &j in ids {
+        let t = pattern.replace("{}", &j.to_string());
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{t} visible on {}", c.node(i).id),
+            || topic_view(c, i, &t).flatten().map(|_| ()),
+            || c.describe(),
+        );
+    }
+}
+
+/// Names of every topic node `i` lists.
+fn topic_names(c: &Cluster, i: usize) -> Option<BTreeSet<String>> {
+    let (st, v) = c.get_json(i, "/v1/topics?limit=1000")?;
+    (st == 200).then(|| {
+        v["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()).collect()
+    })
+}
+
+fn restarted_node_catches_up(sigterm: bool, writes: usize, opts: ClusterOpts) {
+    let mut c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(15));
+    let down = follower(&c, leader);
+    let entry = (0..3).find(|&i| i != leader && i != down).unwrap();
+    create_until_ok(&c, entry, "before", Duration::from_secs(10));
+    if sigterm {
+        assert!(c.terminate(down).success());
+    } else {
+        c.kill9(down);
+    }
+    for k in 0..writes {
+        let (st, body) = create_topic(&c, entry, &format!("while-down-{k}"), 1);
+        assert_eq!(st, 201, "{body}");
+    }
+    let want = topic_names(&c, entry).unwrap();
+    assert_eq!(want.len(), writes + 1);
+    c.restart(down);
+    c.wait_ready(down, READY);
+    wait_for(
+        Duration::from_secs(20),
+        "the restarted node lists every topic",
+        || (topic_names(&c, down).as_ref() == Some(&want)).then_some(()),
+        || format!("{:?}\n{}", topic_names(&c, down).map(|s| s.len()), c.describe()),
+    );
+}
+
+#[test]
+fn a_node_killed_with_sigkill_restarts_and_catches_up_from_the_log() {
+    restarted_node_catches_up(false, 20, ClusterOpts::dev());
+}
+
+#[test]
+fn a_node_stopped_with_sigterm_restarts_and_catches_up_by_snapshot_after_many_writes() {
+    let opts = ClusterOpts::dev()
+        .env("NARAD_RAFT_SNAPSHOT_AFTER_ENTRIES", "10")
+        .env("NARAD_RAFT_ENTRIES_KEPT_AFTER_SNAPSHOT", "0");
+    restarted_node_catches_up(true, 60, opts);
+}
+
+#[test]
+fn a_join_only_node_joins_a_running_cluster_as_a_voter_and_alive_member() {
+    let mut c = Cluster::prepare(4, ClusterOpts::dev().initial_members(&["n1", "n2", "n3"]));
+    for i in 0..3 {
+        c.spawn(i);
+    }
+    for i in 0..3 {
+        c.wait_ready(i, READY);
+    }
+    let leader = c.leader(Duration::from_secs(15));
+    create_until_ok(&c, leader, "before-join", Duration::from_secs(10));
+    c.spawn(3);
+    c.wait_ready(3, READY);
+    wait_for(
+        Duration::from_secs(20),
+        "n4 a voter and an alive member on every node",
+        || {
+            (0..4)
+                .all(|i| {
+                    let voter = c.status(i).is_some_and(|s| {
+                        s["voters"].as_array().is_some_and(|v| v.iter().any(|x| x == "n4"))
+                    });
+                    let alive = members(&c, i)
+                        .is_some_and(|m| m.iter().any(|(id, st)| id == "n4" && st == "alive"));
+                    voter && alive
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    assert!(topic_names(&c, 3).unwrap().contains("before-join"));
+    create_until_ok(&c, 3, "through-n4", Duration::from_secs(10));
+    wait_topic_everywhere(&c, "through-n4", &topic_view(&c, 3, "through-n4").unwrap(), Duration::from_secs(10));
+}
+
+#[test]
+fn a_node_paused_over_thirty_seconds_is_marked_dead_and_alive_again_after_sigcont() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let paused = follower(&c, leader);
+    let id = c.node(paused).id.clone();
+    let status_of = |c: &Cluster| {
+        members(c, leader).and_then(|m| m.into_iter().find(|(i, _)| *i == id).map(|(_, s)| s))
+    };
+    c.stop(paused);
+    let stopped_at = Instant::now();
+    wait_for(
+        Duration::from_secs(50),
+        "the paused node marked dead",
+        || (status_of(&c).as_deref() == Some("dead")).then_some(()),
+        || c.describe(),
+    );
+    assert!(stopped_at.elapsed() >= Duration::from_secs(25), "dead too early: {:?}", stopped_at.elapsed());
+    c.cont(paused);
+    wait_for(
+        Duration::from_secs(20),
+        "the resumed node alive again",
+        || (status_of(&c).as_deref() == Some("alive")).then_some(()),
+        || c.describe(),
+    );
+}
+
+#[test]
+fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_the_cluster() {
+    // n1..n3 bootstrap with the secret; n4 presents a wrong one, n5 runs
+    // --dev without any: both are join-only.
+    let opts = ClusterOpts::secure("the-right-secret")
+        .initial_members(&["n1", "n2", "n3"])
+        .node_env(3, "NARAD_CLUSTER_SECRET", "a-wrong-secret")
+        .dev_node(4);
+    let mut c = Cluster::prepare(5, opts);
+    for i in 0..3 {
+        c.spawn(i);
+    }
+    for i in 0..3 {
+        c.wait_ready(i, READY);
+    }
+    let leader = c.leader(Duration::from_secs(15));
+    create_until_ok(&c, leader, "secret-topic", Duration::from_secs(10));
+    c.spawn(3);
+    c.spawn(4);
+    wait_for(
+        Duration::from_secs(20),
+        "the secured nodes log rejected streams from both outsiders",
+        || {
+            let n = (0..3).map(|i| c.node(i).log().matches("cluster stream rejected: invalid auth").count()).sum::<usize>();
+            (n >= 2).then_some(())
+        },
+        || c.describe(),
+    );
+    // Let them try for a few more join rounds (every 2 s).
+    std::thread::sleep(Duration::from_secs(5));
+    for i in 0..3 {
+        let s = c.status(i).unwrap();
+        let all = format!("{} {}", s["voters"], s["learners"]);
+        assert!(!all.contains("n4") && !all.contains("n5"), "{s}");
+        let m = members(&c, i).unwrap();
+        assert!(m.iter().all(|(id, _)| id != "n4" && id != "n5"), "{m:?}");
+    }
+    for i in [3, 4] {
+        let (st, _) = c
+            .get_json(i, "/readyz")
+            .unwrap_or((0, Value::Null));
+        assert_ne!(st, 200, "{} must not be ready", c.node(i).id);
+        if let Some(names) = topic_names(&c, i) {
+            assert!(names.is_empty(), "{}: {names:?}", c.node(i).id);
+        }
+    }
+}
