@@ -101,7 +101,9 @@ pub enum ClusterStartError {
     #[error("cannot start the control plane: {0}")]
     Control(#[source] narad_cluster::raft::Error),
     /// A Raft tuning variable is set but is not a positive whole number.
-    #[error("{var} must be a whole number of entries (above 0 for the snapshot threshold), got {value:?}")]
+    #[error(
+        "{var} must be a whole number of entries (above 0 for the snapshot threshold), got {value:?}"
+    )]
     Tuning {
         /// The environment variable.
         var: &'static str,

@@ -22,7 +22,9 @@ fn members(c: &Cluster, i: usize) -> Option<Vec<(String, String)>> {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| (m["id"].as_str().unwrap().to_owned(), m["status"].as_str().unwrap().to_owned()))
+            .map(|m| {
+                (m["id"].as_str().unwrap().to_owned(), m["status"].as_str().unwrap().to_owned())
+            })
             .collect()
     })
 }
@@ -80,7 +82,10 @@ fn create_until_ok(c: &Cluster, i: usize, name: &str, within: Duration) -> Durat
     let start = Instant::now();
     let mut last = (0, String::new());
     while start.elapsed() < within {
-        match c.request(i, Method::POST, "/v1/topics").body(json!({"name": name}).to_string()).send()
+        match c
+            .request(i, Method::POST, "/v1/topics")
+            .body(json!({"name": name}).to_string())
+            .send()
         {
             Ok(r) => {
                 last = (r.status().as_u16(), r.text().unwrap_or_default());
@@ -96,7 +101,11 @@ fn create_until_ok(c: &Cluster, i: usize, name: &str, within: Duration) -> Durat
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    panic!("create {name} through {} not ok within {within:?}: {last:?}\n{}", c.node(i).id, c.describe());
+    panic!(
+        "create {name} through {} not ok within {within:?}: {last:?}\n{}",
+        c.node(i).id,
+        c.describe()
+    );
 }
 
 #[test]
@@ -125,8 +134,12 @@ fn three_nodes_bootstrap_list_three_alive_members_and_agree_on_one_leader() {
     assert_eq!(leaders, vec![leader], "exactly one node leads\n{}", c.describe());
     for i in 0..3 {
         let s = c.status(i).unwrap();
-        let mut voters: Vec<String> =
-            s["voters"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+        let mut voters: Vec<String> = s["voters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
         voters.sort();
         assert_eq!(voters, ["n1", "n2", "n3"], "{s}");
     }
@@ -139,7 +152,8 @@ fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_ever
     let (st, body) = create_topic(&c, f, "orders", 3);
     assert_eq!(st, 201, "{body}");
     let view = topic_view(&c, f, "orders").unwrap();
-    let owners: BTreeSet<String> = view.as_ref().unwrap().iter().map(|p| p[1].to_string()).collect();
+    let owners: BTreeSet<String> =
+        view.as_ref().unwrap().iter().map(|p| p[1].to_string()).collect();
     assert_eq!(owners.len(), 3, "3 partitions round robin over 3 members: {view:?}");
     wait_topic_everywhere(&c, "orders", &view, Duration::from_secs(10));
 
@@ -151,7 +165,10 @@ fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_ever
     assert_eq!(r.status(), 200, "{}", r.text().unwrap());
     let grown = topic_view(&c, f, "orders").unwrap();
     assert_eq!(grown.as_ref().unwrap().len(), 5, "{grown:?}");
-    assert!(grown.as_ref().unwrap().iter().all(|p| p[1].is_string()), "every partition owned: {grown:?}");
+    assert!(
+        grown.as_ref().unwrap().iter().all(|p| p[1].is_string()),
+        "every partition owned: {grown:?}"
+    );
     wait_topic_everywhere(&c, "orders", &grown, Duration::from_secs(10));
 
     // Every node holds the topic's files once it accepted a record for it.
@@ -174,7 +191,13 @@ fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_ever
         Duration::from_secs(15),
         "the deleted topic's directory gone on every node",
         || dirs.iter().all(|d| !d.exists()).then_some(()),
-        || format!("{:?}\n{}", dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>(), c.describe()),
+        || {
+            format!(
+                "{:?}\n{}",
+                dirs.iter().filter(|d| d.exists()).collect::<Vec<_>>(),
+                c.describe()
+            )
+        },
     );
 }
 
@@ -216,7 +239,11 @@ fn a_user_created_through_a_follower_logs_in_on_every_node_of_a_secured_cluster(
             Duration::from_secs(10),
             "bob refused on every node",
             || {
-                let st = c.client.get(c.node(i).url("/v1/topics")).basic_auth("bob", Some("bob-pw")).send();
+                let st = c
+                    .client
+                    .get(c.node(i).url("/v1/topics"))
+                    .basic_auth("bob", Some("bob-pw"))
+                    .send();
                 st.is_ok_and(|r| r.status() == 401).then_some(())
             },
             || c.describe(),
@@ -234,7 +261,12 @@ fn five_nodes_fail_over_serve_writes_with_two_down_and_answer_503_without_quorum
     let new = c.leader(Duration::from_secs(15));
     assert_ne!(new, old);
     for i in (0..5).filter(|&i| i != old) {
-        create_until_ok(&c, i, &format!("after-failover-{i}"), Duration::from_secs(15).saturating_sub(took.elapsed()).max(Duration::from_secs(1)));
+        create_until_ok(
+            &c,
+            i,
+            &format!("after-failover-{i}"),
+            Duration::from_secs(15).saturating_sub(took.elapsed()).max(Duration::from_secs(1)),
+        );
     }
     // 2 of 5 down: kill a second node (a follower), writes still succeed.
     let second = (0..5).find(|&i| i != old && i != new).unwrap();
@@ -281,7 +313,12 @@ fn wait_topic_everywhere_one(c: &Cluster, i: usize, pattern: &str, ids: &[usize]
 fn topic_names(c: &Cluster, i: usize) -> Option<BTreeSet<String>> {
     let (st, v) = c.get_json(i, "/v1/topics?limit=1000")?;
     (st == 200).then(|| {
-        v["topics"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_owned()).collect()
+        v["topics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
     })
 }
 
@@ -357,7 +394,12 @@ fn a_join_only_node_joins_a_running_cluster_as_a_voter_and_alive_member() {
     );
     assert!(topic_names(&c, 3).unwrap().contains("before-join"));
     create_until_ok(&c, 3, "through-n4", Duration::from_secs(10));
-    wait_topic_everywhere(&c, "through-n4", &topic_view(&c, 3, "through-n4").unwrap(), Duration::from_secs(10));
+    wait_topic_everywhere(
+        &c,
+        "through-n4",
+        &topic_view(&c, 3, "through-n4").unwrap(),
+        Duration::from_secs(10),
+    );
 }
 
 #[test]
@@ -377,7 +419,11 @@ fn a_node_paused_over_thirty_seconds_is_marked_dead_and_alive_again_after_sigcon
         || (status_of(&c).as_deref() == Some("dead")).then_some(()),
         || c.describe(),
     );
-    assert!(stopped_at.elapsed() >= Duration::from_secs(25), "dead too early: {:?}", stopped_at.elapsed());
+    assert!(
+        stopped_at.elapsed() >= Duration::from_secs(25),
+        "dead too early: {:?}",
+        stopped_at.elapsed()
+    );
     c.cont(paused);
     wait_for(
         Duration::from_secs(20),
@@ -410,7 +456,9 @@ fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_t
         Duration::from_secs(20),
         "the secured nodes log rejected streams from both outsiders",
         || {
-            let n = (0..3).map(|i| c.node(i).log().matches("cluster stream rejected: invalid auth").count()).sum::<usize>();
+            let n = (0..3)
+                .map(|i| c.node(i).log().matches("cluster stream rejected: invalid auth").count())
+                .sum::<usize>();
             (n >= 2).then_some(())
         },
         || c.describe(),
@@ -425,9 +473,7 @@ fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_t
         assert!(m.iter().all(|(id, _)| id != "n4" && id != "n5"), "{m:?}");
     }
     for i in [3, 4] {
-        let (st, _) = c
-            .get_json(i, "/readyz")
-            .unwrap_or((0, Value::Null));
+        let (st, _) = c.get_json(i, "/readyz").unwrap_or((0, Value::Null));
         assert_ne!(st, 200, "{} must not be ready", c.node(i).id);
         if let Some(names) = topic_names(&c, i) {
             assert!(names.is_empty(), "{}: {names:?}", c.node(i).id);
