@@ -19,6 +19,12 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// Reply timeout of an op that does not name its own.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a request to a peer times out, a Ping must come back within this
+/// or the connection is closed and the next request dials again: a peer
+/// that was killed and restarted on the same address cannot reset the old
+/// connection (its new endpoint does not know it), which would otherwise
+/// look healthy until the idle timeout.
+pub const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Reply timeout of CommitProduce / CommitProduceBatch.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Reply timeout of a CreateTopic forwarded to the leader.

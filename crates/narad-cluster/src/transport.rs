@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::frame::{Frame, FrameType, read_frame, write_frame};
 use crate::limits::{
     AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD, IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL,
-    MAX_IN_FLIGHT_PER_STREAM, MAX_STREAMS_PER_CONNECTION, REPLY_TIMEOUT,
+    LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM, MAX_STREAMS_PER_CONNECTION, REPLY_TIMEOUT,
 };
 use crate::metrics::{RpcMetrics, status_kind};
 use crate::rpc::{Lane, Op, Reply, Request};
@@ -132,7 +132,9 @@ impl Transport {
         peers
             .entry((addr, server_name.to_owned()))
             .or_insert_with(|| {
-                Arc::new(Peer {
+                Arc::new_cyclic(|me| Peer {
+                    me: me.clone(),
+                    probing: std::sync::atomic::AtomicBool::new(false),
                     endpoint: self.endpoint.clone(),
                     client: self.client.clone(),
                     addr,
@@ -158,6 +160,10 @@ impl Transport {
 /// its lanes' stream pools.
 #[derive(Debug)]
 pub struct Peer {
+    /// This peer, for the liveness probe a dropped or timed-out call starts.
+    me: std::sync::Weak<Peer>,
+    /// A liveness probe is running.
+    probing: std::sync::atomic::AtomicBool,
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
     addr: SocketAddr,
@@ -173,6 +179,19 @@ pub struct Peer {
 struct Pool {
     streams: Vec<Arc<ClientStream>>,
     next: usize,
+}
+
+/// Starts [`Peer::probe_after_timeout`] in the background when dropped
+/// holding the peer (a call that did not finish: timed out or abandoned).
+struct ProbeOnDrop(Option<std::sync::Weak<Peer>>);
+
+impl Drop for ProbeOnDrop {
+    fn drop(&mut self) {
+        let Some(peer) = self.0.take().and_then(|w| w.upgrade()) else { return };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { peer.probe_after_timeout().await });
+        }
+    }
 }
 
 /// Replies awaited on one stream, by request id.
@@ -254,7 +273,14 @@ impl Peer {
     pub async fn call_with_timeout(&self, request: &Request, timeout: Duration) -> Result<Reply> {
         let start = Instant::now();
         let op = request.op();
+        // A call that times out here, or that its caller abandons (openraft
+        // drops a heartbeat after its own short timeout), starts a liveness
+        // probe of the connection when the guard drops unfinished.
+        let mut unfinished = ProbeOnDrop(Some(self.me.clone()));
         let result = self.call_inner(request, op, timeout).await;
+        if !matches!(result, Err(Error::Timeout { .. })) {
+            unfinished.0 = None;
+        }
         let kind = match &result {
             Ok(r) => status_kind(r.status),
             Err(e) => Some(e.kind()),
@@ -268,16 +294,43 @@ impl Peer {
         if payload.len() > FRAME_MAX_PAYLOAD {
             return Err(Error::FrameTooLarge { len: payload.len() as u64, max: FRAME_MAX_PAYLOAD });
         }
-        let f = tokio::time::timeout(
+        let f = match tokio::time::timeout(
             timeout,
             self.roundtrip(request.lane(), FrameType::NodeRequest, payload.into()),
         )
         .await
-        .map_err(|_| Error::Timeout { op: op.name(), after: timeout })??;
+        {
+            Ok(f) => f?,
+            Err(_) => return Err(Error::Timeout { op: op.name(), after: timeout }),
+        };
         match f.kind {
             FrameType::NodeReply => Reply::decode(&f.payload),
             FrameType::Error => Err(Error::Remote(Frame::error_message(&f.payload)?)),
             other => Err(Error::Protocol(format!("{other:?} frame in reply to a request"))),
+        }
+    }
+
+    /// A request timed out: is the connection still alive? A Ping must
+    /// come back within [`LIVENESS_PROBE_TIMEOUT`], else the connection is
+    /// closed so the next request dials again (a peer killed and restarted
+    /// on the same address never resets the old connection: its new
+    /// endpoint does not know it, and it would look healthy until the idle
+    /// timeout). A slow handler on a live peer answers the Ping and keeps
+    /// the connection and its other requests.
+    async fn probe_after_timeout(&self) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.probe().await;
+        self.probing.store(false, Ordering::Release);
+    }
+
+    async fn probe(&self) {
+        let cached = self.conn.lock().await.clone();
+        let Some(conn) = cached.filter(|c| c.close_reason().is_none()) else { return };
+        if !matches!(tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, self.ping()).await, Ok(Ok(_))) {
+            tracing::info!(peer = %self.addr, "peer did not answer a ping after a timed-out request: closing the connection to dial again");
+            conn.close(0u32.into(), b"peer unresponsive");
         }
     }
 

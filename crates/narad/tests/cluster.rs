@@ -350,9 +350,6 @@ fn restarted_node_catches_up(sigterm: bool, writes: usize, opts: ClusterOpts) {
 }
 
 #[test]
-#[ignore = "fails on main: after kill -9 and restart the node is not ready within 30 s (it campaigns \
-            alone at ever higher terms; the leader's QUIC connection to its dead incarnation looks \
-            healthy until the 30 s idle timeout) — run with --ignored once the transport redials"]
 fn a_node_killed_with_sigkill_restarts_and_catches_up_from_the_log() {
     restarted_node_catches_up(false, 20, ClusterOpts::dev());
 }
