@@ -61,6 +61,10 @@ pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 /// (SPEC §7.1 AppliedCaughtUp).
 pub const LEADER_CONTACT_FRESH: Duration = Duration::from_secs(5);
 
+/// How often the control plane refreshes its committed index and gauges,
+/// and notices a leader change for its log line.
+const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Status of a request refused because this node is not the leader.
 pub const NOT_LEADER: u16 = 421;
 
@@ -412,9 +416,13 @@ impl ControlPlane {
             if m.state == ServerState::Shutdown || m.running_state.is_err() {
                 break;
             }
-            // Wake on a change, and at least every 200 ms (the committed
-            // index moves without a metrics change on followers).
-            let _ = tokio::time::timeout(Duration::from_millis(200), rx.changed()).await;
+            // A fixed cadence, not "wake on every metrics change": reading
+            // the committed index (`with_raft_state`) makes openraft report
+            // its metrics again, which changed them (timings), which woke
+            // this loop: an idle 3-node cluster spent ~45% of a core per
+            // node in that loop. 100 ms also catches the committed index
+            // moving on followers without a metrics change.
+            tokio::time::sleep(MONITOR_INTERVAL).await;
         }
     }
 
