@@ -136,17 +136,10 @@ impl ClusterSettings {
     }
 }
 
-/// The Raft node id of a node id: FNV-1a 64 of its bytes (openraft needs a
-/// `Copy` id; ours are strings). Validation refuses peers whose ids
-/// collide.
-pub fn raft_id(node_id: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in node_id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+/// The Raft node id of a node id (FNV-1a 64 of its bytes): the control
+/// plane's own derivation, so validation and Raft never disagree.
+/// Validation refuses peers whose ids collide.
+pub use narad_cluster::raft::raft_id;
 
 /// Checks a node id: `^[A-Za-z0-9._-]{1,64}$`.
 pub fn validate_node_id(id: &str) -> Result<(), String> {
