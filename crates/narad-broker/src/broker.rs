@@ -105,8 +105,9 @@ pub enum AckAction {
     Nack,
 }
 
-/// Per-partition details for `GET /v1/topics/{topic}`.
-#[derive(Debug, Clone, serde::Serialize)]
+/// Per-partition details for `GET /v1/topics/{topic}` (also the body of
+/// node RPC op 8's reply).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PartitionStats {
     /// Partition index.
@@ -124,12 +125,16 @@ pub struct PartitionStats {
     /// Commit time (Unix s) of the oldest segment's first record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub oldest_segment_at: Option<u64>,
-    /// The member that owns the partition (absent while unassigned). The
-    /// figures above are this node's own log of it.
+    /// The member that owns the partition (absent while unassigned).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner_node: Option<String>,
-    /// `ok`, or `owner_unavailable` when the owner is dead, unknown or
-    /// not assigned yet.
+    /// The member whose log the figures above describe: the owner's when
+    /// it answered, else this node's own (set by a cluster node; absent on
+    /// a single node, whose figures are always its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_from: Option<String>,
+    /// `ok`, or `owner_unavailable` when the owner is dead, unknown, not
+    /// assigned yet, or did not answer for its figures.
     pub status: crate::ownership::PartitionStatus,
     /// The owner's liveness: `alive`, `dead` or `unknown`.
     pub owner_liveness: crate::ownership::OwnerLiveness,
@@ -174,6 +179,8 @@ pub struct Broker {
     /// [`Topics::frontier_moves`] when the last frontier pass began: while
     /// it has not changed, the pass looks at no partition.
     frontier_moves_seen: AtomicU64,
+    /// See [`Broker::unconfirmed_orphans`].
+    unconfirmed_orphans: Mutex<std::collections::BTreeSet<String>>,
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -244,7 +251,7 @@ impl Broker {
     ) -> Result<Arc<Broker>, BrokerError> {
         let (cfg, fs2, clock2, metrics2, meta2) =
             (config.clone(), fs.clone(), clock.clone(), metrics.clone(), meta.clone());
-        let (topics, wal) = blocking(move || {
+        let (topics, wal, unconfirmed_orphans) = blocking(move || {
             let meta = meta2;
             let topics_root = cfg.data_dir.join("topics");
             let applied = meta.snapshot().applied_index();
@@ -262,12 +269,12 @@ impl Broker {
             let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone())
                 .with_metrics(metrics2);
             let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
-            topics.open_at_startup(&live)?;
+            let deferred = topics.open_at_startup(&live, meta.is_replicated())?;
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
                 .map_err(|e| BrokerError::internal("open ingress WAL", e))?;
             let metastore = narad_meta::metastore_path(&cfg.data_dir);
             crate::start_check::wal_records_not_newer(&wal, &metastore, applied)?;
-            Ok((Arc::new(topics), Arc::new(wal)))
+            Ok((Arc::new(topics), Arc::new(wal), deferred))
         })
         .await?;
         let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
@@ -297,6 +304,7 @@ impl Broker {
             wal_seen: Mutex::new(narad_wal::WalStats::default()),
             dir_walk_skip: AtomicU32::new(0),
             frontier_moves_seen: AtomicU64::new(0),
+            unconfirmed_orphans: Mutex::new(unconfirmed_orphans.into_iter().collect()),
         });
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
@@ -315,6 +323,39 @@ impl Broker {
         broker.spawn_background();
         info!(data_dir = %broker.config.data_dir.display(), "broker started");
         Ok(broker)
+    }
+
+    /// Topic directories found at start-up that this (replicated)
+    /// metastore does not know: kept until the group's leader confirms the
+    /// topic is gone (SPEC §7.1), then passed to
+    /// [`Broker::remove_confirmed_orphan`]. Empty on a single node, which
+    /// removes them at start-up.
+    pub fn unconfirmed_orphans(&self) -> Vec<String> {
+        self.unconfirmed_orphans.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Whether this replica knows a topic named `name` now.
+    pub fn knows_topic(&self, name: &str) -> bool {
+        self.meta.topic(name).is_some()
+    }
+
+    /// Settles an unconfirmed orphan the leader confirmed gone: removes its
+    /// directory unless this replica knows the topic by now (checked under
+    /// the lock every open takes). Returns whether files were removed.
+    pub async fn remove_confirmed_orphan(&self, name: &str) -> Result<bool, BrokerError> {
+        let (topics, meta, owned) = (self.topics.clone(), self.meta.clone(), name.to_owned());
+        let removed = blocking(move || {
+            topics.remove_confirmed_orphan(&owned, || meta.topic(&owned).is_some())
+        })
+        .await?;
+        self.forget_orphan(name);
+        Ok(removed)
+    }
+
+    /// Drops `name` from the unconfirmed orphans (this replica knows the
+    /// topic now: its files are the topic's to open).
+    pub fn forget_orphan(&self, name: &str) {
+        self.unconfirmed_orphans.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
     }
 
     /// This node's id.
@@ -541,6 +582,7 @@ impl Broker {
                     size_bytes: s.size_bytes,
                     oldest_segment_at: s.oldest_segment_at_ms.map(|ms| ms / 1000),
                     owner_node: owner.owner_node,
+                    stats_from: None,
                     status: owner.status,
                     owner_liveness: owner.liveness,
                 }

@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 
 use narad_meta::MemberStatus;
 use narad_meta::MetaState;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The owner's liveness by its member record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OwnerLiveness {
@@ -23,7 +23,7 @@ pub enum OwnerLiveness {
 }
 
 /// Whether a partition can be served by its owner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PartitionStatus {

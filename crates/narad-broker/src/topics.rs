@@ -660,19 +660,32 @@ impl Topics {
 
     /// Opens every partition of every topic found on disk that the
     /// metastore knows (recovering each log, so damage stops the start),
-    /// and removes directories of topics the metastore does not know.
-    pub fn open_at_startup(&self, live: &[Arc<Topic>]) -> Result<(), BrokerError> {
+    /// and removes directories of topics the metastore does not know, or,
+    /// with `defer_unknown` (a replicated metastore, which may be behind
+    /// its group), leaves them and returns their names: they go only once
+    /// the group's leader confirms the topic is gone
+    /// ([`Topics::remove_confirmed_orphan`]).
+    pub fn open_at_startup(
+        &self,
+        live: &[Arc<Topic>],
+        defer_unknown: bool,
+    ) -> Result<Vec<String>, BrokerError> {
         let names: HashMap<&str, &Arc<Topic>> = live.iter().map(|t| (t.name(), t)).collect();
+        let mut deferred = Vec::new();
         if !self.fs.exists(&self.root).map_err(|e| BrokerError::internal("open topics", e))? {
             self.fs
                 .create_dir_all(&self.root)
                 .map_err(|e| BrokerError::internal("open topics", e))?;
-            return Ok(());
+            return Ok(deferred);
         }
         let entries =
             self.fs.list_dir(&self.root).map_err(|e| BrokerError::internal("open topics", e))?;
         for e in entries.into_iter().filter(|e| e.is_dir) {
             match names.get(e.name.as_str()) {
+                None if defer_unknown => {
+                    info!(topic = %e.name, "files of a topic this replica does not know: kept until the leader confirms it is gone");
+                    deferred.push(e.name);
+                }
                 None => {
                     warn!(topic = %e.name, "removing files of a topic the metastore does not know (an unfinished delete)");
                     let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -709,7 +722,30 @@ impl Topics {
                 }
             }
         }
-        Ok(())
+        Ok(deferred)
+    }
+
+    /// Removes the directory `name` kept at start-up once the leader
+    /// confirmed the topic is gone, unless this replica knows the topic by
+    /// now (`known`, read under the open lock: then the directory is the
+    /// topic's, or an older incarnation's that opening it replaces).
+    /// Returns whether it removed anything.
+    pub fn remove_confirmed_orphan(
+        &self,
+        name: &str,
+        known: impl FnOnce() -> bool,
+    ) -> Result<bool, BrokerError> {
+        let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if known() {
+            return Ok(false);
+        }
+        let dir = self.root.join(name);
+        let on_disk = self.fs.exists(&dir).map_err(|e| BrokerError::internal("delete topic", e))?;
+        self.close_and_clear(name, on_disk)?;
+        if on_disk {
+            warn!(topic = name, "removed the files of a topic the leader confirmed deleted");
+        }
+        Ok(on_disk)
     }
 }
 

@@ -302,7 +302,7 @@ fn startup_refuses_files_of_a_newer_incarnation_than_the_metastore_knows() {
     let fresh = Topics::new(fs.shared(), data, LogConfig::default(), clock);
     fs.create_dir_all(&data.join("topics/t")).unwrap();
     narad_fs::write_file_atomic(&fs, &data.join("topics/t/incarnation"), &marker).unwrap();
-    let err = fresh.open_at_startup(std::slice::from_ref(&t)).unwrap_err().to_string();
+    let err = fresh.open_at_startup(std::slice::from_ref(&t), false).unwrap_err().to_string();
     assert!(err.contains("/data/topics/t") && err.contains("newer incarnation"), "{err}");
     assert!(fs.exists(&data.join("topics/t/incarnation")).unwrap(), "left alone");
     drop(topics);

@@ -118,7 +118,7 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
     );
     let topics = Arc::new(Topics::new(fs.shared(), data, log_config(), Arc::new(clock.clone())));
     let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
-    topics.open_at_startup(&live).map_err(|e| format!("partition logs: {e}"))?;
+    topics.open_at_startup(&live, false).map_err(|e| format!("partition logs: {e}"))?;
     let wal = Arc::new(
         Wal::open_with(fs.shared(), narad_wal::wal_dir(data), wal_options())
             .map_err(|e| format!("wal: {e}"))?,

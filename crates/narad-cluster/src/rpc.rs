@@ -329,6 +329,19 @@ pub struct JoinCluster {
     pub http_addr: Option<String>,
 }
 
+/// TopicPartitionStats (8): `topic, partition i32` and, optionally, the
+/// caller's incarnation id of the topic (u64, written only when known; the
+/// owner answers 404 when its live topic is another incarnation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionStatsRequest {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// The incarnation the caller asks about.
+    pub incarnation: Option<NonZeroU64>,
+}
+
 /// A request this node serves, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -350,6 +363,8 @@ pub enum Request {
     PurgeTopic(String),
     /// 20.
     GetTopic(String),
+    /// 8.
+    TopicPartitionStats(PartitionStatsRequest),
     /// 9.
     RegisterMember(RegisterMember),
     /// 10 (the record's incarnation is the optional trailing id).
@@ -393,6 +408,7 @@ impl Request {
             Request::DeleteTopic(_) => Op::DeleteTopic,
             Request::PurgeTopic(_) => Op::PurgeTopic,
             Request::GetTopic(_) => Op::GetTopic,
+            Request::TopicPartitionStats(_) => Op::TopicPartitionStats,
             Request::RegisterMember(_) => Op::RegisterMember,
             Request::CommitProduce(_) => Op::CommitProduce,
             Request::CommitProduceBatch(_) => Op::CommitProduceBatch,
@@ -457,6 +473,12 @@ impl Request {
             }
             Request::DeleteTopic(t) | Request::PurgeTopic(t) | Request::GetTopic(t) => {
                 e.str(t);
+            }
+            Request::TopicPartitionStats(r) => {
+                e.str(&r.topic).i32(r.partition);
+                if let Some(id) = r.incarnation {
+                    e.u64(id.get());
+                }
             }
             Request::RegisterMember(m) => {
                 e.str(&m.id).str(&m.addr).str(&m.cluster_addr).str(&m.status).i64(m.last_heartbeat);
@@ -540,16 +562,14 @@ impl Request {
                 status: d.string("status")?,
                 last_heartbeat: d.i64("last_heartbeat")?,
             }),
+            Op::TopicPartitionStats => Request::TopicPartitionStats(PartitionStatsRequest {
+                topic: d.string("topic")?,
+                partition: d.i32("partition")?,
+                incarnation: trailing_incarnation(&mut d)?,
+            }),
             Op::CommitProduce => {
                 let mut r = CommitRecord::get(&mut d)?;
-                if d.remaining() > 0 {
-                    let id = d.u64("incarnation")?;
-                    r.incarnation =
-                        Some(NonZeroU64::new(id).ok_or_else(|| Error::InvalidField {
-                            field: "incarnation",
-                            reason: "0 is no incarnation id".into(),
-                        })?);
-                }
+                r.incarnation = trailing_incarnation(&mut d)?;
                 Request::CommitProduce(r)
             }
             Op::CommitProduceBatch => Request::CommitProduceBatch(batch(&mut d)?),
@@ -569,7 +589,6 @@ impl Request {
             Op::RaftInstallSnapshot => Request::RaftInstallSnapshot(d.bytes("rpc")?),
             Op::RaftCampaign => Request::RaftCampaign,
             Op::Produce
-            | Op::TopicPartitionStats
             | Op::FanoutCursors
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk
@@ -595,6 +614,19 @@ fn runs(records: &[CommitRecord]) -> Vec<(u32, u64)> {
         }
     }
     out
+}
+
+/// An optional trailing incarnation id (absent when no bytes are left;
+/// 0 is no id and is refused).
+fn trailing_incarnation(d: &mut Dec<'_>) -> Result<Option<NonZeroU64>> {
+    if d.remaining() == 0 {
+        return Ok(None);
+    }
+    let id = d.u64("incarnation")?;
+    NonZeroU64::new(id).map(Some).ok_or_else(|| Error::InvalidField {
+        field: "incarnation",
+        reason: "0 is no incarnation id".into(),
+    })
 }
 
 fn receipt(d: &mut Dec<'_>) -> Result<Receipt> {

@@ -15,6 +15,8 @@ const GOLDEN: &[(&str, &str)] = &[
     ("delete_topic", "060000000174"),
     ("purge_topic", "070000000174"),
     ("get_topic", "140000000174"),
+    ("topic_partition_stats", "08000000066f726465727300000002"),
+    ("topic_partition_stats_incarnation", "08000000066f7264657273000000020000000000000009"),
     (
         "register_member",
         "09000000026e310000000e3132372e302e302e313a373934320000000e3132372e302e302e313a3739343300000005616c69766517979cfe362a0000",
@@ -129,6 +131,22 @@ fn samples() -> Vec<(&'static str, Request)> {
         ("delete_topic", Request::DeleteTopic("t".into())),
         ("purge_topic", Request::PurgeTopic("t".into())),
         ("get_topic", Request::GetTopic("t".into())),
+        (
+            "topic_partition_stats",
+            Request::TopicPartitionStats(PartitionStatsRequest {
+                topic: "orders".into(),
+                partition: 2,
+                incarnation: None,
+            }),
+        ),
+        (
+            "topic_partition_stats_incarnation",
+            Request::TopicPartitionStats(PartitionStatsRequest {
+                topic: "orders".into(),
+                partition: 2,
+                incarnation: NonZeroU64::new(9),
+            }),
+        ),
         (
             "register_member",
             Request::RegisterMember(RegisterMember {
@@ -255,7 +273,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 8, 17, 22, 28, 34, 99, 255] {
+    for code in [0u8, 1, 17, 22, 28, 34, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);
@@ -278,6 +296,7 @@ fn every_truncation_of_every_request_and_reply_is_refused() {
             // Cutting exactly the optional incarnation field or section off
             // leaves the valid, shorter form.
             let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
+                || (*name == "topic_partition_stats_incarnation" && cut == full.len() - 8)
                 || (*name == "join_cluster_http" && cut == full.len() - 17)
                 || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
             assert_eq!(ok, optional_cut, "{name} cut at {cut}");

@@ -427,3 +427,46 @@ async fn control_ops_refuse_lying_payloads_and_followers_answer_421() {
     assert_eq!(c.node(l).plane.status().voters, ["n1", "n2", "n3"]);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_a_leader_that_confirms_its_leadership_says_a_topic_is_gone() {
+    use narad_cluster::raft::LeaderTopicView;
+    let mut c = Cluster::new("confirm", 3, &[], fast());
+    c.start_all().await;
+    let l = c.leader(Duration::from_secs(10)).await;
+    let f = (l + 1) % 3;
+    let incarnation = create(&c.node(f).meta, "kept").await.unwrap();
+    create(&c.node(f).meta, "doomed").await.unwrap();
+    converged(&c, "doomed", Duration::from_secs(5)).await;
+    // Asked on the leader (barrier + re-read) and through a follower (op 20).
+    for i in [l, f] {
+        let view = c.node(i).plane.leader_topic_view("kept").await;
+        assert_eq!(view, Ok(LeaderTopicView::Present { incarnation }), "{}", c.node(i).id);
+        let view = c.node(i).plane.leader_topic_view("never-created").await;
+        assert_eq!(view, Ok(LeaderTopicView::Absent), "{}", c.node(i).id);
+    }
+    let meta = c.node(f).meta.clone();
+    tokio::task::spawn_blocking(move || meta.delete_topic("doomed")).await.unwrap().unwrap();
+    assert_eq!(c.node(f).plane.leader_topic_view("doomed").await, Ok(LeaderTopicView::Absent));
+    // A follower answers GetTopic with 421: only the leader's view counts.
+    let client = Transport::client_only(
+        "127.0.0.1:0".parse().unwrap(),
+        ClusterAuth::default(),
+        RpcMetrics::default(),
+    )
+    .unwrap();
+    let follower = client.peer(c.peers[f].addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+    let reply = follower.call(&Request::GetTopic("kept".into())).await.unwrap();
+    assert_eq!(reply.status, 421, "{}", String::from_utf8_lossy(&reply.body));
+    // Without a quorum nothing is confirmed: neither by a leader that can no
+    // longer prove it leads, nor by a follower whose leader is gone.
+    let survivor = l;
+    for i in (0..3).filter(|i| *i != survivor) {
+        c.kill(i).await;
+    }
+    let started = Instant::now();
+    let view = c.node(survivor).plane.leader_topic_view("never-created").await;
+    assert!(view.is_err(), "confirmed without a quorum: {view:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    c.shutdown().await;
+}

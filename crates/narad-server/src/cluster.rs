@@ -2,6 +2,8 @@
 //! server holds (the cluster's wiring implements it; `None` on a single
 //! node), and the JSON of `GET /v1/cluster/status`.
 
+use narad_broker::PartitionStats;
+use narad_broker::ownership::PartitionStatus;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -79,6 +81,73 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     /// This node's current view (cheap, non-blocking: served on the async
     /// runtime).
     fn status(&self) -> ClusterStatus;
+
+    /// The figures of a partition as its owner `owner` has them, for the
+    /// topic's incarnation `incarnation` (node RPC op 8; an `Err` says why
+    /// the owner did not answer).
+    fn owner_partition_stats<'a>(
+        &'a self,
+        owner: &'a str,
+        topic: &'a str,
+        incarnation: u64,
+        partition: u32,
+    ) -> BoxFuture<'a, Result<PartitionStats, String>>;
+}
+
+/// A boxed future ([`ClusterView`] is used as a trait object).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// `partition_stats` on a cluster node: every partition owned by another
+/// alive member gets that owner's figures (asked concurrently), stamped
+/// with `stats_from` = the owner; a partition whose owner does not answer
+/// keeps this node's own figures, `stats_from` = this node, and `status`
+/// `owner_unavailable`. Partitions this node owns, or whose owner is dead
+/// or unknown, keep this node's figures.
+pub async fn with_owner_figures(
+    view: &dyn ClusterView,
+    node_id: &str,
+    topic: &str,
+    incarnation: u64,
+    mut stats: Vec<PartitionStats>,
+) -> Vec<PartitionStats> {
+    let asks = stats.iter().enumerate().filter_map(|(i, s)| {
+        let owner = s.owner_node.as_deref()?;
+        (owner != node_id && s.status == PartitionStatus::Ok).then_some((i, owner.to_owned()))
+    });
+    let asks: Vec<(usize, String)> = asks.collect();
+    let answers =
+        futures_util::future::join_all(asks.iter().map(|(i, owner)| {
+            view.owner_partition_stats(owner, topic, incarnation, stats[*i].index)
+        }))
+        .await;
+    for s in &mut stats {
+        s.stats_from = Some(node_id.to_owned());
+    }
+    for ((i, owner), answer) in asks.into_iter().zip(answers) {
+        let local = &mut stats[i];
+        match answer {
+            Ok(remote) => {
+                local.segments = remote.segments;
+                local.oldest_offset = remote.oldest_offset;
+                local.next_offset = remote.next_offset;
+                local.high_watermark = remote.high_watermark;
+                local.size_bytes = remote.size_bytes;
+                local.oldest_segment_at = remote.oldest_segment_at;
+                local.stats_from = Some(owner);
+            }
+            Err(why) => {
+                tracing::debug!(
+                    topic,
+                    partition = local.index,
+                    owner,
+                    why,
+                    "the owner did not answer for its partition figures"
+                );
+                local.status = PartitionStatus::OwnerUnavailable;
+            }
+        }
+    }
+    stats
 }
 
 #[cfg(test)]

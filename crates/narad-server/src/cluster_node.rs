@@ -19,9 +19,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use narad_broker::metrics::ErrorLabels;
+use narad_broker::{Broker, PartitionStats};
 use narad_clock::ClockRef;
-use narad_cluster::raft::{ControlPlane, ControlPlaneConfig, PeerEntry, RaftTimings, Role};
-use narad_cluster::rpc::{Reply, Request};
+use narad_cluster::raft::{
+    ControlPlane, ControlPlaneConfig, LeaderTopicView, PeerEntry, RaftTimings, Role,
+};
+use narad_cluster::rpc::{PartitionStatsRequest, Reply, Request};
 use narad_cluster::{Handler, Membership, RpcMetrics, Transport};
 use narad_fs::FsRef;
 use narad_meta::{Member, MetaStore};
@@ -37,13 +40,22 @@ use crate::cluster_settings::ClusterSettings;
 /// before it calls itself ready anyway (SPEC §7.6: 60 s).
 pub const READY_CATCH_UP_WAIT: Duration = Duration::from_secs(60);
 
-/// Answers node RPC: the control plane's ops (21, 29-33) now; the data
-/// plane's (commit, consume, ack, stats) arrive with the cross-node
-/// produce path and are answered `400 unsupported rpc operation N` until
-/// then, like any op this node does not serve.
+/// How long `GET /v1/topics/{topic}` waits for an owner's partition
+/// figures (SPEC §7.4's reply timeout).
+pub const OWNER_STATS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often unconfirmed orphan directories are asked about.
+const ORPHAN_CONFIRM_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Answers node RPC: the control plane's ops (20, 21, 29-33) and a
+/// partition's figures (8); the data plane's (commit, consume, ack)
+/// arrive with the cross-node produce path and are answered `400
+/// unsupported rpc operation N` until then, like any op this node does not
+/// serve.
 #[derive(Debug, Default)]
 struct NodeHandler {
     control: OnceLock<Arc<ControlPlane>>,
+    broker: OnceLock<Arc<Broker>>,
 }
 
 impl Handler for NodeHandler {
@@ -51,9 +63,52 @@ impl Handler for NodeHandler {
         let Some(control) = self.control.get() else {
             return Reply::error(503, "node is starting");
         };
+        if let Request::TopicPartitionStats(r) = &request {
+            return self.partition_stats(r);
+        }
         match control.handle(&request).await {
             Some(reply) => reply,
             None => Reply::error(400, &format!("unsupported rpc operation {}", request.op() as u8)),
+        }
+    }
+}
+
+impl NodeHandler {
+    /// TopicPartitionStats (8): this node's figures of one partition of the
+    /// topic's live incarnation (404 when the topic, or the asked
+    /// incarnation, is not live here).
+    fn partition_stats(&self, r: &PartitionStatsRequest) -> Reply {
+        let Some(broker) = self.broker.get() else {
+            return Reply::error(503, "node is starting");
+        };
+        let t = match broker.topic(&r.topic) {
+            Ok(t) => t,
+            Err(narad_broker::BrokerError::TopicNotFound) => {
+                return Reply::error(404, "topic not found");
+            }
+            Err(e) => return Reply::error(500, &format!("topic partition stats: {e}")),
+        };
+        if let Some(asked) = r.incarnation
+            && asked.get() != t.incarnation()
+        {
+            return Reply::error(
+                404,
+                &format!(
+                    "topic not found: incarnation {} is not the live one ({})",
+                    asked,
+                    t.incarnation()
+                ),
+            );
+        }
+        let Some(p) = u32::try_from(r.partition).ok().filter(|p| *p < t.partitions()) else {
+            return Reply::error(400, "invalid partition");
+        };
+        match broker.partition_stats(&t, Some(p)).pop() {
+            Some(stats) => match serde_json::to_vec(&stats) {
+                Ok(body) => Reply::json(200, body),
+                Err(e) => Reply::error(500, &format!("encode partition stats: {e}")),
+            },
+            None => Reply::error(400, "invalid partition"),
         }
     }
 }
@@ -65,7 +120,9 @@ pub struct ClusterNode {
     meta: Arc<MetaStore>,
     transport: Arc<Transport>,
     control: Arc<ControlPlane>,
+    handler: Arc<NodeHandler>,
     membership: OnceLock<Membership>,
+    orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// Why the cluster side could not start.
@@ -221,8 +278,104 @@ impl ClusterNode {
             meta,
             transport,
             control,
+            handler,
             membership: OnceLock::new(),
+            orphan_task: std::sync::Mutex::new(None),
         }))
+    }
+
+    /// Hands the opened broker to node RPC (op 8) and starts settling the
+    /// topic directories it kept at start-up: each is removed once this
+    /// replica has caught up and the leader confirms the topic is gone
+    /// (SPEC §7.1); one the leader still has stays for this replica to
+    /// learn it; nothing is removed while no leader answers.
+    pub fn attach_broker(self: &Arc<Self>, broker: Arc<Broker>) {
+        let _ = self.handler.broker.set(broker.clone());
+        if broker.unconfirmed_orphans().is_empty() {
+            return;
+        }
+        let me = self.clone();
+        let task = tokio::spawn(async move { me.settle_orphans(broker).await });
+        *self.orphan_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+
+    async fn settle_orphans(&self, broker: Arc<Broker>) {
+        let mut last_warn: Option<std::time::Instant> = None;
+        loop {
+            let names = broker.unconfirmed_orphans();
+            if names.is_empty() {
+                info!("every topic directory kept at start-up is settled");
+                return;
+            }
+            if self.control.applied_caught_up() {
+                for name in names {
+                    if broker.knows_topic(&name) {
+                        info!(topic = %name, "this replica learned the topic: its files stay");
+                        broker.forget_orphan(&name);
+                        continue;
+                    }
+                    match self.control.leader_topic_view(&name).await {
+                        Ok(LeaderTopicView::Absent) => {
+                            if let Err(e) = broker.remove_confirmed_orphan(&name).await {
+                                warn!(topic = %name, error = %e, "cannot remove the files of a deleted topic; retrying");
+                            }
+                        }
+                        Ok(LeaderTopicView::Present { incarnation }) => {
+                            info!(topic = %name, incarnation, "the leader has this topic: its files stay until this replica learns it");
+                        }
+                        Err(why) => {
+                            if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                                last_warn = Some(std::time::Instant::now());
+                                warn!(topic = %name, why, "cannot confirm with the leader that a topic is gone: its files stay; asking again");
+                            }
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(ORPHAN_CONFIRM_INTERVAL).await;
+        }
+    }
+
+    /// The figures of `topic`'s partition `partition` as its owner `owner`
+    /// has them (node RPC op 8, [`OWNER_STATS_TIMEOUT`]).
+    pub async fn fetch_partition_stats(
+        &self,
+        owner: &str,
+        topic: &str,
+        incarnation: u64,
+        partition: u32,
+    ) -> Result<PartitionStats, String> {
+        let member = self
+            .meta
+            .snapshot()
+            .member(owner)
+            .cloned()
+            .ok_or_else(|| format!("{owner} is not a member"))?;
+        let addr: SocketAddr = member
+            .cluster_addr
+            .as_deref()
+            .ok_or_else(|| format!("{owner} has no cluster address"))?
+            .parse()
+            .map_err(|e| format!("{owner} has a bad cluster address: {e}"))?;
+        let request = Request::TopicPartitionStats(PartitionStatsRequest {
+            topic: topic.to_owned(),
+            partition: i32::try_from(partition).map_err(|_| "partition out of range".to_owned())?,
+            incarnation: std::num::NonZeroU64::new(incarnation),
+        });
+        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+        let reply = peer
+            .call_with_timeout(&request, OWNER_STATS_TIMEOUT)
+            .await
+            .map_err(|e| format!("{owner}: {e}"))?;
+        if reply.status != 200 {
+            return Err(format!(
+                "{owner} answered {}: {}",
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
+            ));
+        }
+        serde_json::from_slice(&reply.body)
+            .map_err(|e| format!("{owner} answered unreadable figures: {e}"))
     }
 
     /// Starts the heartbeat (and, while this node leads, the controller).
@@ -296,6 +449,9 @@ impl ClusterNode {
     /// Stops membership, hands leadership over and stops consensus, then
     /// closes node RPC.
     pub async fn shutdown(&self) {
+        if let Some(task) = self.orphan_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
         if let Some(m) = self.membership.get() {
             m.stop().await;
         }
@@ -307,6 +463,16 @@ impl ClusterNode {
 }
 
 impl ClusterView for ClusterNode {
+    fn owner_partition_stats<'a>(
+        &'a self,
+        owner: &'a str,
+        topic: &'a str,
+        incarnation: u64,
+        partition: u32,
+    ) -> crate::cluster::BoxFuture<'a, Result<PartitionStats, String>> {
+        Box::pin(self.fetch_partition_stats(owner, topic, incarnation, partition))
+    }
+
     fn status(&self) -> ClusterStatus {
         let s = self.control.status();
         ClusterStatus {

@@ -265,6 +265,7 @@ pub async fn run(
                     return Err(ServerError::Start(e));
                 }
             };
+            node.attach_broker(broker.clone());
             node.start_membership(
                 Member {
                     id: config.node_id.clone(),

@@ -480,3 +480,138 @@ fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_t
         }
     }
 }
+
+/// `GET /v1/topics/{t}` on node `i` through the 10 s client (an owner that
+/// does not answer takes up to the 5 s reply timeout); its partitions.
+fn partition_stats(c: &Cluster, i: usize, t: &str) -> Vec<Value> {
+    let r = c.request(i, Method::GET, &format!("/v1/topics/{t}")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "details of {t} on {}", c.node(i).id);
+    let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    v["partition_stats"].as_array().unwrap().clone()
+}
+
+#[test]
+fn topic_details_show_each_partitions_figures_from_its_owner_and_flag_an_owner_that_does_not_answer()
+ {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    assert_eq!(create_topic(&c, leader, "figs", 3).0, 201);
+    // Partitions are assigned at create over the live members.
+    let owners: Vec<String> = wait_for(
+        Duration::from_secs(15),
+        "every partition of figs has an owner on every node",
+        || {
+            let views: Vec<_> = (0..3).map(|i| topic_view(&c, i, "figs")).collect();
+            let first = views[0].clone()??;
+            let owners: Option<Vec<String>> =
+                first.iter().map(|p| p[1].as_str().map(str::to_owned)).collect();
+            views.iter().all(|v| v.as_ref() == Some(&Some(first.clone()))).then_some(owners)?
+        },
+        || c.describe(),
+    );
+    // A partition owned by another node than the one asked.
+    let (p, owner) = owners
+        .iter()
+        .enumerate()
+        .find_map(|(p, o)| Some((p, c.index_of(o)?)).filter(|(_, o)| *o != 0))
+        .expect("a partition owned by n2 or n3");
+    // Records committed on the owner's log (produced through the owner).
+    for n in 0..4 {
+        let r = c
+            .request(owner, Method::POST, &format!("/v1/topics/figs/produce?partition={p}"))
+            .body(format!("{{\"n\":{n}}}"))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let owner_id = c.node(owner).id.clone();
+    let seen = wait_for(
+        Duration::from_secs(15),
+        "n1 shows the owner's figures of the partition",
+        || {
+            let stats = partition_stats(&c, 0, "figs");
+            (stats[p]["next_offset"] == 4).then_some(stats)
+        },
+        || format!("n1: {:?}\n{}", partition_stats(&c, 0, "figs"), c.describe()),
+    );
+    assert_eq!(seen[p]["stats_from"], owner_id.as_str(), "{seen:?}");
+    assert_eq!(seen[p]["owner_node"], owner_id.as_str());
+    assert_eq!(seen[p]["status"], "ok");
+    assert!(seen[p]["size_bytes"].as_u64().unwrap() > 0, "{seen:?}");
+    for s in &seen {
+        let from_owner = s["stats_from"] == s["owner_node"];
+        let own = s["owner_node"] == "n1" && s["stats_from"] == "n1";
+        assert!(from_owner || own, "every partition's figures come from its owner: {seen:?}");
+    }
+    // The owner dies: its partitions are flagged at once (no answer), with
+    // this node's own figures, long before membership marks it dead.
+    c.kill9(owner);
+    let started = Instant::now();
+    let stats = partition_stats(&c, 0, "figs");
+    eprintln!("details with the owner killed took {:?}", started.elapsed());
+    assert_eq!(stats[p]["status"], "owner_unavailable", "{stats:?}");
+    assert_eq!(stats[p]["stats_from"], "n1", "{stats:?}");
+    assert_eq!(stats[p]["next_offset"], 0, "n1's own log of the partition is empty: {stats:?}");
+    assert_eq!(stats[p]["owner_liveness"], "alive", "not marked dead yet: {stats:?}");
+}
+
+#[test]
+fn a_topic_directory_a_replica_does_not_know_is_removed_only_once_the_leader_confirms_it_is_gone() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let created = create_topic(&c, leader, "kept", 3);
+    assert_eq!(created.0, 201, "{created:?}");
+    let n3 = 2;
+    // Until produce crosses nodes, n3 commits what it accepts into its own
+    // log of the partition, whoever owns it.
+    let r = c
+        .request(n3, Method::POST, "/v1/topics/kept/produce?partition=0")
+        .body(r#"{"n":1}"#)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let topics = c.node(n3).data_dir.join("topics");
+    wait_for(
+        Duration::from_secs(15),
+        "n3 opened its log of partition 0 of kept",
+        || topics.join("kept").join("p00000").exists().then_some(()),
+        || c.describe(),
+    );
+    // Every node stops; n3 gets a directory of a topic nobody has (an
+    // earlier incarnation's marker, so it is not "newer than the
+    // metastore").
+    for i in 0..3 {
+        assert!(c.terminate(i).success());
+    }
+    copy_dir(&topics.join("kept"), &topics.join("ghost"));
+    // Alone, n3 has no leader to ask: the directory stays.
+    c.restart(n3);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(topics.join("ghost").exists(), "removed without a leader's confirmation");
+    assert!(c.node(n3).log().contains("kept until the leader confirms"), "{}", c.node(n3).log());
+    // With a quorum back, the leader confirms it is gone: removed; the
+    // known topic's files stay.
+    c.restart(0);
+    c.wait_ready(n3, READY);
+    wait_for(
+        Duration::from_secs(20),
+        "the unknown directory removed after the leader's confirmation",
+        || (!topics.join("ghost").exists()).then_some(()),
+        || c.node(n3).log_tail(),
+    );
+    let r = c.request(n3, Method::GET, "/v1/topics/kept/consume?partition=0").send().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "the known topic's record is still there");
+    assert!(r.text().unwrap().contains(r#"{"n":1}"#));
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}

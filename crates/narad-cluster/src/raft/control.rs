@@ -79,12 +79,18 @@ pub struct PeerEntry {
 
 /// Raft's timings.
 ///
-/// The defaults follow etcd's: a heartbeat every 100 ms (about the round
-/// trip of a slow LAN, so followers hear from the leader many times per
-/// election timeout) and an election timeout randomised in 1-2 s (ten to
-/// twenty heartbeats: a leader is not deposed by a few lost packets or a
-/// GC-like pause, yet a dead leader is replaced in about two seconds,
-/// well inside the 5 s failover target). Tests may shorten them.
+/// A heartbeat every 100 ms (about the round trip of a slow LAN, so
+/// followers hear from the leader many times per election timeout) and an
+/// election timeout randomised in 0.5-1 s. openraft 0.9 adds its leader
+/// lease (= the upper bound) before a follower that heard from a leader
+/// campaigns, so a dead leader is noticed after 1.5-2 s, which is etcd's
+/// effective figure (election timeout 1 s, randomised to 1-2 s), fifteen
+/// to twenty heartbeats: a leader is not deposed by a few lost packets or
+/// a short pause. With 1-2 s (plus the 2 s lease: 3-4 s) a kill -9 of the
+/// leader took 3.5-11.9 s to the next write, median 5.0 s (8 trials,
+/// docs/BENCHMARKS.md), outside the 5 s target: a vote refused for a
+/// shorter log restarts the refuser's timer and costs a second round.
+/// Tests may shorten them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RaftTimings {
     /// Leader heartbeat interval.
@@ -106,8 +112,8 @@ impl Default for RaftTimings {
     fn default() -> Self {
         RaftTimings {
             heartbeat: Duration::from_millis(100),
-            election_min: Duration::from_millis(1000),
-            election_max: Duration::from_millis(2000),
+            election_min: Duration::from_millis(500),
+            election_max: Duration::from_millis(1000),
             snapshot_after_entries: 5000,
             entries_kept_after_snapshot: 1000,
         }
@@ -200,6 +206,31 @@ pub struct RaftStatus {
     pub learners: Vec<String>,
 }
 
+/// How long the leader's confirmation barrier may take (SPEC §7.1: 5 s).
+pub const CONFIRM_BARRIER: Duration = Duration::from_secs(5);
+
+/// The leader's answer to "does this topic exist?" (SPEC §7.1's leader
+/// confirmation), read after a barrier that proves it still leads and has
+/// applied everything committed before the question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaderTopicView {
+    /// The leader's state has no topic of that name: destruction is
+    /// authorised.
+    Absent,
+    /// The leader's state has it, as this incarnation.
+    Present {
+        /// The live incarnation id.
+        incarnation: u64,
+    },
+}
+
+/// The body of GetTopic's (op 20) 200.
+#[derive(Debug, Serialize, Deserialize)]
+struct TopicPresence {
+    name: String,
+    incarnation: u64,
+}
+
 /// The reply body of a ProposeCommand the leader applied.
 #[derive(Debug, Serialize, Deserialize)]
 struct Proposed {
@@ -219,6 +250,7 @@ enum LocalWrite {
 /// The control plane of one node.
 pub struct ControlPlane {
     me: RaftNode,
+    meta: Arc<MetaStore>,
     raft_id: NodeId,
     raft: Raft,
     transport: Arc<Transport>,
@@ -325,7 +357,7 @@ impl ControlPlane {
         let log = LogStore::<TypeConfig>::open(&*cfg.fs, &cfg.data_dir)?;
         let metrics = RaftMetrics::default();
         metrics.register(registry);
-        let sm = StateMachine::new(meta, cfg.fs.clone(), metrics.clone());
+        let sm = StateMachine::new(meta.clone(), cfg.fs.clone(), metrics.clone());
         let id = raft_id(&cfg.node_id);
         let raft = Raft::new(id, Arc::new(config), Network::new(transport.clone()), log, sm)
             .await
@@ -333,6 +365,7 @@ impl ControlPlane {
 
         let plane = Arc::new(ControlPlane {
             me,
+            meta,
             raft_id: id,
             raft,
             transport,
@@ -461,6 +494,7 @@ impl ControlPlane {
         match request {
             Request::JoinCluster(j) => return Some(self.handle_join(j).await),
             Request::RaftCampaign => return Some(self.handle_campaign().await),
+            Request::GetTopic(name) => return Some(self.handle_get_topic(name).await),
             _ => {}
         }
         let payload = match ControlPayload::decode(request)? {
@@ -498,6 +532,77 @@ impl ControlPlane {
             NOT_LEADER,
             &format!("not the leader (leader: {})", leader.as_deref().unwrap_or("unknown")),
         )
+    }
+
+    /// GetTopic (op 20) on the leader: the topic as the leader's state has
+    /// it after a barrier, so a 404 is an authoritative "gone".
+    async fn handle_get_topic(&self, name: &str) -> Reply {
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        match self.confirmed_local_view(name).await {
+            Ok(LeaderTopicView::Absent) => Reply::error(404, "topic not found"),
+            Ok(LeaderTopicView::Present { incarnation }) => {
+                json_reply(&TopicPresence { name: name.to_owned(), incarnation })
+            }
+            Err(why) => Reply::error(503, &format!("control plane temporarily unavailable: {why}")),
+        }
+    }
+
+    /// As leader: a barrier (a quorum confirms this node still leads, and
+    /// it applied everything committed before), then the local state.
+    async fn confirmed_local_view(&self, name: &str) -> Result<LeaderTopicView, String> {
+        match tokio::time::timeout(CONFIRM_BARRIER, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("leadership not confirmed: {e}")),
+            Err(_) => {
+                return Err(format!("leadership not confirmed within {CONFIRM_BARRIER:?}"));
+            }
+        }
+        Ok(match self.meta.topic(name) {
+            Some(t) => LeaderTopicView::Present { incarnation: t.incarnation() },
+            None => LeaderTopicView::Absent,
+        })
+    }
+
+    /// Leader confirmation (SPEC §7.1) of whether `name` exists: as leader,
+    /// barrier + re-read; otherwise GetTopic (op 20) to the leader. Only
+    /// [`LeaderTopicView::Absent`] authorises destroying anything of the
+    /// topic; every failure is an `Err` (keep everything, ask again later).
+    /// Callers check [`ControlPlane::applied_caught_up`] first.
+    pub async fn leader_topic_view(&self, name: &str) -> Result<LeaderTopicView, String> {
+        let (leader_id, leader) = self
+            .wait_leader(Duration::ZERO)
+            .await
+            .ok_or_else(|| "no raft leader is known".to_owned())?;
+        if leader_id == self.raft_id {
+            return self.confirmed_local_view(name).await;
+        }
+        let peer = peer_of(&self.transport, &leader)?;
+        let reply = peer
+            .call_with_timeout(&Request::GetTopic(name.to_owned()), CONFIRM_BARRIER)
+            .await
+            .map_err(|e| format!("asking the raft leader {}: {e}", leader.id))?;
+        match reply.status {
+            404 => Ok(LeaderTopicView::Absent),
+            200 => {
+                let p: TopicPresence = serde_json::from_slice(&reply.body).map_err(|e| {
+                    format!("the raft leader {} answered an unreadable topic: {e}", leader.id)
+                })?;
+                if p.name != name {
+                    return Err(format!(
+                        "the raft leader {} answered for topic {:?}, not {name:?}",
+                        leader.id, p.name
+                    ));
+                }
+                Ok(LeaderTopicView::Present { incarnation: p.incarnation })
+            }
+            status => Err(format!(
+                "the raft leader {} answered {status}: {}",
+                leader.id,
+                error_text(&reply.body)
+            )),
+        }
     }
 
     /// JoinCluster on the leader: the node becomes a learner, then a voter.

@@ -21,7 +21,8 @@ pub mod types;
 mod storage_suite;
 
 pub use control::{
-    ControlPlane, ControlPlaneConfig, LeaderInfo, PeerEntry, RaftStatus, RaftTimings, Role,
+    CONFIRM_BARRIER, ControlPlane, ControlPlaneConfig, LeaderInfo, LeaderTopicView, PeerEntry,
+    RaftStatus, RaftTimings, Role,
 };
 pub use types::{RaftNode, TypeConfig, raft_id};
 

@@ -226,8 +226,18 @@ pub async fn get(
     {
         return Err(ApiError::bad_request("invalid partition"));
     }
-    let details =
-        Details { topic: t.json_read(), partition_stats: s.broker.partition_stats(&t, only) };
+    let mut partition_stats = s.broker.partition_stats(&t, only);
+    if let Some(cluster) = &s.cluster {
+        partition_stats = crate::cluster::with_owner_figures(
+            &**cluster,
+            s.broker.node_id(),
+            t.name(),
+            t.incarnation(),
+            partition_stats,
+        )
+        .await;
+    }
+    let details = Details { topic: t.json_read(), partition_stats };
     Ok(json_response(StatusCode::OK, to_json(&details)))
 }
 

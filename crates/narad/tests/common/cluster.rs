@@ -129,7 +129,7 @@ impl Node {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
-    fn log_tail(&self) -> String {
+    pub fn log_tail(&self) -> String {
         let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
