@@ -37,6 +37,18 @@ pub struct RejectLabels {
     pub reason: String,
 }
 
+/// `{trigger, outcome}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    /// `timeout` (a call to the peer timed out or was abandoned) or
+    /// `peer_connected` (the peer opened a new connection to this node:
+    /// it may have restarted).
+    pub trigger: String,
+    /// `alive` (the peer answered the ping) or `closed` (it did not: the
+    /// connection was closed, the next call dials again).
+    pub outcome: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~105 s: covers the 75 s create forward.
     Histogram::new(exponential_buckets(0.0001, 2.0, 21))
@@ -54,6 +66,8 @@ pub struct RpcMetrics {
     pub errors: Family<OpErrorLabels, Counter>,
     /// `node_rpc_streams_rejected_total{reason}`.
     pub streams_rejected: Family<RejectLabels, Counter>,
+    /// `node_rpc_liveness_probes_total{trigger,outcome}`.
+    pub probes: Family<ProbeLabels, Counter>,
 }
 
 impl Default for RpcMetrics {
@@ -63,6 +77,7 @@ impl Default for RpcMetrics {
             duration: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
             streams_rejected: Family::default(),
+            probes: Family::default(),
         }
     }
 }
@@ -90,6 +105,11 @@ impl RpcMetrics {
             "Node RPC streams closed before serving (bad auth, malformed or oversized frames)",
             self.streams_rejected.clone(),
         );
+        registry.register(
+            "node_rpc_liveness_probes",
+            "Pings of a peer's connection after a call to it timed out or the peer connected anew, by trigger and outcome",
+            self.probes.clone(),
+        );
     }
 
     pub(crate) fn observe(&self, op: &str, side: &str, seconds: f64, error: Option<&str>) {
@@ -105,6 +125,15 @@ impl RpcMetrics {
                 })
                 .inc();
         }
+    }
+
+    pub(crate) fn probed(&self, trigger: &str, outcome: &str) {
+        self.probes
+            .get_or_create(&ProbeLabels {
+                trigger: trigger.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     pub(crate) fn rejected(&self, reason: &str) {

@@ -77,7 +77,30 @@ pub struct Transport {
     client: quinn::ClientConfig,
     auth: ClusterAuth,
     metrics: RpcMetrics,
-    peers: Mutex<HashMap<(SocketAddr, String), Arc<Peer>>>,
+    peers: PeerTable,
+}
+
+/// The peers this node dials, by address and server name.
+type PeerTable = Arc<Mutex<HashMap<(SocketAddr, String), Arc<Peer>>>>;
+
+/// Why a peer's connection is probed.
+#[derive(Debug, Clone, Copy)]
+enum ProbeTrigger {
+    /// A call to it timed out or was abandoned.
+    Timeout,
+    /// It opened a new connection to this node (it may have restarted, and
+    /// this node's connection to its old process would look healthy until
+    /// the idle timeout).
+    PeerConnected,
+}
+
+impl ProbeTrigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            ProbeTrigger::Timeout => "timeout",
+            ProbeTrigger::PeerConnected => "peer_connected",
+        }
+    }
 }
 
 impl Transport {
@@ -90,14 +113,16 @@ impl Transport {
         handler: Arc<H>,
     ) -> Result<Transport> {
         let endpoint = quinn::Endpoint::server(server_config(&auth)?, addr)?;
+        let peers = PeerTable::default();
         let server = Arc::new(Server {
             auth: auth.clone(),
             metrics: metrics.clone(),
             handler,
             warn: WarnLimiter::default(),
+            peers: peers.clone(),
         });
         tokio::spawn(server.accept(endpoint.clone()));
-        Transport::with_endpoint(endpoint, auth, metrics)
+        Transport::with_endpoint(endpoint, auth, metrics, peers)
     }
 
     /// An endpoint that only dials (binds `addr`, usually port 0).
@@ -107,16 +132,17 @@ impl Transport {
         metrics: RpcMetrics,
     ) -> Result<Transport> {
         let endpoint = quinn::Endpoint::client(addr)?;
-        Transport::with_endpoint(endpoint, auth, metrics)
+        Transport::with_endpoint(endpoint, auth, metrics, PeerTable::default())
     }
 
     fn with_endpoint(
         endpoint: quinn::Endpoint,
         auth: ClusterAuth,
         metrics: RpcMetrics,
+        peers: PeerTable,
     ) -> Result<Transport> {
         let client = client_config(&auth)?;
-        Ok(Transport { endpoint, client, auth, metrics, peers: Mutex::new(HashMap::new()) })
+        Ok(Transport { endpoint, client, auth, metrics, peers })
     }
 
     /// The bound address.
@@ -181,16 +207,14 @@ struct Pool {
     next: usize,
 }
 
-/// Starts [`Peer::probe_after_timeout`] in the background when dropped
+/// Starts [`Peer::probe_in_background`] in the background when dropped
 /// holding the peer (a call that did not finish: timed out or abandoned).
 struct ProbeOnDrop(Option<std::sync::Weak<Peer>>);
 
 impl Drop for ProbeOnDrop {
     fn drop(&mut self) {
         let Some(peer) = self.0.take().and_then(|w| w.upgrade()) else { return };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { peer.probe_after_timeout().await });
-        }
+        peer.probe_in_background(ProbeTrigger::Timeout);
     }
 }
 
@@ -317,19 +341,33 @@ impl Peer {
     /// endpoint does not know it, and it would look healthy until the idle
     /// timeout). A slow handler on a live peer answers the Ping and keeps
     /// the connection and its other requests.
-    async fn probe_after_timeout(&self) {
+    ///
+    /// The same probe runs when the peer opens a new connection to this
+    /// node ([`ProbeTrigger::PeerConnected`]): a restarted peer does that
+    /// at once (the control plane pings every peer when it starts), so the
+    /// connection to its old process is replaced before a call needs it.
+    fn probe_in_background(self: Arc<Self>, trigger: ProbeTrigger) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { self.probe_once(trigger).await });
+        }
+    }
+
+    async fn probe_once(&self, trigger: ProbeTrigger) {
         if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.probe().await;
+        self.probe(trigger).await;
         self.probing.store(false, Ordering::Release);
     }
 
-    async fn probe(&self) {
+    async fn probe(&self, trigger: ProbeTrigger) {
         let cached = self.conn.lock().await.clone();
         let Some(conn) = cached.filter(|c| c.close_reason().is_none()) else { return };
-        if !matches!(tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, self.ping()).await, Ok(Ok(_))) {
-            tracing::info!(peer = %self.addr, "peer did not answer a ping after a timed-out request: closing the connection to dial again");
+        if matches!(tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, self.ping()).await, Ok(Ok(_))) {
+            self.metrics.probed(trigger.as_str(), "alive");
+        } else {
+            self.metrics.probed(trigger.as_str(), "closed");
+            tracing::info!(peer = %self.addr, trigger = trigger.as_str(), "peer did not answer a ping: closing the connection to dial again");
             conn.close(0u32.into(), b"peer unresponsive");
         }
     }
@@ -424,6 +462,8 @@ struct Server<H> {
     metrics: RpcMetrics,
     handler: Arc<H>,
     warn: WarnLimiter,
+    /// The dialling side's peers, probed when one connects anew.
+    peers: PeerTable,
 }
 
 impl<H: Handler> Server<H> {
@@ -433,12 +473,31 @@ impl<H: Handler> Server<H> {
             tokio::spawn(async move {
                 let remote = incoming.remote_address();
                 match incoming.await {
-                    Ok(conn) => server.serve_connection(conn).await,
+                    Ok(conn) => {
+                        server.probe_peers_at(remote);
+                        server.serve_connection(conn).await
+                    }
                     Err(e) => {
                         tracing::debug!(%remote, error = %e, "cluster connection handshake failed")
                     }
                 }
             });
+        }
+    }
+
+    /// A node at `remote` connected anew: probe this node's own
+    /// connections to that address (its old process may be gone).
+    fn probe_peers_at(&self, remote: SocketAddr) {
+        let at: Vec<Arc<Peer>> = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((addr, _), _)| *addr == remote)
+            .map(|(_, p)| p.clone())
+            .collect();
+        for peer in at {
+            peer.probe_in_background(ProbeTrigger::PeerConnected);
         }
     }
 

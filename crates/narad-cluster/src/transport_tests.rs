@@ -401,3 +401,84 @@ fn unreadable_tls_files_are_a_config_error() {
         assert!(matches!(e, Error::Config(ref m) if m.contains("/nonexistent/c")), "{e}");
     });
 }
+
+/// A UDP relay on its own port in front of `target`: what a peer at the
+/// relay's address looks like from outside. Aborting the task drops both
+/// sockets without a word: the peer vanishes like a killed process, and
+/// its address is free for a new one.
+async fn relay(target: SocketAddr) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let front = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let back = tokio::net::UdpSocket::bind(localhost()).await.unwrap();
+    let addr = front.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut a, mut b) = (vec![0u8; 65536], vec![0u8; 65536]);
+        let mut client: Option<SocketAddr> = None;
+        loop {
+            tokio::select! {
+                r = front.recv_from(&mut a) => {
+                    let Ok((n, from)) = r else { return };
+                    client = Some(from);
+                    let _ = back.send_to(&a[..n], target).await;
+                }
+                r = back.recv_from(&mut b) => {
+                    let Ok((n, _)) = r else { return };
+                    if let Some(c) = client {
+                        let _ = front.send_to(&b[..n], c).await;
+                    }
+                }
+            }
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_peer_that_connects_anew_gets_its_stale_connection_replaced_before_the_next_call() {
+    // `a` talks to the node at `b_addr`; that node then vanishes without
+    // closing anything (kill -9), and a new process starts on its address.
+    let (a, _, a_metrics) = server(ClusterAuth::default());
+    let (b1, _, _) = server(ClusterAuth::default());
+    let (b_addr, b1_process) = relay(b1.local_addr().unwrap()).await;
+    let to_b = a.peer(b_addr, tls::DEFAULT_SERVER_NAME);
+    assert_eq!(to_b.call(&get("before")).await.unwrap().status, 200);
+    b1_process.abort();
+    let _ = b1_process.await;
+    let echo = Arc::new(Echo::default());
+    let b2 = Transport::serve(b_addr, ClusterAuth::default(), RpcMetrics::default(), echo.clone())
+        .unwrap();
+    // The new process connects to `a` (the control plane pings every peer
+    // at start): `a` probes its own connection to that address.
+    b2.peer(a.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME).ping().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !exposition(&a_metrics).contains(
+        r#"narad_node_rpc_liveness_probes_total{trigger="peer_connected",outcome="closed"} 1"#,
+    ) {
+        assert!(
+            Instant::now() < deadline,
+            "no probe closed the stale connection:\n{}",
+            exposition(&a_metrics)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next call dials the new process (on the stale connection it
+    // would wait for the whole budget and time out).
+    let reply = to_b.call_with_timeout(&get("after"), Duration::from_secs(3)).await.unwrap();
+    assert_eq!((reply.status, &reply.body[..]), (200, &b"after"[..]));
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 1);
+    // A live peer connecting anew keeps its connection.
+    let (c, _, _) = server(ClusterAuth::default());
+    let to_c = a.peer(c.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
+    to_c.ping().await.unwrap();
+    c.peer(a.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME).ping().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !exposition(&a_metrics).contains(
+        r#"narad_node_rpc_liveness_probes_total{trigger="peer_connected",outcome="alive"} 1"#,
+    ) {
+        assert!(
+            Instant::now() < deadline,
+            "no probe of the live peer:\n{}",
+            exposition(&a_metrics)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -411,6 +411,8 @@ impl ControlPlane {
         }
         let monitor = tokio::spawn(plane.clone().monitor());
         lock(&plane.tasks).push(monitor);
+        let greet = tokio::spawn(plane.clone().greet_peers());
+        lock(&plane.tasks).push(greet);
         if !bootstraps {
             let join = tokio::spawn(plane.clone().join_loop());
             lock(&plane.tasks).push(join);
@@ -457,6 +459,23 @@ impl ControlPlane {
             // moving on followers without a metrics change.
             tokio::time::sleep(MONITOR_INTERVAL).await;
         }
+    }
+
+    /// Pings every other peer once at start: a peer that still holds a
+    /// connection to this node's previous process (killed, restarted on the
+    /// same address) sees this node connect anew and replaces it at once
+    /// (see `Peer::probe_in_background`), instead of sending the next
+    /// vote or append into it and waiting out a timeout.
+    async fn greet_peers(self: Arc<Self>) {
+        let pings = self.peers.iter().filter(|p| p.id != self.me.id).map(|p| {
+            let peer = self.transport.peer(p.addr, crate::tls::DEFAULT_SERVER_NAME);
+            async move {
+                if let Err(e) = peer.ping().await {
+                    tracing::debug!(peer = %p.id, error = %e, "start-up ping not answered");
+                }
+            }
+        });
+        futures_util::future::join_all(pings).await;
     }
 
     /// A join-only node: JoinCluster to every peer until a leader is seen.
