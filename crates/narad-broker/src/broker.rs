@@ -1437,7 +1437,7 @@ fn assign_all(
     }
     let assignments = placement::place(&state, t, from..t.partitions(), &ring);
     if !assignments.is_empty() {
-        meta.assign_partitions(t.name(), t.incarnation(), assignments)?;
+        meta.assign_unassigned(t.name(), t.incarnation(), assignments)?;
     }
     Ok(())
 }

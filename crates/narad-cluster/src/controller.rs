@@ -86,6 +86,7 @@ fn unplaced(state: &MetaState, topic: &Topic, ring: &[String]) -> Option<AssignP
         topic: topic.name().to_owned(),
         incarnation: topic.incarnation(),
         assignments,
+        unassigned_only: true,
     })
 }
 

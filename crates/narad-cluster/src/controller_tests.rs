@@ -67,6 +67,7 @@ fn assign(state: &MetaState, name: &str, owners: &[(u32, &str)]) -> Command {
                 target_id: None,
             })
             .collect(),
+        unassigned_only: false,
     })
 }
 
@@ -173,7 +174,7 @@ fn check(state: &MetaState) -> Result<(), String> {
             return Err(format!("two AssignPartitions for {:?}", a.topic));
         }
         let t = state.topic(&a.topic).ok_or(format!("assigns missing topic {:?}", a.topic))?;
-        if a.incarnation != t.incarnation() || a.assignments.is_empty() {
+        if a.incarnation != t.incarnation() || a.assignments.is_empty() || !a.unassigned_only {
             return Err(format!("bad AssignPartitions {a:?}"));
         }
         for pa in &a.assignments {

@@ -517,6 +517,9 @@ fn assign_partitions(txn: &mut Txn, c: &AssignPartitions) -> Result<Response, Me
         if a.owner_id.is_empty() {
             return Err(invalid("owner_id required"));
         }
+        if c.unassigned_only && parts.contains_key(&a.partition) {
+            continue;
+        }
         let assignment =
             Assignment { owner_id: a.owner_id.clone(), target_id: a.target_id.clone() };
         parts.insert(a.partition, assignment);

@@ -137,6 +137,18 @@ pub struct AssignPartitions {
     pub incarnation: u64,
     /// One entry per partition to (re)assign.
     pub assignments: Vec<PartitionAssignment>,
+    /// Only place partitions that have no owner when the command applies;
+    /// an entry for an assigned one is skipped. Placement at create and the
+    /// controller propose this way, so two proposals planned on the same
+    /// view (a create and a controller tick) never move a partition the
+    /// first one placed (assignments are sticky). Absent in the JSON when
+    /// false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unassigned_only: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// The owner (and move target) of one partition.
@@ -413,6 +425,7 @@ mod tests {
                         owner_id: "n1".into(),
                         target_id: Some("n2".into()),
                     }],
+                    unassigned_only: false,
                 }),
                 r#"{"op":4,"d":{"topic":"orders","incarnation":12,"assignments":[{"partition":2,"owner_id":"n1","target_id":"n2"}]}}"#,
             ),
@@ -571,6 +584,23 @@ mod tests {
         }
         assert!(serde_json::from_str::<Response>(r#"{"r":"nope"}"#).is_err());
         assert!(serde_json::from_str::<Response>(r#"{"r":"assigned","x":1}"#).is_err());
+    }
+
+    #[test]
+    fn placing_only_unassigned_partitions_encodes_its_flag_and_decodes_back() {
+        let cmd = Command::AssignPartitions(AssignPartitions {
+            topic: "orders".into(),
+            incarnation: 12,
+            assignments: vec![PartitionAssignment {
+                partition: 0,
+                owner_id: "n3".into(),
+                target_id: None,
+            }],
+            unassigned_only: true,
+        });
+        let bytes = r#"{"op":4,"d":{"topic":"orders","incarnation":12,"assignments":[{"partition":0,"owner_id":"n3","target_id":null}],"unassigned_only":true}}"#;
+        assert_eq!(serde_json::to_string(&cmd).unwrap(), bytes);
+        assert_eq!(serde_json::from_str::<Command>(bytes).unwrap(), cmd);
     }
 
     #[test]

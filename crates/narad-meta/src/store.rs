@@ -326,7 +326,30 @@ impl MetaStore {
         incarnation: u64,
         assignments: Vec<PartitionAssignment>,
     ) -> Result<(), MetaError> {
-        let command = AssignPartitions { topic: topic.to_owned(), incarnation, assignments };
+        let command = AssignPartitions {
+            topic: topic.to_owned(),
+            incarnation,
+            assignments,
+            unassigned_only: false,
+        };
+        self.propose(Command::AssignPartitions(command)).map(drop)
+    }
+
+    /// Places the partitions of `assignments` that have no owner when the
+    /// command applies; assigned ones keep theirs (see
+    /// [`AssignPartitions::unassigned_only`]).
+    pub fn assign_unassigned(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        assignments: Vec<PartitionAssignment>,
+    ) -> Result<(), MetaError> {
+        let command = AssignPartitions {
+            topic: topic.to_owned(),
+            incarnation,
+            assignments,
+            unassigned_only: true,
+        };
         self.propose(Command::AssignPartitions(command)).map(drop)
     }
 

@@ -233,6 +233,7 @@ mod tests {
                     owner_id: "n1".into(),
                     target_id: None,
                 }],
+                unassigned_only: false,
             }),
             Command::MemberJoin(MemberJoin {
                 member: Member {

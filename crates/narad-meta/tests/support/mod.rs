@@ -92,6 +92,7 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
                 topic: name,
                 incarnation: topic.incarnation(),
                 assignments,
+                unassigned_only: rng.below(2) == 1,
             })
         }
         8 => Command::MemberJoin(MemberJoin {
