@@ -17,8 +17,8 @@ use narad_clock::ClockRef;
 use narad_fs::FsRef;
 use narad_log::{LogConfig, LogStats, ReadError};
 use narad_meta::{
-    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaStore,
-    MetaStoreOptions, Topic, TopicDefaults, TopicPage,
+    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaError,
+    MetaStore, MetaStoreOptions, Topic, TopicDefaults, TopicPage,
 };
 use narad_wal::{RecordRef, Wal, WalOptions};
 use tokio::sync::Notify;
@@ -420,7 +420,7 @@ impl Broker {
                 }
                 BrokerError::from(e)
             })?;
-            assign_all(&meta, &t, 0, &node, unix_seconds(&*clock))?;
+            place_after_write(&meta, &t, 0, &node, unix_seconds(&*clock));
             Ok(t)
         })
         .await?;
@@ -500,7 +500,7 @@ impl Broker {
             let before = meta.topic(&name).map_or(0, |t| t.partitions());
             let t = meta.alter_topic(&name, request)?;
             if t.partitions() > before {
-                assign_all(&meta, &t, before, &node, unix_seconds(&*clock))?;
+                place_after_write(&meta, &t, before, &node, unix_seconds(&*clock));
             }
             Ok(t)
         })
@@ -1440,6 +1440,28 @@ fn assign_all(
         meta.assign_unassigned(t.name(), t.incarnation(), assignments)?;
     }
     Ok(())
+}
+
+/// Places the partitions a create (or a grow) just committed, best
+/// effort: the write itself succeeded, so its caller hears of it whatever
+/// happens here. The topic may already be deleted or recreated through
+/// another node (the placement is refused: nothing of this incarnation is
+/// left to place), or the control plane may refuse for a moment; the
+/// controller places whatever is still unassigned within one tick.
+fn place_after_write(meta: &MetaStore, t: &Topic, from: u32, node: &str, now_s: i64) {
+    match assign_all(meta, t, from, node, now_s) {
+        Ok(()) => {}
+        Err(BrokerError::Meta(MetaError::NotFound(_) | MetaError::Conflict(_))) => {
+            info!(
+                topic = t.name(),
+                incarnation = t.incarnation(),
+                "the topic was deleted or recreated before its partitions were placed"
+            );
+        }
+        Err(e) => {
+            warn!(topic = t.name(), incarnation = t.incarnation(), error = %e, "placing the new partitions failed; the controller places them within a tick");
+        }
+    }
 }
 
 /// The wall clock in Unix seconds (heartbeat times are kept in those).

@@ -615,3 +615,109 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+#[test]
+fn delete_and_recreate_racing_through_different_nodes_converge_with_one_live_incarnation() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    c.leader(Duration::from_secs(15));
+    let until = Instant::now() + Duration::from_secs(6);
+    std::thread::scope(|s| {
+        let create = s.spawn(|| {
+            let mut n = 0;
+            while Instant::now() < until {
+                let (status, body) = create_topic(&c, 0, "churn", 3);
+                assert!(matches!(status, 201 | 409 | 503), "create: {status} {body}");
+                n += usize::from(status == 201);
+            }
+            n
+        });
+        let delete = s.spawn(|| {
+            let mut n = 0;
+            while Instant::now() < until {
+                let r = c.request(1, Method::DELETE, "/v1/topics/churn").send().unwrap();
+                let status = r.status().as_u16();
+                assert!(matches!(status, 204 | 404 | 503), "delete: {status}");
+                n += usize::from(status == 204);
+            }
+            n
+        });
+        let produce = s.spawn(|| {
+            let mut n = 0;
+            while Instant::now() < until {
+                let r = c
+                    .request(2, Method::POST, "/v1/topics/churn/produce")
+                    .body(r#"{"old":true}"#)
+                    .send()
+                    .unwrap();
+                let status = r.status().as_u16();
+                assert!(matches!(status, 202 | 404), "produce: {status}");
+                n += usize::from(status == 202);
+            }
+            n
+        });
+        let (created, deleted, produced) =
+            (create.join().unwrap(), delete.join().unwrap(), produce.join().unwrap());
+        eprintln!("churn: {created} creates, {deleted} deletes, {produced} produces accepted");
+        assert!(created > 1 && deleted > 0, "the race never happened");
+    });
+    // Settle on one live incarnation, then one record through every node.
+    let (status, _) = create_topic(&c, 0, "churn", 3);
+    assert!(matches!(status, 201 | 409));
+    let live = wait_for(
+        Duration::from_secs(15),
+        "every node shows the same live topic",
+        || {
+            let views: Vec<Option<Value>> = (0..3)
+                .map(|i| {
+                    let (status, mut v) = c.get_json(i, "/v1/topics/churn")?;
+                    (status == 200).then(|| {
+                        v.as_object_mut().unwrap().remove("partition_stats");
+                        v
+                    })
+                })
+                .collect();
+            (views[0].is_some() && views.iter().all(|v| v == &views[0])).then(|| views[0].clone())
+        },
+        || c.describe(),
+    );
+    eprintln!("live topic: {live:?}");
+    for i in 0..3 {
+        let r = c
+            .request(i, Method::POST, "/v1/topics/churn/produce?partition=0")
+            .body(format!(r#"{{"final":{i}}}"#))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    // Every node's files of the topic are the live incarnation's (same
+    // marker everywhere), and each serves the record it accepted last.
+    let marker = |i: usize| std::fs::read(c.node(i).data_dir.join("topics/churn/incarnation")).ok();
+    wait_for(
+        Duration::from_secs(15),
+        "every node committed its last record under the live incarnation",
+        || {
+            let m: Vec<_> = (0..3).map(marker).collect();
+            (m[0].is_some() && m.iter().all(|x| x == &m[0])).then_some(())
+        },
+        || format!("markers: {:?}", (0..3).map(marker).collect::<Vec<_>>()),
+    );
+    for i in 0..3 {
+        let want = format!(r#"{{"final":{i}}}"#);
+        wait_for(
+            Duration::from_secs(15),
+            "the last record is readable where it was accepted",
+            || {
+                let r = c
+                    .request(i, Method::GET, "/v1/topics/churn/consume?partition=0&max=100")
+                    .send()
+                    .ok()?;
+                let body = r.text().ok()?;
+                body.contains(&want).then_some(())
+            },
+            || c.describe(),
+        );
+    }
+    for i in 0..3 {
+        assert!(!c.node(i).log().contains("panicked"), "{}", c.node(i).log_tail());
+    }
+}
