@@ -1,6 +1,6 @@
 #![no_main]
 
-// The node RPC checks live apart from lib.rs (see src/cluster.rs); each
+// The cluster checks live apart from lib.rs (see src/cluster.rs); each
 // target uses one of them.
 #[path = "../src/cluster.rs"]
 #[allow(dead_code)]

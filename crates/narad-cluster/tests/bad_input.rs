@@ -1,6 +1,7 @@
-//! Bad input to node RPC's decoders, in seconds: the checks of the
-//! `node_rpc_*` fuzz targets (`fuzz/src/cluster.rs`) over their checked-in
-//! corpora `fuzz/corpus/<target>/` and seeded mutations. The long runs are
+//! Bad input to the cluster's decoders, in seconds: the checks of the
+//! cluster's fuzz targets (`fuzz/src/cluster.rs`: node RPC, the Raft log's
+//! values, the metastore snapshot) over their checked-in corpora
+//! `fuzz/corpus/<target>/` and seeded mutations. The long runs are
 //! `cargo +nightly fuzz run <target>` (docs/DURABILITY.md, Fuzzing).
 
 #[path = "../../../fuzz/src/cluster.rs"]
@@ -44,7 +45,17 @@ fn control_rpc_payload_decoding_answers_400_never_panics_and_round_trips() {
 }
 
 #[test]
-fn every_node_rpc_fuzz_target_has_a_corpus_and_a_test_here() {
+fn raft_log_values_are_refused_cleanly_never_panic_and_round_trip() {
+    survives_corpus_and_mutations("raft_log_value");
+}
+
+#[test]
+fn metastore_snapshots_are_refused_cleanly_or_install_and_export_back_identically() {
+    survives_corpus_and_mutations("meta_snapshot");
+}
+
+#[test]
+fn every_cluster_fuzz_target_has_a_corpus_and_a_test_here() {
     let this = include_str!("bad_input.rs");
     for (name, _) in checks::CHECKS {
         assert!(fuzz_dir().join("corpus").join(name).is_dir(), "fuzz/corpus/{name} is missing");
@@ -57,7 +68,7 @@ fn every_node_rpc_fuzz_target_has_a_corpus_and_a_test_here() {
     }
 }
 
-/// Writes the seed inputs of the node RPC corpora (run once by hand):
+/// Writes the seed inputs of the cluster corpora (run once by hand):
 /// `cargo test -p narad-cluster --test bad_input -- --ignored write_seed_corpora`.
 #[test]
 #[ignore = "writes fuzz/corpus seeds into the source tree"]
@@ -88,7 +99,173 @@ mod seeds {
             ("node_rpc_request", requests()),
             ("node_rpc_reply", replies()),
             ("control_rpc_payload", control_payloads()),
+            ("raft_log_value", raft_log_values()),
+            ("meta_snapshot", meta_snapshots()),
         ]
+    }
+
+    /// Metastore commands of several kinds, each valid after the ones
+    /// before it (a topic with a schema, its assignment, a member, a user).
+    fn commands() -> Vec<(&'static str, narad_meta::Command)> {
+        use narad_meta::{
+            Action, AssignPartitions, Command, CreateTopicRequest, CreateUser, Grant, Member,
+            MemberJoin, MemberStatus, MetaState, PartitionAssignment, TopicDefaults, User,
+        };
+        let request = CreateTopicRequest {
+            name: "orders".into(),
+            partitions: 3,
+            schema: Some(r#"{"type":"object"}"#.into()),
+            ..Default::default()
+        };
+        let create = request
+            .resolve(&TopicDefaults::default(), &MetaState::default(), 1_700_000_000_000, 1)
+            .unwrap();
+        // A topic's incarnation is the index that created it: the first.
+        let incarnation = 1;
+        vec![
+            ("create_topic", Command::CreateTopic(create)),
+            (
+                "assign_partitions",
+                Command::AssignPartitions(AssignPartitions {
+                    topic: "orders".into(),
+                    incarnation,
+                    assignments: vec![PartitionAssignment {
+                        partition: 0,
+                        owner_id: "n1".into(),
+                        target_id: None,
+                    }],
+                }),
+            ),
+            (
+                "member_join",
+                Command::MemberJoin(MemberJoin {
+                    member: Member {
+                        id: "n1".into(),
+                        addr: "127.0.0.1:7942".into(),
+                        cluster_addr: Some("127.0.0.1:7943".into()),
+                        status: MemberStatus::Alive,
+                        last_heartbeat: 1_700_000_000_000_000_000,
+                    },
+                }),
+            ),
+            (
+                "create_user",
+                Command::CreateUser(CreateUser {
+                    user: User {
+                        username: "alice".into(),
+                        password_hash: "$2b$10$abcdefghijklmnopqrstuv".into(),
+                        grants: vec![Grant {
+                            action: Action::Produce,
+                            patterns: vec!["orders*".into()],
+                        }],
+                        root: false,
+                        created_at_ms: 1,
+                        updated_at_ms: 1,
+                    },
+                }),
+            ),
+        ]
+    }
+
+    fn raft_node(id: &str) -> narad_cluster::raft::RaftNode {
+        narad_cluster::raft::RaftNode {
+            id: id.into(),
+            cluster_addr: "127.0.0.1:7943".into(),
+            http_addr: "127.0.0.1:7942".into(),
+        }
+    }
+
+    fn membership() -> openraft::Membership<u64, narad_cluster::raft::RaftNode> {
+        use std::collections::{BTreeMap, BTreeSet};
+        openraft::Membership::new(
+            vec![BTreeSet::from([1u64, 2, 3])],
+            BTreeMap::from([(1u64, raft_node("n1")), (2, raft_node("n2")), (3, raft_node("n3"))]),
+        )
+    }
+
+    /// Values of `raft.redb` as the log store writes them: mode byte (see
+    /// `raft_log_value`), then the record (and the key, for an entry); each
+    /// also as a bare body (mode bit 7) for the harness to wrap.
+    fn raft_log_values() -> Seeds {
+        use narad_cluster::raft::TypeConfig;
+        use narad_cluster::raft::log_store::{FORMAT_VERSION, RECORD_HEADER_LEN, encode_value};
+        use openraft::testing::log_id;
+        use openraft::{Entry, EntryPayload, Vote};
+
+        let mut values: Vec<(String, u8, Vec<u8>)> = vec![
+            ("format".into(), 0, encode_value(&FORMAT_VERSION)),
+            ("vote".into(), 1, encode_value(&Vote::<u64>::new(3, 2))),
+            ("vote_committed".into(), 1, encode_value(&Vote::<u64>::new_committed(4, 1))),
+            ("purged".into(), 2, encode_value(&log_id::<u64>(2, 1, 17))),
+        ];
+        let mut entries = vec![
+            ("blank", EntryPayload::<TypeConfig>::Blank),
+            ("membership", EntryPayload::Membership(membership())),
+        ];
+        entries.extend(commands().into_iter().map(|(n, c)| (n, EntryPayload::Normal(c))));
+        for (i, (name, payload)) in entries.into_iter().enumerate() {
+            let index = 18 + i as u64;
+            let entry = Entry::<TypeConfig> { log_id: log_id(4, 1, index), payload };
+            let mut keyed = index.to_be_bytes().to_vec();
+            keyed.extend_from_slice(&encode_value(&entry));
+            values.push((format!("entry_{name}"), 3, keyed));
+        }
+        let mut out = Seeds::new();
+        for (name, mode, bytes) in values {
+            let key_len = if mode == 3 { 8 } else { 0 };
+            let mut body = bytes[..key_len].to_vec();
+            body.extend_from_slice(&bytes[key_len + RECORD_HEADER_LEN..]);
+            out.push((name.clone(), [&[mode][..], &bytes].concat()));
+            out.push((format!("{name}_body"), [&[mode | 0x80][..], &body].concat()));
+        }
+        out
+    }
+
+    /// Snapshots as `MetaStore::export_snapshot` writes them, with the
+    /// harness's fix-ups on (mode 3) and as exported (mode 0): an empty
+    /// store, a store written directly (no Raft state), a store applied
+    /// from Raft entries (topic, assignment, member, user, Raft state).
+    fn meta_snapshots() -> Seeds {
+        use narad_cluster::raft::types::{AppliedState, StoredMembership};
+        use narad_meta::{MetaStore, MetaStoreOptions, MetaWriter, TopicDefaults};
+        use openraft::testing::log_id;
+        use std::path::Path;
+        use std::sync::Arc;
+
+        let open = |fs: &narad_fs::SimFs| {
+            let options = MetaStoreOptions {
+                defaults: TopicDefaults::default(),
+                clock: Arc::new(narad_clock::ManualClock::new(1_700_000_000_000)),
+                rng_seed: Some(1),
+            };
+            MetaStore::open(fs, Path::new("/data"), options).unwrap()
+        };
+        let fs = narad_fs::SimFs::new(1);
+        let empty = open(&fs).export_snapshot().unwrap();
+        let fs = narad_fs::SimFs::new(2);
+        let direct = open(&fs);
+        for (_, command) in commands() {
+            direct.propose(command).unwrap();
+        }
+        let direct = direct.export_snapshot().unwrap();
+        let fs = narad_fs::SimFs::new(3);
+        let replicated = open(&fs);
+        let mut applied = AppliedState {
+            last_applied: Some(log_id(1, 1, 1)),
+            membership: StoredMembership::new(Some(log_id(1, 1, 1)), membership()),
+        };
+        replicated.apply_entry(None, &applied.encode()).unwrap();
+        for (i, (_, command)) in commands().into_iter().enumerate() {
+            applied.last_applied = Some(log_id(1, 1, 2 + i as u64));
+            replicated.apply_entry(Some(&command), &applied.encode()).unwrap().unwrap().unwrap();
+        }
+        let replicated = replicated.export_snapshot().unwrap();
+        let mut out = Seeds::new();
+        for (name, bytes) in [("empty", empty), ("direct", direct), ("replicated", replicated)] {
+            out.push((name.into(), [&[3][..], &bytes].concat()));
+            out.push((format!("{name}_as_exported"), [&[0][..], &bytes].concat()));
+        }
+        out
     }
 
     /// Real payloads of ops 29-32, built from openraft's and narad-meta's

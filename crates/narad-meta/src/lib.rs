@@ -50,6 +50,11 @@ pub use schema::{CompiledSchema, SchemaHistory};
 pub use state::{MetaState, TopicAssignments, TopicPage, Versions};
 pub use storage::FORMAT_VERSION;
 pub use storage::backend::FsBackend;
+/// The snapshot decoder alone, for the fuzz checks (`fuzz/src/cluster.rs`),
+/// which feed it any bytes without a store; everything else goes through
+/// [`MetaStore::install_snapshot`].
+#[doc(hidden)]
+pub use storage::snapshot::decode as decode_snapshot;
 pub use store::{
     AppliedListener, MetaStore, MetaStoreOptions, MetaWriter, Replicator, metastore_path,
 };

@@ -106,13 +106,26 @@ pub fn decode_record(bytes: &[u8]) -> Result<&[u8], String> {
     Ok(body)
 }
 
-fn encode_json<T: Serialize>(value: &T) -> Vec<u8> {
+/// The stored form of a value (the format number, a vote, a log id, an
+/// entry): a record around its JSON.
+pub fn encode_value<T: Serialize>(value: &T) -> Vec<u8> {
     encode_record(&serde_json::to_vec(value).expect("raft log values always serialize"))
 }
 
-fn decode_json<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, String> {
+/// A value as read back: the record checked, then its JSON body decoded;
+/// `what` names the value in the error.
+pub fn decode_value<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, String> {
     let body = decode_record(bytes).map_err(|e| format!("{what}: {e}"))?;
     serde_json::from_slice(body).map_err(|e| format!("{what}: {e}"))
+}
+
+/// The log entry stored under key `index`: a value that holds that index.
+pub fn decode_entry<C: RaftTypeConfig>(index: u64, bytes: &[u8]) -> Result<C::Entry, String> {
+    let entry: C::Entry = decode_value(&format!("log entry {index}"), bytes)?;
+    if entry.get_log_id().index != index {
+        return Err(format!("log entry at key {index} holds index {}", entry.get_log_id().index));
+    }
+    Ok(entry)
 }
 
 /// Why opening the log failed.
@@ -182,7 +195,7 @@ fn create(fs: &dyn Fs, path: &Path) -> Result<(), String> {
     let txn = write_txn(&db)?;
     (|| -> Result<(), redb::Error> {
         let mut meta = txn.open_table(META)?;
-        meta.insert(KEY_FORMAT, encode_json(&FORMAT_VERSION).as_slice())?;
+        meta.insert(KEY_FORMAT, encode_value(&FORMAT_VERSION).as_slice())?;
         drop(meta);
         txn.open_table(LOG)?;
         Ok(())
@@ -214,7 +227,7 @@ impl<C: RaftTypeConfig> LogStore<C> {
             let meta = txn.open_table(META).map_err(|e| named(format!("read: {e}")))?;
             let row = meta.get(KEY_FORMAT).map_err(|e| named(format!("read: {e}")))?;
             let row = row.ok_or_else(|| named("no format row".to_owned()))?;
-            decode_json("format", row.value()).map_err(named)?
+            decode_value("format", row.value()).map_err(named)?
         };
         if format != FORMAT_VERSION {
             return Err(named(format!(
@@ -288,13 +301,7 @@ impl Shared {
         for row in log.range::<u64>(range).map_err(|e| format!("read: {e}"))? {
             let (k, v) = row.map_err(|e| format!("read: {e}"))?;
             let index = k.value();
-            let entry: C::Entry = decode_json(&format!("log entry {index}"), v.value())?;
-            if entry.get_log_id().index != index {
-                return Err(format!(
-                    "log entry at key {index} holds index {}",
-                    entry.get_log_id().index
-                ));
-            }
+            let entry = decode_entry::<C>(index, v.value())?;
             if expect.is_some_and(|e| e != index) {
                 return Err(format!("hole in the raft log before index {index}"));
             }
@@ -308,7 +315,7 @@ impl Shared {
         let txn = self.db.begin_read().map_err(|e| format!("read: {e}"))?;
         let meta = txn.open_table(META).map_err(|e| format!("read: {e}"))?;
         let row = meta.get(key).map_err(|e| format!("read: {e}"))?;
-        row.map(|r| decode_json(key, r.value())).transpose()
+        row.map(|r| decode_value(key, r.value())).transpose()
     }
 
     fn vote<C: RaftTypeConfig>(&self) -> Result<Option<Vote<C::NodeId>>, String> {
@@ -374,7 +381,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         &mut self,
         vote: &Vote<C::NodeId>,
     ) -> Result<(), openraft::StorageError<C::NodeId>> {
-        let (shared, row) = (self.shared.clone(), encode_json(vote));
+        let (shared, row) = (self.shared.clone(), encode_value(vote));
         blocking(move || {
             shared.write(|txn| {
                 let mut meta = txn.open_table(META).map_err(|e| format!("vote: {e}"))?;
@@ -405,7 +412,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         I::IntoIter: Send,
     {
         let rows: Vec<(u64, Vec<u8>)> =
-            entries.into_iter().map(|e| (e.get_log_id().index, encode_json(&e))).collect();
+            entries.into_iter().map(|e| (e.get_log_id().index, encode_value(&e))).collect();
         let shared = self.shared.clone();
         let result = blocking(move || {
             shared.write(|txn| {
@@ -442,7 +449,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         &mut self,
         log_id: LogId<C::NodeId>,
     ) -> Result<(), openraft::StorageError<C::NodeId>> {
-        let (shared, row, upto) = (self.shared.clone(), encode_json(&log_id), log_id.index);
+        let (shared, row, upto) = (self.shared.clone(), encode_value(&log_id), log_id.index);
         blocking(move || {
             shared.write(|txn| {
                 let mut meta = txn.open_table(META).map_err(|e| format!("purge: {e}"))?;

@@ -164,7 +164,7 @@ async fn a_file_of_another_format_is_refused() {
     let path = raft_log_path(&data_dir());
     let db = open_database(fs.open(&path, OpenMode::Existing).unwrap()).unwrap();
     let txn = write_txn(&db).unwrap();
-    txn.open_table(META).unwrap().insert(KEY_FORMAT, encode_json(&9u64).as_slice()).unwrap();
+    txn.open_table(META).unwrap().insert(KEY_FORMAT, encode_value(&9u64).as_slice()).unwrap();
     txn.commit().unwrap();
     drop(db);
     let err = LogStore::<T>::open(&fs, &data_dir()).unwrap_err();

@@ -40,7 +40,6 @@ use crate::error::StorageError;
 use crate::member::Member;
 use crate::schema::SchemaHistory;
 use crate::state::{MetaState, Versions};
-use crate::storage::RaftState;
 use crate::topic::Topic;
 use crate::user::User;
 
@@ -112,8 +111,9 @@ pub(crate) fn encode(
 }
 
 /// Decodes and checks a snapshot (see the module docs): the state and the
-/// Raft state it carries.
-pub(crate) fn decode(bytes: &[u8]) -> Result<(MetaState, RaftState), StorageError> {
+/// Raft state it carries. Public (as `narad_meta::decode_snapshot`, hidden)
+/// only for the fuzz checks of `fuzz/src/cluster.rs`.
+pub fn decode(bytes: &[u8]) -> Result<(MetaState, Option<Vec<u8>>), StorageError> {
     if bytes.len() < HEADER_BYTES + CRC_BYTES {
         return Err(bad(format!(
             "{} bytes is shorter than a header and a checksum ({} bytes)",
