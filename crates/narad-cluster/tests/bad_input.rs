@@ -134,6 +134,7 @@ mod seeds {
                         owner_id: "n1".into(),
                         target_id: None,
                     }],
+                    unassigned_only: true,
                 }),
             ),
             (
