@@ -97,8 +97,13 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
 /// A boxed future ([`ClusterView`] is used as a trait object).
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// At most this many partitions' figures are asked for at once by one
+/// `GET /v1/topics/{topic}` (a topic may have `topic.max_partitions`).
+pub const OWNER_STATS_IN_FLIGHT: usize = 16;
+
 /// `partition_stats` on a cluster node: every partition owned by another
-/// alive member gets that owner's figures (asked concurrently), stamped
+/// alive member gets that owner's figures (asked concurrently, at most
+/// [`OWNER_STATS_IN_FLIGHT`] at a time), stamped
 /// with `stats_from` = the owner; a partition whose owner does not answer
 /// keeps this node's own figures, `stats_from` = this node, and `status`
 /// `owner_unavailable`. Partitions this node owns, or whose owner is dead
@@ -115,11 +120,13 @@ pub async fn with_owner_figures(
         (owner != node_id && s.status == PartitionStatus::Ok).then_some((i, owner.to_owned()))
     });
     let asks: Vec<(usize, String)> = asks.collect();
-    let answers =
-        futures_util::future::join_all(asks.iter().map(|(i, owner)| {
-            view.owner_partition_stats(owner, topic, incarnation, stats[*i].index)
-        }))
-        .await;
+    use futures_util::StreamExt;
+    let calls: Vec<BoxFuture<'_, Result<PartitionStats, String>>> = asks
+        .iter()
+        .map(|(i, owner)| view.owner_partition_stats(owner, topic, incarnation, stats[*i].index))
+        .collect();
+    let answers: Vec<Result<PartitionStats, String>> =
+        futures_util::stream::iter(calls).buffered(OWNER_STATS_IN_FLIGHT).collect().await;
     for s in &mut stats {
         s.stats_from = Some(node_id.to_owned());
     }
@@ -153,6 +160,91 @@ pub async fn with_owner_figures(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use narad_broker::ownership::OwnerLiveness;
+
+    fn stats(index: u32, owner: &str, status: PartitionStatus, next: u64) -> PartitionStats {
+        PartitionStats {
+            index,
+            segments: 1,
+            oldest_offset: 0,
+            next_offset: next,
+            high_watermark: next,
+            size_bytes: next * 10,
+            oldest_segment_at: None,
+            owner_node: Some(owner.to_owned()),
+            stats_from: None,
+            status,
+            owner_liveness: if status == PartitionStatus::Ok {
+                OwnerLiveness::Alive
+            } else {
+                OwnerLiveness::Dead
+            },
+        }
+    }
+
+    /// n2 answers with 100 records for any partition; n3 never answers;
+    /// counts the calls and the most in flight at once.
+    #[derive(Debug, Default)]
+    struct Owners {
+        calls: std::sync::atomic::AtomicUsize,
+        in_flight: std::sync::atomic::AtomicUsize,
+        peak: std::sync::atomic::AtomicUsize,
+    }
+
+    impl ClusterView for Owners {
+        fn status(&self) -> ClusterStatus {
+            ClusterStatus::single("n1", 0)
+        }
+
+        fn owner_partition_stats<'a>(
+            &'a self,
+            owner: &'a str,
+            _topic: &'a str,
+            _incarnation: u64,
+            partition: u32,
+        ) -> BoxFuture<'a, Result<PartitionStats, String>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            Box::pin(async move {
+                self.calls.fetch_add(1, SeqCst);
+                let now = self.in_flight.fetch_add(1, SeqCst) + 1;
+                self.peak.fetch_max(now, SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                self.in_flight.fetch_sub(1, SeqCst);
+                match owner {
+                    "n2" => Ok(stats(partition, "n2", PartitionStatus::Ok, 100)),
+                    _ => Err(format!("{owner} did not answer")),
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn each_partitions_figures_come_from_its_owner_or_are_flagged_as_ours() {
+        let view = Owners::default();
+        let mut local = vec![
+            stats(0, "n1", PartitionStatus::Ok, 1),
+            stats(1, "n2", PartitionStatus::Ok, 2),
+            stats(2, "n3", PartitionStatus::Ok, 3),
+            stats(3, "n4", PartitionStatus::OwnerUnavailable, 4),
+        ];
+        // Many partitions of n2: asked at most OWNER_STATS_IN_FLIGHT at once.
+        local.extend((4..60).map(|p| stats(p, "n2", PartitionStatus::Ok, 0)));
+        let out = with_owner_figures(&view, "n1", "t", 7, local).await;
+        let row = |p: usize| {
+            let s = &out[p];
+            (s.next_offset, s.stats_from.as_deref().unwrap(), s.status)
+        };
+        assert_eq!(row(0), (1, "n1", PartitionStatus::Ok), "ours: our figures");
+        assert_eq!(row(1), (100, "n2", PartitionStatus::Ok), "the owner's figures");
+        assert_eq!(row(2), (3, "n1", PartitionStatus::OwnerUnavailable), "no answer");
+        assert_eq!(row(3), (4, "n1", PartitionStatus::OwnerUnavailable), "dead: not asked");
+        assert_eq!(out[1].size_bytes, 1000);
+        assert!(out[4..].iter().all(|s| s.next_offset == 100));
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(view.calls.load(SeqCst), 2 + 56);
+        assert!(view.peak.load(SeqCst) <= OWNER_STATS_IN_FLIGHT, "{:?}", view.peak);
+        assert!(view.peak.load(SeqCst) > 1, "asked one at a time");
+    }
 
     #[test]
     fn a_single_node_leads_itself_at_term_0() {
