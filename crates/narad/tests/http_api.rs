@@ -449,8 +449,12 @@ fn inventory_and_age_gauges_follow_the_data() {
     }
     let p1 = ["topic=\"inv\"", "partition=\"1\""];
     // The per-partition gauges come from a 5 s poller: wait for a poll that
-    // saw all three records committed.
-    let m = metrics_when(&s, |m| metric(m, "narad_consumer_lag_messages{", &p1) == Some(3.0));
+    // saw all three records committed and had walked the data dir (a scrape
+    // can land between the two within the first poll: the walk comes last).
+    let m = metrics_when(&s, |m| {
+        metric(m, "narad_consumer_lag_messages{", &p1) == Some(3.0)
+            && metric(m, "narad_data_dir_size_bytes ", &[]).is_some_and(|d| d > 0.0)
+    });
     assert_eq!(metric(&m, "narad_topics_total ", &[]), Some(1.0), "{m}");
     assert_eq!(metric(&m, "narad_partitions_total ", &[]), Some(3.0), "{m}");
     assert!(metric(&m, "narad_boot_duration_seconds ", &[]).is_some_and(|b| b > 0.0), "{m}");
