@@ -432,6 +432,19 @@ async fn relay(target: SocketAddr) -> (SocketAddr, tokio::task::JoinHandle<()>) 
     (addr, task)
 }
 
+/// Waits (up to 5 s) until `m` counts one probe started by a peer's new
+/// connection that ended `outcome`.
+async fn probe_counted(m: &RpcMetrics, outcome: &str) {
+    let want = format!(
+        r#"narad_node_rpc_liveness_probes_total{{trigger="peer_connected",outcome="{outcome}"}} 1"#
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !exposition(m).contains(&want) {
+        assert!(Instant::now() < deadline, "no {outcome} probe:\n{}", exposition(m));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_peer_that_connects_anew_gets_its_stale_connection_replaced_before_the_next_call() {
     // `a` talks to the node at `b_addr`; that node then vanishes without
@@ -449,17 +462,7 @@ async fn a_peer_that_connects_anew_gets_its_stale_connection_replaced_before_the
     // The new process connects to `a` (the control plane pings every peer
     // at start): `a` probes its own connection to that address.
     b2.peer(a.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME).ping().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !exposition(&a_metrics).contains(
-        r#"narad_node_rpc_liveness_probes_total{trigger="peer_connected",outcome="closed"} 1"#,
-    ) {
-        assert!(
-            Instant::now() < deadline,
-            "no probe closed the stale connection:\n{}",
-            exposition(&a_metrics)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    probe_counted(&a_metrics, "closed").await;
     // The next call dials the new process (on the stale connection it
     // would wait for the whole budget and time out).
     let reply = to_b.call_with_timeout(&get("after"), Duration::from_secs(3)).await.unwrap();
@@ -470,15 +473,5 @@ async fn a_peer_that_connects_anew_gets_its_stale_connection_replaced_before_the
     let to_c = a.peer(c.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME);
     to_c.ping().await.unwrap();
     c.peer(a.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME).ping().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !exposition(&a_metrics).contains(
-        r#"narad_node_rpc_liveness_probes_total{trigger="peer_connected",outcome="alive"} 1"#,
-    ) {
-        assert!(
-            Instant::now() < deadline,
-            "no probe of the live peer:\n{}",
-            exposition(&a_metrics)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    probe_counted(&a_metrics, "alive").await;
 }

@@ -326,13 +326,7 @@ impl MetaStore {
         incarnation: u64,
         assignments: Vec<PartitionAssignment>,
     ) -> Result<(), MetaError> {
-        let command = AssignPartitions {
-            topic: topic.to_owned(),
-            incarnation,
-            assignments,
-            unassigned_only: false,
-        };
-        self.propose(Command::AssignPartitions(command)).map(drop)
+        self.assign(topic, incarnation, assignments, false)
     }
 
     /// Places the partitions of `assignments` that have no owner when the
@@ -344,12 +338,18 @@ impl MetaStore {
         incarnation: u64,
         assignments: Vec<PartitionAssignment>,
     ) -> Result<(), MetaError> {
-        let command = AssignPartitions {
-            topic: topic.to_owned(),
-            incarnation,
-            assignments,
-            unassigned_only: true,
-        };
+        self.assign(topic, incarnation, assignments, true)
+    }
+
+    fn assign(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        assignments: Vec<PartitionAssignment>,
+        unassigned_only: bool,
+    ) -> Result<(), MetaError> {
+        let command =
+            AssignPartitions { topic: topic.to_owned(), incarnation, assignments, unassigned_only };
         self.propose(Command::AssignPartitions(command)).map(drop)
     }
 
