@@ -14,6 +14,8 @@ pub mod ownership;
 pub mod partition;
 pub mod placement;
 mod start_check;
+#[cfg(test)]
+mod test_support;
 pub mod topics;
 
 pub use broker::{

@@ -90,23 +90,13 @@ fn anti_affine(ring: &[String], p: u32, avoid: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
     use std::sync::Arc;
 
-    use narad_clock::ManualClock;
-    use narad_fs::SimFs;
-    use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, TopicDefaults};
+    use narad_meta::{CreateTopicRequest, MetaStore};
 
     use super::*;
 
-    fn store() -> MetaStore {
-        let options = MetaStoreOptions {
-            defaults: TopicDefaults::default(),
-            clock: Arc::new(ManualClock::new(1_700_000_000_000)),
-            rng_seed: Some(3),
-        };
-        MetaStore::open(&SimFs::new(1), Path::new("/d"), options).unwrap()
-    }
+    use crate::test_support::sim_store as store;
 
     fn ring(ids: &[&str]) -> Vec<String> {
         ids.iter().map(|s| s.to_string()).collect()
