@@ -365,12 +365,7 @@ fn a_node_stopped_with_sigterm_restarts_and_catches_up_by_snapshot_after_many_wr
 #[test]
 fn a_join_only_node_joins_a_running_cluster_as_a_voter_and_alive_member() {
     let mut c = Cluster::prepare(4, ClusterOpts::dev().initial_members(&["n1", "n2", "n3"]));
-    for i in 0..3 {
-        c.spawn(i);
-    }
-    for i in 0..3 {
-        c.wait_ready(i, READY);
-    }
+    c.start_first(3);
     let leader = c.leader(Duration::from_secs(15));
     create_until_ok(&c, leader, "before-join", Duration::from_secs(10));
     c.spawn(3);
@@ -442,12 +437,7 @@ fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_t
         .node_env(3, "NARAD_CLUSTER_SECRET", "a-wrong-secret")
         .dev_node(4);
     let mut c = Cluster::prepare(5, opts);
-    for i in 0..3 {
-        c.spawn(i);
-    }
-    for i in 0..3 {
-        c.wait_ready(i, READY);
-    }
+    c.start_first(3);
     let leader = c.leader(Duration::from_secs(15));
     create_until_ok(&c, leader, "secret-topic", Duration::from_secs(10));
     c.spawn(3);

@@ -223,13 +223,19 @@ impl Cluster {
     /// Starts `n` nodes and waits (≤ 30 s each) until every one is ready.
     pub fn start(n: usize, opts: ClusterOpts) -> Cluster {
         let mut c = Cluster::prepare(n, opts);
-        for i in 0..n {
-            c.spawn(i);
-        }
-        for i in 0..n {
-            c.wait_ready(i, Duration::from_secs(30));
-        }
+        c.start_first(n);
         c
+    }
+
+    /// Spawns nodes `0..k` (all at once, so they can bootstrap together)
+    /// and waits (≤ 30 s each) until every one is ready.
+    pub fn start_first(&mut self, k: usize) {
+        for i in 0..k {
+            self.spawn(i);
+        }
+        for i in 0..k {
+            self.wait_ready(i, Duration::from_secs(30));
+        }
     }
 
     /// The number of nodes.
