@@ -79,7 +79,12 @@ pub fn wal_segment(data: &[u8]) {
     }
 }
 
+/// The salt of the salted frames and segments of the log fuzz targets.
+pub const FUZZ_SALT: u64 = 0x5eed_5a17_0000_0042;
+
 /// A partition-log frame. The first byte picks how the rest is used:
+/// * bit 2: the frame is sealed with the seed of [`FUZZ_SALT`] (else
+///   unsalted, as in a format 1 segment);
 /// * bit 7 set: the rest is a frame payload (first byte the record count),
 ///   encoded as a real frame (bit 0: zstd), so the fuzzer reaches the
 ///   record split and the envelopes behind a valid CRC;
@@ -87,6 +92,11 @@ pub fn wal_segment(data: &[u8]) {
 ///   length, bit 1 recomputes its CRC (so mutations get past both).
 pub fn log_frame(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else { return };
+    let seed = if mode & 4 == 4 {
+        frame::FrameSeed::of_salt(FUZZ_SALT)
+    } else {
+        frame::FrameSeed::UNSALTED
+    };
     let bytes = if mode & 0x80 != 0 {
         let Some((&count, payload)) = rest.split_first() else { return };
         let codec = if mode & 1 == 1 {
@@ -94,7 +104,7 @@ pub fn log_frame(data: &[u8]) {
         } else {
             narad_log::Codec::None
         };
-        match frame::encode_frame(42, u32::from(count), payload, codec) {
+        match frame::encode_frame(42, u32::from(count), payload, codec, seed) {
             Ok(f) => f,
             Err(_) => return,
         }
@@ -111,7 +121,8 @@ pub fn log_frame(data: &[u8]) {
             if mode & 2 == 2 {
                 let header: [u8; FRAME_HEADER_LEN] =
                     f[..FRAME_HEADER_LEN].try_into().expect("header length");
-                let crc = crc32c::crc32c_append(frame::crc_start(&header), &f[FRAME_HEADER_LEN..]);
+                let crc =
+                    crc32c::crc32c_append(frame::crc_start(seed, &header), &f[FRAME_HEADER_LEN..]);
                 f[23..27].copy_from_slice(&crc.to_be_bytes());
             }
         }
@@ -120,7 +131,15 @@ pub fn log_frame(data: &[u8]) {
     if let Some(h) = bytes.get(..FRAME_HEADER_LEN) {
         let _ = FrameHeader::parse(h.try_into().expect("header length"));
     }
-    let Ok(h) = frame::verify_frame(&bytes) else { return };
+    let Ok(h) = frame::verify_frame(&bytes, seed) else { return };
+    // Sealed with one seed, a frame fails with the other (but for a
+    // 2^-32 chance per input, which the fuzzer would have to find).
+    let other = if mode & 4 == 4 {
+        frame::FrameSeed::UNSALTED
+    } else {
+        frame::FrameSeed::of_salt(FUZZ_SALT)
+    };
+    assert!(frame::verify_frame(&bytes, other).is_err(), "a frame checks under both seeds");
     let stored = Bytes::copy_from_slice(&bytes[FRAME_HEADER_LEN..]);
     let records = frame::decode_records(&h, stored.clone());
     let bounds = frame::commit_time_bounds(&h, stored);
@@ -179,14 +198,27 @@ impl narad_fs::File for MemFile {
     }
 }
 
-/// A whole partition-log segment, walked as opening a log does.
+/// A whole partition-log segment (base offset 42), walked as opening a log
+/// does. The first byte: bit 0 checks CRCs; bit 1 puts a valid format 2
+/// header salted with [`FUZZ_SALT`] in front of the rest (so the fuzzer
+/// reaches the salted frames behind it).
 pub fn log_segment(data: &[u8]) {
     let Some((&mode, image)) = data.split_first() else { return };
-    let file = MemFile(image.to_vec());
+    let mut bytes = Vec::with_capacity(image.len() + 32);
+    if mode & 2 == 2 {
+        bytes.extend_from_slice(&narad_log::segment::segment_header(42, FUZZ_SALT));
+    }
+    bytes.extend_from_slice(image);
+    let file = MemFile(bytes);
     let scan = narad_log::segment::scan_segment(&file, 42, mode & 1 == 1, 1 << 10)
         .expect("an in-memory file reads");
     assert!(scan.good_len <= scan.file_len, "{scan:?}");
     assert!(scan.next_offset >= 42, "{scan:?}");
+    if let Some(f) = scan.format {
+        assert!(scan.good_len >= f.frames_start(), "{scan:?}");
+    } else {
+        assert_eq!((scan.good_len, scan.frames), (0, 0), "{scan:?}");
+    }
     match &scan.defect {
         None => assert_eq!(scan.good_len, scan.file_len, "no defect means every byte is good"),
         Some(d) => {

@@ -27,8 +27,8 @@
 //! * every restart succeeded (recovery never refuses a torn tail).
 //!
 //! A third of the payloads start and end with bytes of our own formats (WAL
-//! segment headers, preparation trailers with valid CRCs, runs of zeros),
-//! as a client may send them.
+//! segment headers, preparation trailers with valid CRCs, runs of zeros,
+//! partition-log frames and segment headers), as a client may send them.
 //!
 //! The workload is one thread and every background timer is pushed out of
 //! the way, so a seed replays the same disk operations: `NARAD_SEED=S` runs
@@ -143,16 +143,33 @@ fn open(fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
 }
 
 /// Bytes of one of our on-disk formats, valid where they carry a CRC: a
-/// WAL segment header, a WAL preparation trailer, or a run of zeros. A
-/// client may send any of them as a payload. Not a partition-log frame: a
-/// torn (never acked) commit whose payload carries a CRC-valid frame makes
-/// the log's open fail instead of cutting the tear (seed 168 of 1,000 found
-/// it; docs/DURABILITY.md, "payloads that look like ours").
+/// WAL segment header, a WAL preparation trailer, a run of zeros, or a
+/// partition-log frame (continuing plausible offsets) or segment header.
+/// A client may send any of them as a payload. The log frames are sealed
+/// as a client can seal them: with the public CRC32C, or with a guessed
+/// salt. Before the log's frames were salted, a torn (never acked) commit
+/// whose payload carried such a frame made the log's open fail instead of
+/// cutting the tear (seed 168 of 1,000 found it; docs/DURABILITY.md,
+/// "payloads that look like ours").
 fn our_bytes(rng: &mut SimRng) -> Vec<u8> {
-    match rng.below(3) {
+    use narad_log::frame::{FrameSeed, PayloadBuilder};
+    match rng.below(6) {
         0 => narad_wal::frame::segment_header(rng.below(1_000), rng.below(u64::MAX)).to_vec(),
         1 => narad_wal::prep::trailer(rng.below(16 << 10) as u32).to_vec(),
-        _ => vec![0u8; 1 + rng.below(600) as usize],
+        2 => vec![0u8; 1 + rng.below(600) as usize],
+        3 | 4 => {
+            let seed = if rng.chance(1, 2) {
+                FrameSeed::UNSALTED
+            } else {
+                FrameSeed::of_salt(rng.below(u64::MAX))
+            };
+            let mut p = PayloadBuilder::new();
+            for i in 0..1 + rng.below(3) {
+                p.push(None, 1_700_000_000_000, format!("forged {i}").as_bytes());
+            }
+            p.finish(rng.below(64), narad_log::Codec::None, seed).expect("a small frame")
+        }
+        _ => narad_log::segment::segment_header(rng.below(64), rng.below(u64::MAX)).to_vec(),
     }
 }
 

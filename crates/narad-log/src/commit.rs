@@ -63,14 +63,14 @@ use tracing::error;
 
 use crate::cache::{DecodedFrame, DecodedRecord};
 use crate::error::LogError;
-use crate::frame::{self, PayloadBuilder};
+use crate::frame::{self, FrameSeed, PayloadBuilder};
 use crate::limits::{
     CYCLE_DRAIN_BYTES, CYCLE_DRAIN_RECORDS, MAX_COMMIT_BYTES, MAX_COMMIT_RECORDS,
     MAX_FRAME_RECORDS_WRITTEN, MAX_KEY_BYTES, MAX_RECORD_BYTES,
 };
 use crate::log::{Active, PartitionLog, SegFile, SegState, Writer, lock};
 use crate::metrics::Counters;
-use crate::segment::{self, IndexBuilder};
+use crate::segment::{self, IndexBuilder, SegmentFormat};
 use crate::{CommitOutcome, CommitRecord, CycleTimings};
 
 /// The largest read-back buffer a committing thread keeps between cycles.
@@ -223,8 +223,12 @@ struct Touched {
 struct Cycle {
     prior_active: Option<Active>,
     touched: Vec<Touched>,
-    /// A segment whose creation was attempted and failed: it may exist.
+    /// A segment whose creation (file and synced header) was attempted and
+    /// failed: it may exist.
     failed_create: Option<std::path::PathBuf>,
+    /// The fdatasync of a new segment's header failed: latches like any
+    /// other failed fdatasync of the cycle.
+    header_sync_failed: bool,
     /// A trim of the runway failed after its `set_len`: what the disk holds
     /// past the frames is unknown (a failed fdatasync is never retried), so
     /// the rollback poisons the log; reopening cuts the tail.
@@ -383,11 +387,12 @@ impl PartitionLog {
                 o
             })
             .collect();
-        let frames = self.build_frames(batches, base, time)?;
+        let frames = self.build_frames(batches, base, time, FrameSeed::of_salt(w.salt))?;
         let mut cycle = Cycle {
             prior_active: w.active.clone(),
             touched: Vec::new(),
             failed_create: None,
+            header_sync_failed: false,
             trim_failed: false,
             write_time: Duration::ZERO,
             sync_time: Duration::ZERO,
@@ -398,7 +403,8 @@ impl PartitionLog {
                 dir = %self.dir.display(), error = %e, records = next - base,
                 "partition commit failed; truncating back to the high watermark"
             );
-            let sync_failed = cycle.touched.iter().any(|t| t.sync_failed);
+            let sync_failed =
+                cycle.header_sync_failed || cycle.touched.iter().any(|t| t.sync_failed);
             self.rollback(w, cycle);
             if sync_failed && w.poisoned.is_none() {
                 // A failed fdatasync latches (DESIGN §3): a later one may
@@ -431,6 +437,7 @@ impl PartitionLog {
         batches: &[Queued],
         base: u64,
         time: u64,
+        seed: FrameSeed,
     ) -> Result<Vec<BuiltFrame>, LogError> {
         let target = self.config.effective_frame_target() as usize;
         let codec = self.config.codec;
@@ -443,8 +450,9 @@ impl PartitionLog {
         let mut frame_base = base;
         let finish = |payload: PayloadBuilder, records: Vec<DecodedRecord>, frame_base: u64| {
             let count = payload.count();
-            let bytes =
-                payload.finish(frame_base, codec).map_err(|source| LogError::Encode { source })?;
+            let bytes = payload
+                .finish(frame_base, codec, seed)
+                .map_err(|source| LogError::Encode { source })?;
             Ok::<_, LogError>(BuiltFrame { base: frame_base, count, bytes, records })
         };
         for r in batches.iter().flat_map(|q| &q.records) {
@@ -490,7 +498,11 @@ impl PartitionLog {
             let len = f.bytes.len() as u64;
             let roll = match &w.active {
                 None => true,
-                Some(a) => a.len > 0 && a.len + len > segment_bytes,
+                // A format 1 segment (or one of another salt) never gets a
+                // frame of this binary: its frames are sealed with the
+                // log's salt.
+                Some(a) if a.seg.format != (SegmentFormat::Salted { salt: w.salt }) => true,
+                Some(a) => a.len > a.seg.frames_start() && a.len + len > segment_bytes,
             };
             if roll {
                 self.roll(w, f.base, cycle)?;
@@ -561,7 +573,7 @@ impl PartitionLog {
                     Counters::add(&self.counters.verify_failures, 1);
                     LogError::VerifyFailed { path: t.seg.path.clone(), offset: pos, reason }
                 };
-                let h = frame::verify_frame(buf).map_err(|e| fail(e.to_string()))?;
+                let h = frame::verify_frame(buf, t.seg.seed()).map_err(|e| fail(e.to_string()))?;
                 if h.base_offset != f.base || h.count != f.count {
                     return Err(fail(format!(
                         "frame holds offsets {}+{}, {}+{} were written",
@@ -656,7 +668,9 @@ impl PartitionLog {
 
     /// Starts a new segment at `base`. The current one is synced and cut to
     /// its frames first, so a sealed segment is always complete on disk, and
-    /// exactly its frames, before its successor exists.
+    /// exactly its frames, before its successor exists. The new segment's
+    /// header is fdatasynced before any frame is written behind it (see
+    /// `segment`: a bad header with bytes after it is then never a tear).
     fn roll(&self, w: &mut Writer, base: u64, cycle: &mut Cycle) -> Result<(), LogError> {
         if let Some(t) = cycle.touched.last_mut() {
             self.sync(t, &mut cycle.sync_time)?;
@@ -668,20 +682,33 @@ impl PartitionLog {
             .fs
             .open(&path, OpenMode::CreateNew)
             .map_err(|e| LogError::io("create", &path, e))?;
+        let header = segment::segment_header(base, w.salt);
+        let started = Instant::now();
+        let written = file.write_all_at(&header, 0);
+        cycle.write_time += started.elapsed();
+        written.map_err(|e| LogError::io("write", &path, e))?;
+        let started = Instant::now();
+        let synced = file.sync_data();
+        cycle.sync_time += started.elapsed();
+        cycle.header_sync_failed = synced.is_err();
+        synced.map_err(|e| LogError::io("fdatasync", &path, e))?;
+        Counters::add(&self.counters.syncs, 1);
         cycle.failed_create = None;
-        let seg = SegFile::new(base, path, Some(file.clone()));
+        let format = SegmentFormat::Salted { salt: w.salt };
+        let start = format.frames_start();
+        let seg = SegFile::new(base, path, format, Some(file.clone()));
         cycle.touched.push(Touched {
             seg: seg.clone(),
             file: file.clone(),
-            start_len: 0,
-            len: 0,
+            start_len: start,
+            len: start,
             created: true,
             dirty: false,
             sync_failed: false,
             synced: false,
             frames: Vec::new(),
         });
-        w.active = Some(Active { seg, file, len: 0, alloc: 0 });
+        w.active = Some(Active { seg, file, len: start, alloc: start });
         Counters::add(&self.counters.segments_rolled, 1);
         Ok(())
     }
@@ -754,7 +781,7 @@ impl PartitionLog {
                 if t.created {
                     v.segments.push(SegState {
                         file: t.seg.clone(),
-                        end_pos: 0,
+                        end_pos: t.seg.frames_start(),
                         end_offset: t.seg.base,
                         index: Vec::new(),
                         last_frame_pos: None,
@@ -764,6 +791,7 @@ impl PartitionLog {
                 }
                 let s = v.segments.last_mut().expect("the cycle's segment is in the view");
                 assert_eq!(s.file.base, t.seg.base, "a cycle writes only to the last segment");
+                let first_frames = s.last_frame_pos.is_none();
                 let mut ib = IndexBuilder::new(stride, s.index.last().map(|e| u64::from(e.pos)));
                 for &(i, pos) in &t.frames {
                     let f = &frames[i];
@@ -779,7 +807,7 @@ impl PartitionLog {
                         frame_len: f.bytes.len() as u64,
                     }));
                 }
-                if s.end_pos == 0 {
+                if first_frames {
                     s.first_time_ms = Some(time);
                 }
                 s.end_pos = t.len;

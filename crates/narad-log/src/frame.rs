@@ -10,11 +10,24 @@
 //! 7    8     base offset (offset of the first record), i64 ≥ 0
 //! 15   4     uncompressed payload size, i32
 //! 19   4     stored payload size, i32 (= uncompressed size for codec none)
-//! 23   4     CRC32C (Castagnoli) over bytes [2, 23) and the stored payload
+//! 23   4     CRC32C (Castagnoli) over bytes [2, 23) and the stored payload,
+//!            seeded with the segment's [`FrameSeed`]
 //! 27   n     stored payload = codec( Σ [u32 record length][record envelope] )
 //! ```
 //!
 //! A record envelope is described in [`crate::envelope`].
+//!
+//! # The seed
+//!
+//! A frame's CRC starts from its segment's seed: the CRC32C of the log's
+//! salt, 64 bits from the operating system's random source kept in every
+//! segment header (see [`crate::segment`]) and never shown to anyone. A
+//! client can put bytes shaped like a frame, with a CRC computed by the
+//! public algorithm, into a record's payload; without the salt that CRC
+//! fails (but for a 2^-32 chance per forgery), so recovery's and the read
+//! path's look-ahead for valid frames behind damage cannot be steered by
+//! payload bytes. A segment written before segments had headers (format 1)
+//! has no salt: its frames use [`FrameSeed::UNSALTED`], a plain CRC32C.
 //!
 //! # Invariants
 //!
@@ -48,6 +61,28 @@ use crate::limits::{
 
 /// The two magic bytes that open every frame.
 pub const FRAME_MAGIC: [u8; 2] = [0xCA, 0xFE];
+
+/// The CRC32C state every frame CRC of a segment starts from: the CRC of
+/// the segment's salt (computed once, so sealing or checking a frame costs
+/// no byte more than an unsalted CRC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameSeed(u32);
+
+impl FrameSeed {
+    /// The seed of format 1 segments, which have no salt: a plain CRC32C
+    /// (continuing from 0 is the CRC32C of the bytes alone).
+    pub const UNSALTED: FrameSeed = FrameSeed(0);
+
+    /// The seed of a segment whose header holds `salt`.
+    pub fn of_salt(salt: u64) -> FrameSeed {
+        FrameSeed(crc32c::crc32c(&salt.to_be_bytes()))
+    }
+}
+
+/// A fresh salt for a log, from the operating system's random source.
+pub fn new_salt() -> std::io::Result<u64> {
+    getrandom::u64().map_err(|e| std::io::Error::other(format!("no randomness for a salt: {e}")))
+}
 
 const CODEC_MASK: u8 = 0b0000_0111;
 const CODEC_NONE: u8 = 0;
@@ -210,13 +245,15 @@ impl FrameHeader {
         self.base_offset + u64::from(self.count)
     }
 
-    /// Checks the CRC over the header bytes `[2, 23)` and the stored payload.
+    /// Checks the CRC over the header bytes `[2, 23)` and the stored payload,
+    /// seeded with the frame's segment's `seed`.
     pub fn check_crc(
         &self,
+        seed: FrameSeed,
         header: &[u8; FRAME_HEADER_LEN],
         stored: &[u8],
     ) -> Result<(), FrameError> {
-        let actual = crc32c::crc32c_append(crc_start(header), stored);
+        let actual = crc32c::crc32c_append(crc_start(seed, header), stored);
         if actual == self.crc {
             Ok(())
         } else {
@@ -225,9 +262,10 @@ impl FrameHeader {
     }
 }
 
-/// The CRC of the covered header bytes, to be continued over the payload.
-pub fn crc_start(header: &[u8; FRAME_HEADER_LEN]) -> u32 {
-    crc32c::crc32c(&header[2..23])
+/// The CRC of the covered header bytes from `seed`, to be continued over
+/// the payload.
+pub fn crc_start(seed: FrameSeed, header: &[u8; FRAME_HEADER_LEN]) -> u32 {
+    crc32c::crc32c_append(seed.0, &header[2..23])
 }
 
 /// Builds the uncompressed payload of one frame, record by record.
@@ -292,15 +330,21 @@ impl PayloadBuilder {
         self.count == 0
     }
 
-    /// Encodes the frame (header and stored payload) at `base_offset`:
-    /// the same bytes as [`encode_frame`] of the payload. Uncompressed, the
-    /// header is written into the room kept for it.
-    pub fn finish(mut self, base_offset: u64, codec: Codec) -> Result<Vec<u8>, FrameError> {
+    /// Encodes the frame (header and stored payload) at `base_offset`,
+    /// sealed with `seed`: the same bytes as [`encode_frame`] of the
+    /// payload. Uncompressed, the header is written into the room kept for
+    /// it.
+    pub fn finish(
+        mut self,
+        base_offset: u64,
+        codec: Codec,
+        seed: FrameSeed,
+    ) -> Result<Vec<u8>, FrameError> {
         if codec != Codec::None {
-            return encode_frame(base_offset, self.count, self.payload(), codec);
+            return encode_frame(base_offset, self.count, self.payload(), codec, seed);
         }
         check_frame(base_offset, self.count, self.len())?;
-        let header = frame_header(codec, self.count, base_offset, self.len(), self.payload());
+        let header = frame_header(codec, self.count, base_offset, self.len(), self.payload(), seed);
         self.buf[..FRAME_HEADER_LEN].copy_from_slice(&header);
         Ok(self.buf)
     }
@@ -314,6 +358,7 @@ fn frame_header(
     base_offset: u64,
     uncompressed: usize,
     stored: &[u8],
+    seed: FrameSeed,
 ) -> [u8; FRAME_HEADER_LEN] {
     let mut header = [0u8; FRAME_HEADER_LEN];
     let mut w = &mut header[..];
@@ -323,7 +368,7 @@ fn frame_header(
     w.put_i64(base_offset as i64);
     w.put_i32(uncompressed as i32);
     w.put_i32(stored.len() as i32);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[2..23]), stored);
+    let crc = crc32c::crc32c_append(crc_start(seed, &header), stored);
     header[23..27].copy_from_slice(&crc.to_be_bytes());
     header
 }
@@ -343,14 +388,15 @@ fn check_frame(base_offset: u64, count: u32, payload_len: usize) -> Result<(), F
     Ok(())
 }
 
-/// Encodes a frame from an uncompressed payload of `count` records. Refuses
-/// (before writing anything) a payload over [`MAX_FRAME_BYTES`], stored or
-/// not.
+/// Encodes a frame from an uncompressed payload of `count` records, sealed
+/// with `seed`. Refuses (before writing anything) a payload over
+/// [`MAX_FRAME_BYTES`], stored or not.
 pub fn encode_frame(
     base_offset: u64,
     count: u32,
     payload: &[u8],
     codec: Codec,
+    seed: FrameSeed,
 ) -> Result<Vec<u8>, FrameError> {
     check_frame(base_offset, count, payload.len())?;
     let compressed;
@@ -370,14 +416,14 @@ pub fn encode_frame(
         });
     }
     let mut out = Vec::with_capacity(FRAME_HEADER_LEN + stored.len());
-    out.extend_from_slice(&frame_header(codec, count, base_offset, payload.len(), stored));
+    out.extend_from_slice(&frame_header(codec, count, base_offset, payload.len(), stored, seed));
     out.extend_from_slice(stored);
     Ok(out)
 }
 
-/// Splits a whole frame's bytes into its parsed, CRC-checked header and the
-/// stored payload. Used by the commit read-back and by tests.
-pub fn verify_frame(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
+/// Parses a whole frame's header and checks its length and its CRC (seeded
+/// with `seed`). Used by the commit read-back and by tests.
+pub fn verify_frame(bytes: &[u8], seed: FrameSeed) -> Result<FrameHeader, FrameError> {
     let header: &[u8; FRAME_HEADER_LEN] = bytes
         .get(..FRAME_HEADER_LEN)
         .and_then(|h| h.try_into().ok())
@@ -390,7 +436,7 @@ pub fn verify_frame(bytes: &[u8]) -> Result<FrameHeader, FrameError> {
             h.frame_len()
         )));
     }
-    h.check_crc(header, &bytes[FRAME_HEADER_LEN..])?;
+    h.check_crc(seed, header, &bytes[FRAME_HEADER_LEN..])?;
     Ok(h)
 }
 
@@ -512,7 +558,14 @@ mod tests {
     }
 
     fn decode_all(frame: &[u8]) -> Result<(FrameHeader, Vec<Envelope>), FrameError> {
-        let h = verify_frame(frame)?;
+        decode_sealed(frame, FrameSeed::UNSALTED)
+    }
+
+    fn decode_sealed(
+        frame: &[u8],
+        seed: FrameSeed,
+    ) -> Result<(FrameHeader, Vec<Envelope>), FrameError> {
+        let h = verify_frame(frame, seed)?;
         let recs = decode_records(&h, Bytes::copy_from_slice(&frame[FRAME_HEADER_LEN..]))?;
         Ok((h, recs))
     }
@@ -572,11 +625,46 @@ mod tests {
 
     #[test]
     fn frame_golden_bytes_codec_none() {
-        let frame = golden_payload(1).finish(42, Codec::None).unwrap();
+        let frame = golden_payload(1).finish(42, Codec::None, FrameSeed::UNSALTED).unwrap();
         assert_eq!(frame, GOLDEN_NONE, "encoder output changed: {frame:02x?}");
         let (h, recs) = decode_all(GOLDEN_NONE).unwrap();
         assert_eq!(h.codec, 0);
         check_golden_records(&h, &recs, 1);
+    }
+
+    /// The salt of the salted golden frame.
+    const SALT: u64 = 0x0123_4567_89AB_CDEF;
+
+    /// [`GOLDEN_NONE`] sealed with the seed of [`SALT`]: only the CRC
+    /// differs. It is the CRC32C of the salt's 8 bytes (big-endian), header
+    /// bytes [2, 23) and the payload, as one run (computed independently,
+    /// with a bitwise CRC32C in Python).
+    const GOLDEN_SALTED_CRC: [u8; 4] = [0x64, 0x4f, 0x7e, 0x42];
+
+    #[test]
+    fn salted_frame_golden_bytes_check_only_with_their_segments_seed() {
+        let seed = FrameSeed::of_salt(SALT);
+        let frame = golden_payload(1).finish(42, Codec::None, seed).unwrap();
+        assert_eq!(frame[..23], GOLDEN_NONE[..23]);
+        assert_eq!(frame[27..], GOLDEN_NONE[27..]);
+        assert_eq!(frame[23..27], GOLDEN_SALTED_CRC, "{:02x?}", &frame[23..27]);
+        // The same CRC as one plain CRC32C over salt, header fields, payload.
+        let mut run = SALT.to_be_bytes().to_vec();
+        run.extend_from_slice(&GOLDEN_NONE[2..23]);
+        run.extend_from_slice(&GOLDEN_NONE[27..]);
+        assert_eq!(crc32c::crc32c(&run).to_be_bytes(), GOLDEN_SALTED_CRC);
+        let (h, recs) = decode_sealed(&frame, seed).unwrap();
+        check_golden_records(&h, &recs, 1);
+        // Checked with no seed or another salt's, it fails: a client that
+        // forges a frame with the public CRC cannot pass it off as ours.
+        assert!(matches!(decode_all(&frame), Err(FrameError::Crc { .. })));
+        let other = FrameSeed::of_salt(SALT + 1);
+        assert!(matches!(decode_sealed(&frame, other), Err(FrameError::Crc { .. })));
+        assert!(matches!(decode_sealed(GOLDEN_NONE, seed), Err(FrameError::Crc { .. })));
+        // Unsalted is a plain CRC32C: the format 1 frames of older logs.
+        let mut plain = GOLDEN_NONE[2..23].to_vec();
+        plain.extend_from_slice(&GOLDEN_NONE[27..]);
+        assert_eq!(crc32c::crc32c(&plain).to_be_bytes(), GOLDEN_NONE[23..27]);
     }
 
     #[test]
@@ -587,7 +675,8 @@ mod tests {
         // The encoder's output may differ across zstd releases, but it must
         // decode to the same records and carry the same header fields up to
         // the stored size.
-        let frame = golden_payload(8).finish(42, Codec::Zstd { level: 3 }).unwrap();
+        let frame =
+            golden_payload(8).finish(42, Codec::Zstd { level: 3 }, FrameSeed::UNSALTED).unwrap();
         assert_eq!(frame[..19], GOLDEN_ZSTD[..19]);
         let (h, recs) = decode_all(&frame).unwrap();
         check_golden_records(&h, &recs, 8);
@@ -622,7 +711,10 @@ mod tests {
         // Write side: a payload over the bound never becomes a frame. (A
         // zeroed buffer of that size is cheap: the pages are never touched.)
         let huge = vec![0u8; MAX_FRAME_BYTES as usize + 1];
-        assert!(matches!(encode_frame(0, 1, &huge, Codec::None), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            encode_frame(0, 1, &huge, Codec::None, FrameSeed::UNSALTED),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     #[test]
@@ -643,23 +735,45 @@ mod tests {
                 p.push(key, 1_700_000_000_000 + i as u64, format!("payload {i}").as_bytes());
             }
             assert_eq!(p.count(), n as u32);
-            let expected = encode_frame(7, n as u32, p.payload(), Codec::None).unwrap();
+            let expected =
+                encode_frame(7, n as u32, p.payload(), Codec::None, FrameSeed::UNSALTED).unwrap();
             assert_eq!(p.len() + FRAME_HEADER_LEN, expected.len());
-            let zstd = encode_frame(7, n as u32, p.payload(), Codec::Zstd { level: 1 }).unwrap();
+            let zstd = encode_frame(
+                7,
+                n as u32,
+                p.payload(),
+                Codec::Zstd { level: 1 },
+                FrameSeed::UNSALTED,
+            )
+            .unwrap();
             let mut q = PayloadBuilder::new();
             for i in 0..n {
                 let key = (i % 3 == 1).then_some(&b"key"[..]);
                 q.push(key, 1_700_000_000_000 + i as u64, format!("payload {i}").as_bytes());
             }
-            assert_eq!(p.finish(7, Codec::None).unwrap(), expected, "{n} records");
-            assert_eq!(q.finish(7, Codec::Zstd { level: 1 }).unwrap(), zstd, "{n} records");
+            assert_eq!(
+                p.finish(7, Codec::None, FrameSeed::UNSALTED).unwrap(),
+                expected,
+                "{n} records"
+            );
+            assert_eq!(
+                q.finish(7, Codec::Zstd { level: 1 }, FrameSeed::UNSALTED).unwrap(),
+                zstd,
+                "{n} records"
+            );
         }
         // The same refusals as encode_frame.
         let p = PayloadBuilder::new();
-        assert!(matches!(p.finish(0, Codec::None), Err(FrameError::BadHeader(_))));
+        assert!(matches!(
+            p.finish(0, Codec::None, FrameSeed::UNSALTED),
+            Err(FrameError::BadHeader(_))
+        ));
         let mut p = PayloadBuilder::new();
         p.push(None, 1, b"x");
-        assert!(matches!(p.finish(u64::MAX, Codec::None), Err(FrameError::BadHeader(_))));
+        assert!(matches!(
+            p.finish(u64::MAX, Codec::None, FrameSeed::UNSALTED),
+            Err(FrameError::BadHeader(_))
+        ));
     }
 
     #[test]
@@ -668,15 +782,15 @@ mod tests {
         let mut p = PayloadBuilder::new();
         p.push(None, 1, &[b'a'; 50]);
         p.push(None, 1, &[b'b'; 50]);
-        let frame = encode_frame(0, 1, p.payload(), Codec::None).unwrap();
+        let frame = encode_frame(0, 1, p.payload(), Codec::None, FrameSeed::UNSALTED).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));
         // Three claimed, two present.
-        let frame = encode_frame(0, 3, p.payload(), Codec::None).unwrap();
+        let frame = encode_frame(0, 3, p.payload(), Codec::None, FrameSeed::UNSALTED).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));
         // A record length that overruns the payload.
         let mut raw = p.payload().to_vec();
         raw[3] = 0x7f;
-        let frame = encode_frame(0, 2, &raw, Codec::None).unwrap();
+        let frame = encode_frame(0, 2, &raw, Codec::None, FrameSeed::UNSALTED).unwrap();
         assert!(matches!(decode_all(&frame), Err(FrameError::Records(_))));
     }
 
@@ -704,7 +818,7 @@ mod tests {
             }
             // Decoding must not panic; a frame that still verifies must
             // decode or be refused cleanly.
-            if let Ok(h) = verify_frame(&buf) {
+            if let Ok(h) = verify_frame(&buf, FrameSeed::UNSALTED) {
                 let _ = decode_records(&h, Bytes::copy_from_slice(&buf[FRAME_HEADER_LEN..]));
             }
             if buf.len() >= FRAME_HEADER_LEN {
@@ -721,17 +835,25 @@ mod tests {
     /// frame's own header must now agree first.
     #[test]
     fn a_zstd_frame_disagreeing_with_its_header_fails_before_allocating() {
-        let mut f = golden_payload(1).finish(42, Codec::Zstd { level: 3 }).unwrap();
+        let mut f =
+            golden_payload(1).finish(42, Codec::Zstd { level: 3 }, FrameSeed::UNSALTED).unwrap();
         f[15..19].copy_from_slice(&(200i32 << 20).to_be_bytes());
-        let crc = crc32c::crc32c_append(crc_start(&header_of(&f)), &f[FRAME_HEADER_LEN..]);
+        let crc = crc32c::crc32c_append(
+            crc_start(FrameSeed::UNSALTED, &header_of(&f)),
+            &f[FRAME_HEADER_LEN..],
+        );
         f[23..27].copy_from_slice(&crc.to_be_bytes());
         let e = decode_all(&f).unwrap_err();
         assert!(matches!(e, FrameError::Codec(ref m) if m.contains("declares")), "{e:?}");
-        let mut cut = golden_payload(1).finish(42, Codec::Zstd { level: 3 }).unwrap();
+        let mut cut =
+            golden_payload(1).finish(42, Codec::Zstd { level: 3 }, FrameSeed::UNSALTED).unwrap();
         cut.push(0);
         let stored = (cut.len() - FRAME_HEADER_LEN) as i32;
         cut[19..23].copy_from_slice(&stored.to_be_bytes());
-        let crc = crc32c::crc32c_append(crc_start(&header_of(&cut)), &cut[FRAME_HEADER_LEN..]);
+        let crc = crc32c::crc32c_append(
+            crc_start(FrameSeed::UNSALTED, &header_of(&cut)),
+            &cut[FRAME_HEADER_LEN..],
+        );
         cut[23..27].copy_from_slice(&crc.to_be_bytes());
         let e = decode_all(&cut).unwrap_err();
         assert!(matches!(e, FrameError::Codec(ref m) if m.contains("stored bytes")), "{e:?}");
@@ -744,7 +866,7 @@ mod tests {
             let key = i.to_string();
             p.push((i % 3 != 0).then_some(key.as_bytes()), u64::from(i), &[i as u8; 100]);
         }
-        let frame = p.finish(7, Codec::Zstd { level: 1 }).unwrap();
+        let frame = p.finish(7, Codec::Zstd { level: 1 }, FrameSeed::UNSALTED).unwrap();
         let (h, recs) = decode_all(&frame).unwrap();
         assert!(h.stored_len < h.uncompressed_len / 4);
         assert_eq!(recs.len(), 500);

@@ -8,6 +8,10 @@
 /// Bytes in a frame header (magic, flags, count, base offset, two sizes, CRC).
 pub const FRAME_HEADER_LEN: usize = 27;
 
+/// Bytes in a (format 2) segment header (magic, version, flags, base offset,
+/// salt, CRC).
+pub const SEGMENT_HEADER_LEN: usize = 32;
+
 /// The largest frame payload, stored or uncompressed, that is ever written or
 /// read (SPEC §5.2: "sizes > 256 MiB rejected").
 pub const MAX_FRAME_BYTES: u64 = 256 << 20;

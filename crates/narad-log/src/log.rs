@@ -40,10 +40,11 @@ use crate::cache::FrameCache;
 use crate::commit::Combiner;
 use crate::config::LogConfig;
 use crate::error::{LogError, ReadError};
+use crate::frame::{self, FrameSeed};
 use crate::limits::MAX_OPEN_SEALED_FILES;
 use crate::metrics::{Counters, LogMetrics};
 use crate::recovery::{self, RecoveryReport};
-use crate::segment::IndexEntry;
+use crate::segment::{self, IndexEntry, SegmentFormat};
 use crate::{CycleTimings, LogStats};
 
 /// Called with the new high watermark after every commit cycle that
@@ -64,14 +65,31 @@ type SharedObserver = Arc<dyn Fn(&CycleTimings) + Send + Sync>;
 pub(crate) struct SegFile {
     pub base: u64,
     pub path: PathBuf,
+    /// Where its frames start and how their CRCs are seeded.
+    pub format: SegmentFormat,
     /// An open handle: always for the active segment, on demand (and for a
     /// few at a time) for sealed ones.
     pub handle: Mutex<Option<FileRef>>,
 }
 
 impl SegFile {
-    pub fn new(base: u64, path: PathBuf, handle: Option<FileRef>) -> Arc<Self> {
-        Arc::new(SegFile { base, path, handle: Mutex::new(handle) })
+    pub fn new(
+        base: u64,
+        path: PathBuf,
+        format: SegmentFormat,
+        handle: Option<FileRef>,
+    ) -> Arc<Self> {
+        Arc::new(SegFile { base, path, format, handle: Mutex::new(handle) })
+    }
+
+    /// The seed of its frame CRCs.
+    pub fn seed(&self) -> FrameSeed {
+        self.format.seed()
+    }
+
+    /// The byte position of its first frame.
+    pub fn frames_start(&self) -> u64 {
+        self.format.frames_start()
     }
 }
 
@@ -104,7 +122,7 @@ impl SegState {
         let j = self.index.partition_point(|e| base + u64::from(e.rel_offset) <= offset);
         match j.checked_sub(1).map(|j| self.index[j]) {
             Some(e) => (u64::from(e.pos), base + u64::from(e.rel_offset)),
-            None => (0, base),
+            None => (self.file.frames_start(), base),
         }
     }
 
@@ -153,6 +171,9 @@ pub(crate) struct Active {
 /// The writer's state, under the produce lock.
 #[derive(Debug)]
 pub(crate) struct Writer {
+    /// The log's salt: every frame is sealed with its seed, and every new
+    /// segment's header carries it (see `segment`).
+    pub salt: u64,
     /// `None` before the first segment exists, and after close.
     pub active: Option<Active>,
     pub next_offset: u64,
@@ -222,10 +243,27 @@ impl PartitionLog {
         let rec = recovery::recover(&fs, &dir, &config)?;
         let hwm = rec.report.high_watermark;
         let oldest = rec.segments.first().map_or(hwm, |s| s.base);
+        let salt = match rec.segments.iter().rev().find_map(|s| match s.format {
+            Some(SegmentFormat::Salted { salt }) => Some(salt),
+            _ => None,
+        }) {
+            Some(salt) => salt,
+            None => frame::new_salt().map_err(|e| LogError::io("draw a salt", &dir, e))?,
+        };
         let mut active = None;
         let mut segments = Vec::with_capacity(rec.segments.len());
-        for s in rec.segments {
-            let seg = SegFile::new(s.base, s.path, s.file.clone());
+        for mut s in rec.segments {
+            let frameless_legacy = s.format == Some(SegmentFormat::Legacy) && s.end_pos == 0;
+            if let Some(file) = s.file.as_ref().filter(|_| s.format.is_none() || frameless_legacy) {
+                // A last segment with no header (empty, or its torn header
+                // truncated) or a format 1 one without frames: made a
+                // format 2 segment in place, durably, before anything else.
+                write_segment_header(&**file, &s.path, s.base, salt)?;
+                s.format = Some(SegmentFormat::Salted { salt });
+                s.end_pos = segment::SegmentFormat::Salted { salt }.frames_start();
+            }
+            let format = s.format.expect("every kept segment has a format");
+            let seg = SegFile::new(s.base, s.path, format, s.file.clone());
             if let Some(file) = s.file {
                 active = Some(Active { seg: seg.clone(), file, len: s.end_pos, alloc: s.end_pos });
             }
@@ -250,6 +288,7 @@ impl PartitionLog {
             clock,
             combiner: Combiner::default(),
             writer: Mutex::new(Writer {
+                salt,
                 active,
                 next_offset: hwm,
                 time_floor_ms: rec.last_commit_time_ms.unwrap_or(0),
@@ -331,7 +370,7 @@ impl PartitionLog {
             (stats, probe)
         };
         if let Some(seg) = probe
-            && let Ok((first, _)) = self.frame_times(&seg, 0)
+            && let Ok((first, _)) = self.frame_times(&seg, seg.frames_start())
         {
             if let Some(s) = self.view_write().segment_by_base(seg.base) {
                 s.first_time_ms = Some(first);
@@ -494,6 +533,20 @@ impl PartitionLog {
             ),
             ReadError::Closed => LogError::Closed,
         })?;
-        recovery::frame_time_bounds(&*file, &seg.path, pos)
+        recovery::frame_time_bounds(&*file, &seg.path, seg.seed(), pos)
     }
+}
+
+/// Makes `file` (empty, or to be emptied) the format 2 segment `base` of a
+/// log salted with `salt`: its header, fdatasynced, and nothing after it.
+pub(crate) fn write_segment_header(
+    file: &dyn narad_fs::File,
+    path: &Path,
+    base: u64,
+    salt: u64,
+) -> Result<(), LogError> {
+    file.set_len(0).map_err(|e| LogError::io("truncate", path, e))?;
+    let header = segment::segment_header(base, salt);
+    file.write_all_at(&header, 0).map_err(|e| LogError::io("write", path, e))?;
+    file.sync_data().map_err(|e| LogError::io("fdatasync", path, e))
 }

@@ -111,7 +111,7 @@ impl Cursor {
                 continue;
             }
             let stored = self.payload(cand + FRAME_HEADER_LEN as u64, h.stored_len as usize)?;
-            if h.check_crc(&raw, &stored).is_err() {
+            if h.check_crc(self.seg.seed(), &raw, &stored).is_err() {
                 continue;
             }
             let (mut p, mut e) = (cand + h.frame_len(), h.end_offset());
@@ -356,8 +356,9 @@ impl PartitionLog {
             }
             let pos = c.pos;
             let stored = c.payload(pos + FRAME_HEADER_LEN as u64, h.stored_len as usize)?;
-            let checked =
-                h.check_crc(&raw, &stored).and_then(|()| frame::decode_records(&h, stored));
+            let checked = h
+                .check_crc(c.seg.seed(), &raw, &stored)
+                .and_then(|()| frame::decode_records(&h, stored));
             let records = match checked {
                 Ok(r) => r,
                 Err(e) => {

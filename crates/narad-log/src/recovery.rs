@@ -10,13 +10,15 @@
 //! | place  | finding                        | case                          | decision  |
 //! |--------|--------------------------------|-------------------------------|-----------|
 //! | any    | clean                          | `CleanSegment`                | keep      |
-//! | last   | empty file                     | `EmptyActiveSegment`          | keep      |
+//! | last   | empty file, or a header and no frames | `EmptyActiveSegment`   | keep      |
+//! | last   | header cut short or torn, nothing after it | `TornHeaderOfLastSegment` | truncate |
 //! | last   | only zero bytes after the frames | `ZeroRunwayOfLastSegment`   | truncate  |
 //! | last   | file ends inside a frame, nothing valid after | `TornTailOfLastSegment` | truncate |
 //! | last   | bad frame, nothing valid after | `GarbageTailOfLastSegment`    | truncate  |
 //! | last   | bad frame or sizes past the end, valid frame after | `CorruptionBeforeValidFrames` | fail open |
-//! | sealed | empty file                     | `EmptySealedSegment`          | fail open |
-//! | sealed | ends inside a frame / bad frame / zero bytes | `DamagedSealedSegment` | fail open |
+//! | sealed | empty file, or a header and no frames | `EmptySealedSegment`   | fail open |
+//! | sealed | torn header / ends inside a frame / bad frame / zero bytes | `DamagedSealedSegment` | fail open |
+//! | any    | bad header with bytes after it, or a valid header that disagrees | `DamagedSegmentHeader` | fail open |
 //! | any    | CRC-valid frame, wrong offsets | `FrameOutOfSequence`          | fail open |
 //! | any    | name ≠ end of previous segment | `SegmentGap`                  | fail open |
 //!
@@ -40,7 +42,18 @@
 //! passes its checks and its CRC: a torn write cannot produce one, because
 //! each frame is written by its own `write` call, and a torn write leaves a
 //! prefix of the writes since the last sync, the last one cut short (with
-//! holes, in the worst case).
+//! holes, in the worst case). Nor can a client's payload: the CRC is seeded
+//! with the log's secret salt (see [`crate::frame`]), so a frame a client
+//! forges inside a record does not pass (format 1 segments, unsalted, are
+//! only ever recovered as last segment once, right after an upgrade: the
+//! writer rolls away from them before its first frame).
+//!
+//! A segment header is written and fdatasynced before any frame behind it
+//! (see [`crate::segment`]), so only a file no longer than a header can hold
+//! a header torn by a crash; it held no frame, and recovery truncates it to
+//! nothing (the log then writes a fresh header into it). A bad header in a
+//! longer file is damage to a file that may hold acked frames (which its
+//! salt would be needed to check): opening fails.
 //!
 //! # The high watermark
 //!
@@ -59,9 +72,9 @@ use tracing::{info, warn};
 
 use crate::config::{LogConfig, SealedCheck};
 use crate::error::LogError;
-use crate::frame::{self, FrameHeader};
-use crate::limits::FRAME_HEADER_LEN;
-use crate::segment::{self, DefectKind, IndexEntry, SegmentScan};
+use crate::frame::{self, FrameHeader, FrameSeed};
+use crate::limits::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN};
+use crate::segment::{self, DefectKind, IndexEntry, SegmentFormat, SegmentScan};
 
 /// Where a segment is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,8 +90,14 @@ pub enum Place {
 pub enum Finding {
     /// Every frame checks out, up to the end of the file.
     Clean,
-    /// The file is empty.
+    /// The file is empty, or holds a segment header and no frame.
     Empty,
+    /// The file is no longer than a segment header, and its bytes are what
+    /// a crash can leave of one being written.
+    TornSegmentHeader,
+    /// The segment header fails its checks and bytes follow it, or it is a
+    /// whole, CRC-valid header that disagrees (version, base offset).
+    DamagedSegmentHeader,
     /// After the last good frame there are only zero bytes (the writer's
     /// zero runway, or the start of one a crash left).
     ZeroTail,
@@ -102,6 +121,12 @@ pub enum Case {
     CleanSegment,
     /// A last segment with no frames (just rolled, or truncated to nothing).
     EmptyActiveSegment,
+    /// A last segment holding only part of its header: a crash while it was
+    /// being created. Truncated to nothing; the log writes a fresh header.
+    TornHeaderOfLastSegment,
+    /// A segment header that fails its checks with bytes after it, or that
+    /// disagrees with the file: not a crash artifact.
+    DamagedSegmentHeader,
     /// The last segment's zero runway (see `LogConfig::runway_bytes`):
     /// never data; cut off so the file is its frames again.
     ZeroRunwayOfLastSegment,
@@ -140,7 +165,9 @@ pub fn classify(place: Place, finding: Finding) -> Case {
         (_, F::Clean) => Case::CleanSegment,
         (_, F::OutOfSequence) => Case::FrameOutOfSequence,
         (_, F::OffsetGap) => Case::SegmentGap,
+        (_, F::DamagedSegmentHeader) => Case::DamagedSegmentHeader,
         (Place::Last, F::Empty) => Case::EmptyActiveSegment,
+        (Place::Last, F::TornSegmentHeader) => Case::TornHeaderOfLastSegment,
         (Place::Last, F::ZeroTail) => Case::ZeroRunwayOfLastSegment,
         (Place::Last, F::EndsInsideFrame) => Case::TornTailOfLastSegment,
         (Place::Last, F::BadFrameThenNothingValid) => Case::GarbageTailOfLastSegment,
@@ -148,7 +175,8 @@ pub fn classify(place: Place, finding: Finding) -> Case {
         (Place::Sealed, F::Empty) => Case::EmptySealedSegment,
         (
             Place::Sealed,
-            F::EndsInsideFrame
+            F::TornSegmentHeader
+            | F::EndsInsideFrame
             | F::BadFrameThenNothingValid
             | F::BadFrameThenValidFrame
             | F::ZeroTail,
@@ -162,9 +190,11 @@ impl Case {
         match self {
             Case::CleanSegment | Case::EmptyActiveSegment => Decision::Keep,
             Case::ZeroRunwayOfLastSegment
+            | Case::TornHeaderOfLastSegment
             | Case::TornTailOfLastSegment
             | Case::GarbageTailOfLastSegment => Decision::Truncate,
             Case::CorruptionBeforeValidFrames
+            | Case::DamagedSegmentHeader
             | Case::EmptySealedSegment
             | Case::DamagedSealedSegment
             | Case::FrameOutOfSequence
@@ -178,6 +208,8 @@ impl fmt::Display for Case {
         f.write_str(match self {
             Case::CleanSegment => "clean segment",
             Case::EmptyActiveSegment => "empty active segment",
+            Case::TornHeaderOfLastSegment => "torn header of the last segment",
+            Case::DamagedSegmentHeader => "a damaged segment header",
             Case::ZeroRunwayOfLastSegment => "zero runway of the last segment",
             Case::TornTailOfLastSegment => "torn tail of the last segment",
             Case::GarbageTailOfLastSegment => "unverifiable tail of the last segment",
@@ -192,9 +224,15 @@ impl fmt::Display for Case {
 
 fn finding_of(scan: &SegmentScan) -> Finding {
     match &scan.defect {
-        None if scan.file_len == 0 => Finding::Empty,
+        None if scan.frames == 0 => Finding::Empty,
         None => Finding::Clean,
         Some(d) => match d.kind {
+            DefectKind::SegmentHeader(ref e)
+                if e.may_be_torn() && scan.file_len <= SEGMENT_HEADER_LEN as u64 =>
+            {
+                Finding::TornSegmentHeader
+            }
+            DefectKind::SegmentHeader(_) => Finding::DamagedSegmentHeader,
             DefectKind::ShortHeader | DefectKind::BadHeader(_) if d.zero_tail => Finding::ZeroTail,
             DefectKind::OutOfSequence { .. } => Finding::OutOfSequence,
             // Sizes pointing past the end with a valid frame after them: a
@@ -241,6 +279,9 @@ pub struct RecoveryReport {
 pub(crate) struct RecoveredSegment {
     pub base: u64,
     pub path: PathBuf,
+    /// `None` for a last segment that is empty or was truncated to nothing
+    /// (it has no header yet).
+    pub format: Option<SegmentFormat>,
     pub end_pos: u64,
     pub end_offset: u64,
     pub index: Vec<IndexEntry>,
@@ -346,9 +387,11 @@ pub(crate) fn recover(fs: &FsRef, dir: &Path, config: &LogConfig) -> Result<Reco
         }
         out.report.frames += scan.frames;
         prev_end = Some(scan.next_offset);
+        let format = scan.format.filter(|_| case != Case::TornHeaderOfLastSegment);
         out.segments.push(RecoveredSegment {
             base,
             path,
+            format,
             end_pos: scan.good_len,
             end_offset: scan.next_offset,
             index: scan.index,
@@ -378,15 +421,18 @@ fn last_commit_time(fs: &FsRef, segments: &[RecoveredSegment]) -> Result<Option<
         Some(f) => f.clone(),
         None => fs.open(&seg.path, OpenMode::Existing).map_err(io_err("open", &seg.path))?,
     };
-    let (_, last) = frame_time_bounds(&*file, &seg.path, pos)?;
+    let seed = seg.format.map_or(FrameSeed::UNSALTED, SegmentFormat::seed);
+    let (_, last) = frame_time_bounds(&*file, &seg.path, seed, pos)?;
     Ok(Some(last))
 }
 
-/// Reads the frame at `pos` and returns the commit times of its first and
-/// last records. A frame that fails here is reported as corruption.
+/// Reads the frame at `pos` (of a segment whose frames are sealed with
+/// `seed`) and returns the commit times of its first and last records. A
+/// frame that fails here is reported as corruption.
 pub(crate) fn frame_time_bounds(
     file: &dyn narad_fs::File,
     path: &Path,
+    seed: FrameSeed,
     pos: u64,
 ) -> Result<(u64, u64), LogError> {
     let raw = segment::read_header(file, pos).map_err(io_err("read", path))?;
@@ -395,7 +441,7 @@ pub(crate) fn frame_time_bounds(
     let h = FrameHeader::parse(&raw).map_err(|e| corrupt(e.to_string()))?;
     let mut stored = vec![0u8; h.stored_len as usize];
     file.read_exact_at(&mut stored, pos + FRAME_HEADER_LEN as u64).map_err(io_err("read", path))?;
-    h.check_crc(&raw, &stored).map_err(|e| corrupt(e.to_string()))?;
+    h.check_crc(seed, &raw, &stored).map_err(|e| corrupt(e.to_string()))?;
     frame::commit_time_bounds(&h, Bytes::from(stored)).map_err(|e| corrupt(e.to_string()))
 }
 
@@ -404,9 +450,11 @@ mod tests {
     use super::*;
 
     const PLACES: [Place; 2] = [Place::Last, Place::Sealed];
-    const FINDINGS: [Finding; 8] = [
+    const FINDINGS: [Finding; 10] = [
         Finding::Clean,
         Finding::Empty,
+        Finding::TornSegmentHeader,
+        Finding::DamagedSegmentHeader,
         Finding::ZeroTail,
         Finding::EndsInsideFrame,
         Finding::BadFrameThenNothingValid,
@@ -424,6 +472,10 @@ mod tests {
             match (p, f) {
                 (_, Finding::Clean) => (Case::CleanSegment, Keep),
                 (Place::Last, Finding::Empty) => (Case::EmptyActiveSegment, Keep),
+                (Place::Last, Finding::TornSegmentHeader) => {
+                    (Case::TornHeaderOfLastSegment, Truncate)
+                }
+                (_, Finding::DamagedSegmentHeader) => (Case::DamagedSegmentHeader, FailOpen),
                 (Place::Last, Finding::ZeroTail) => (Case::ZeroRunwayOfLastSegment, Truncate),
                 (Place::Last, Finding::EndsInsideFrame) => (Case::TornTailOfLastSegment, Truncate),
                 (Place::Last, Finding::BadFrameThenNothingValid) => {
@@ -435,7 +487,8 @@ mod tests {
                 (Place::Sealed, Finding::Empty) => (Case::EmptySealedSegment, FailOpen),
                 (
                     Place::Sealed,
-                    Finding::EndsInsideFrame
+                    Finding::TornSegmentHeader
+                    | Finding::EndsInsideFrame
                     | Finding::BadFrameThenNothingValid
                     | Finding::BadFrameThenValidFrame
                     | Finding::ZeroTail,
@@ -453,7 +506,7 @@ mod tests {
             }
         }
         // Every case is reachable from some input.
-        assert_eq!(seen.len(), 10);
+        assert_eq!(seen.len(), 12);
         // Only the last segment is ever truncated.
         for f in FINDINGS {
             assert_ne!(classify(Place::Sealed, f).decision(), Truncate, "{f:?}");

@@ -125,7 +125,7 @@ impl PartitionLog {
         if let Some(t) = c.next_first_ms {
             return Some(t);
         }
-        match self.frame_times(&c.next, 0) {
+        match self.frame_times(&c.next, c.next.frames_start()) {
             Ok((first, _)) => {
                 if let Some(s) = self.view_write().segment_by_base(c.next.base) {
                     s.first_time_ms = Some(first);

@@ -1,5 +1,8 @@
 //! Crash consistency on the simulated file system.
 //!
+//! A quarter of the payloads end in bytes of the log's own format (frames
+//! with CRCs a client can compute, segment headers).
+//!
 //! For each seed: a log with random small segments, frame targets, codec and
 //! cache; optionally a first life that commits and closes; then a workload of
 //! seeded random commits (single records and batches, from one to four
@@ -30,6 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use narad_clock::ManualClock;
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
+use narad_log::frame::{FrameSeed, PayloadBuilder};
 use narad_log::recovery::Case;
 use narad_log::{Codec, CommitOutcome, CommitRecord, LogConfig, PartitionLog, SealedCheck};
 
@@ -54,7 +58,27 @@ fn random_record(rng: &mut SimRng, id: &str) -> CommitRecord {
     let start = payload.len();
     payload.resize(start + rng.below(extra + 1) as usize, 0);
     rng.fill(&mut payload[start..]);
+    if rng.chance(1, 4) {
+        payload.extend(forged_bytes(rng));
+    }
     CommitRecord { key, payload: Bytes::from(payload) }
+}
+
+/// Bytes of the log's own format, as a client can make them: a frame at
+/// plausible offsets sealed with the public CRC32C or a guessed salt, or a
+/// segment header. The salt keeps them from passing for frames of the
+/// log when recovery looks behind a torn commit that carried them.
+fn forged_bytes(rng: &mut SimRng) -> Vec<u8> {
+    if rng.chance(1, 4) {
+        return narad_log::segment::segment_header(rng.below(200), rng.next_u64()).to_vec();
+    }
+    let seed =
+        if rng.chance(1, 2) { FrameSeed::UNSALTED } else { FrameSeed::of_salt(rng.next_u64()) };
+    let mut p = PayloadBuilder::new();
+    for i in 0..1 + rng.below(3) {
+        p.push(None, T0, format!("forged {i}").as_bytes());
+    }
+    p.finish(rng.below(200), Codec::None, seed).unwrap()
 }
 
 fn random_config(rng: &mut SimRng) -> LogConfig {

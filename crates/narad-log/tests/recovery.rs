@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use common::*;
 use narad_clock::ManualClock;
 use narad_fs::{CrashMode, Fs, OpenMode, SimFs};
-use narad_log::frame::{FrameHeader, PayloadBuilder};
+use narad_log::frame::{FrameHeader, FrameSeed, PayloadBuilder};
 use narad_log::limits::FRAME_HEADER_LEN;
 use narad_log::recovery::Case;
+use narad_log::segment::SegmentFormat;
 use narad_log::{Codec, CommitRecord, LogConfig, LogError, SealedCheck};
 
 /// `small_config` without the zero runway: these tests damage files at
@@ -58,10 +59,12 @@ fn only_segment(fs: &SimFs) -> PathBuf {
     segs[0].clone()
 }
 
-fn a_frame(base: u64) -> Vec<u8> {
+/// A frame the log would write at `base` into segment `seg` (sealed with
+/// its seed).
+fn a_frame(fs: &SimFs, seg: &Path, base: u64) -> Vec<u8> {
     let mut p = PayloadBuilder::new();
     p.push(Some(b"k"), T0, b"a frame that was never acknowledged");
-    p.finish(base, Codec::None).unwrap()
+    p.finish(base, Codec::None, segment_seed(fs, seg)).unwrap()
 }
 
 #[test]
@@ -85,7 +88,7 @@ fn torn_tail_of_last_segment_is_truncated() {
         let records = log_with_frames(&fs, &config, 5);
         let seg = only_segment(&fs);
         let good_len = fs.durable_len(&seg).unwrap();
-        let frame = a_frame(5);
+        let frame = a_frame(&fs, &seg, 5);
         append_raw(&fs, &seg, &frame[..cut]);
         let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
         let t = log.recovery_report().truncation.clone().expect("a truncation");
@@ -122,7 +125,7 @@ fn garbage_tail_of_last_segment_without_valid_frames_is_truncated() {
                 Case::ZeroRunwayOfLastSegment
             }
             "frame then zeros" => {
-                let mut bytes = a_frame(5);
+                let mut bytes = a_frame(&fs, &seg, 5);
                 let half = bytes.len() / 2;
                 bytes[half..].fill(0);
                 bytes.extend_from_slice(&[0u8; 300]);
@@ -130,7 +133,7 @@ fn garbage_tail_of_last_segment_without_valid_frames_is_truncated() {
                 Case::GarbageTailOfLastSegment
             }
             _ => {
-                let mut frame = a_frame(5);
+                let mut frame = a_frame(&fs, &seg, 5);
                 let last = frame.len() - 1;
                 frame[last] ^= 0xff;
                 append_raw(&fs, &seg, &frame);
@@ -326,7 +329,7 @@ fn frame_with_the_wrong_offsets_fails_open() {
     let seg = only_segment(&fs);
     let len = fs.durable_len(&seg).unwrap();
     // A frame with a valid CRC that claims offset 9 where 5 is next.
-    append_raw(&fs, &seg, &a_frame(9));
+    append_raw(&fs, &seg, &a_frame(&fs, &seg, 9));
     match open_sim(&fs, &config, &ManualClock::new(T0)) {
         Err(LogError::Corrupt { offset, reason, .. }) => {
             assert_eq!(offset, len);
@@ -504,4 +507,214 @@ fn a_size_field_pointing_past_the_end_fails_open_unless_nothing_valid_follows() 
     assert_eq!((t.case, t.at), (Case::TornTailOfLastSegment, pos));
     drop(log);
     assert_records(&fs, &config, &records[..4]);
+}
+
+/// The bytes of a frame at `base` holding one record with `payload`, sealed
+/// with the public CRC32C and nothing else: what a client can compute.
+fn forged_frame(base: u64, payload: &[u8]) -> Vec<u8> {
+    let mut p = PayloadBuilder::new();
+    p.push(None, T0, payload);
+    p.finish(base, Codec::None, FrameSeed::UNSALTED).unwrap()
+}
+
+/// A commit torn by a crash (its first sector never reached the disk: a
+/// hole of zeros) whose record's payload carries a frame with a valid
+/// public CRC. With unsalted frames the look-ahead took the forged frame
+/// for proof of damage before valid frames and refused to open the log;
+/// the salt makes it what it is, payload bytes of a never-acked tail.
+/// (Uncompressed: with zstd the payload's bytes are not in the file as
+/// sent.)
+#[test]
+fn a_frame_forged_inside_a_torn_commits_payload_does_not_stop_the_open() {
+    let fs = SimFs::new(50);
+    let config = one_segment();
+    let records = log_with_frames(&fs, &config, 5);
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    // The forged frame claims the next offsets and sits in the middle of
+    // a payload of our own bytes.
+    let mut payload = b"x".repeat(600);
+    payload.extend(forged_frame(6, b"forged"));
+    payload.extend(b"y".repeat(600));
+    log.commit(vec![CommitRecord::keyless(payload)]).unwrap();
+    drop(log);
+    let seg = only_segment(&fs);
+    let pos = *frame_positions(&fs, &seg).last().unwrap();
+    // The torn write: its first 512 bytes are a hole.
+    fs.poke(&seg, pos, &[0u8; 512]).unwrap();
+    let log = open_sim(&fs, &config, &ManualClock::new(T0))
+        .unwrap_or_else(|e| panic!("a forged frame in a payload stopped the open: {e}"));
+    let t = log.recovery_report().truncation.clone().expect("the torn commit is cut");
+    assert_eq!((t.case, t.at), (Case::GarbageTailOfLastSegment, pos));
+    assert_eq!(log.high_watermark(), 5);
+    drop(log);
+    assert_records(&fs, &config, &records);
+}
+
+/// A format 1 segment: frames from byte 0 with unsalted CRCs, as logs
+/// written before segments had headers hold them.
+fn legacy_segment(fs: &SimFs, base: u64, records: &[CommitRecord]) -> PathBuf {
+    let path = dir().join(narad_log::segment::segment_file_name(base));
+    fs.create_dir_all(&dir()).unwrap();
+    let f = fs.open(&path, OpenMode::CreateNew).unwrap();
+    let mut pos = 0;
+    for (i, r) in records.iter().enumerate() {
+        let mut p = PayloadBuilder::new();
+        p.push(r.key.as_deref(), T0, &r.payload);
+        let frame = p.finish(base + i as u64, Codec::None, FrameSeed::UNSALTED).unwrap();
+        f.write_all_at(&frame, pos).unwrap();
+        pos += frame.len() as u64;
+    }
+    f.sync_data().unwrap();
+    path
+}
+
+#[test]
+fn a_log_of_format_1_segments_is_read_and_continues_in_a_salted_segment() {
+    let fs = SimFs::new(51);
+    let config = one_segment();
+    let old = recs("old", 6);
+    let first = legacy_segment(&fs, 0, &old[..3]);
+    let second = legacy_segment(&fs, 3, &old[3..]);
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!(log.high_watermark(), 6);
+    // The first commit does not go into the format 1 segment: it rolls.
+    let new = recs("new", 4);
+    assert_eq!(log.commit(new.clone()).unwrap().offsets(), 6..10);
+    let segs = segment_paths(&fs);
+    assert_eq!(segs.len(), 3);
+    assert_eq!(segment_format(&fs, &second), SegmentFormat::Legacy, "never written again");
+    assert!(matches!(segment_format(&fs, &segs[2]), SegmentFormat::Salted { .. }));
+    let more = recs("more", 2);
+    log.commit(more.clone()).unwrap();
+    assert_eq!(segment_paths(&fs).len(), 3, "the salted segment takes the next commit");
+    drop(log);
+    let expected: Vec<_> = [old, new, more].concat();
+    assert_records(&fs, &config, &expected);
+    assert_eq!(segment_format(&fs, &first), SegmentFormat::Legacy);
+    // A format 1 segment torn as the old binary tore them is still cut by
+    // its own rules when it is the last one.
+    let fs = SimFs::new(52);
+    let kept = recs("kept", 3);
+    let seg = legacy_segment(&fs, 0, &kept);
+    let len = fs.durable_len(&seg).unwrap();
+    let mut torn = forged_frame(3, b"never acked");
+    torn.truncate(torn.len() - 4);
+    append_raw(&fs, &seg, &torn);
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    let t = log.recovery_report().truncation.clone().expect("a truncation");
+    assert_eq!((t.case, t.at), (Case::TornTailOfLastSegment, len));
+    drop(log);
+    assert_records(&fs, &config, &kept);
+}
+
+#[test]
+fn a_salted_log_keeps_one_salt_across_segments_and_reopens() {
+    let fs = SimFs::new(53);
+    let config = exact_config();
+    let records = log_with_frames(&fs, &config, 60);
+    let segs = segment_paths(&fs);
+    assert!(segs.len() > 3);
+    let salts: std::collections::HashSet<_> = segs
+        .iter()
+        .map(|p| match segment_format(&fs, p) {
+            SegmentFormat::Salted { salt } => salt,
+            SegmentFormat::Legacy => panic!("{} is format 1", p.display()),
+        })
+        .collect();
+    assert_eq!(salts.len(), 1, "one salt per log");
+    // Reopened, the log keeps its salt for the segments it adds.
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    let more = recs("more", 30);
+    for r in &more {
+        log.commit(vec![r.clone()]).unwrap();
+    }
+    drop(log);
+    let after: std::collections::HashSet<_> = segment_paths(&fs)
+        .iter()
+        .map(|p| match segment_format(&fs, p) {
+            SegmentFormat::Salted { salt } => salt,
+            SegmentFormat::Legacy => unreachable!(),
+        })
+        .collect();
+    assert_eq!(after, salts);
+    assert_records(&fs, &config, &[records, more].concat());
+    // Another log has another salt.
+    let other = SimFs::new(54);
+    log_with_frames(&other, &config, 1);
+    assert_ne!(segment_format(&other, &segment_paths(&other)[0]), segment_format(&fs, &segs[0]));
+}
+
+/// The header is fdatasynced before any frame is written behind it: a file
+/// no longer than a header with a bad one is a roll a crash interrupted (cut
+/// and rewritten); a bad header with bytes after it is damage (the open
+/// fails, naming the file).
+#[test]
+fn a_torn_header_of_the_last_segment_is_rewritten_and_a_damaged_one_fails_open() {
+    let config = one_segment();
+    let torn: [(&str, Vec<u8>); 4] = [
+        ("empty", Vec::new()),
+        ("half a header", narad_log::segment::segment_header(5, 7)[..13].to_vec()),
+        ("zeros", vec![0u8; 32]),
+        ("bad crc", {
+            let mut h = narad_log::segment::segment_header(5, 7).to_vec();
+            h[20] ^= 0xff;
+            h
+        }),
+    ];
+    for (name, bytes) in torn {
+        let fs = SimFs::new(55);
+        let mut records = log_with_frames(&fs, &config, 5);
+        let next = dir().join("00000000000000000005.log");
+        let f = fs.open(&next, OpenMode::CreateNew).unwrap();
+        f.write_all_at(&bytes, 0).unwrap();
+        f.sync_data().unwrap();
+        let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+        if !bytes.is_empty() {
+            let t = log.recovery_report().truncation.clone().expect("a truncation");
+            assert_eq!((t.case, t.at), (Case::TornHeaderOfLastSegment, 0), "{name}");
+        }
+        // The file is a salted segment with the log's salt, durably.
+        assert_eq!(segment_format(&fs, &next), segment_format(&fs, &segment_paths(&fs)[0]));
+        assert_eq!(fs.durable_len(&next), Some(32), "{name}");
+        let more = recs("more", 3);
+        assert_eq!(log.commit(more.clone()).unwrap().offsets(), 5..8, "{name}");
+        assert_eq!(log.stats().segments, 2, "{name}: the commit went into the rewritten file");
+        drop(log);
+        records.extend(more);
+        assert_records(&fs, &config, &records);
+    }
+    // A damaged header with frames behind it, and a whole header naming
+    // another base: refused, whatever the place.
+    for name in ["flipped salt", "wrong base", "zeroed"] {
+        let fs = SimFs::new(56);
+        log_with_frames(&fs, &config, 5);
+        let seg = only_segment(&fs);
+        match name {
+            "flipped salt" => fs.poke(&seg, 22, &[0x5a]).unwrap(),
+            "wrong base" => fs.poke(&seg, 0, &narad_log::segment::segment_header(1, 7)).unwrap(),
+            _ => fs.poke(&seg, 0, &[0u8; 32]).unwrap(),
+        }
+        match open_sim(&fs, &config, &ManualClock::new(T0)) {
+            Err(LogError::Corrupt { path, offset, reason }) => {
+                assert_eq!((&path, offset), (&seg, 0), "{name}");
+                assert!(reason.contains("damaged segment header"), "{name}: {reason}");
+            }
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        }
+    }
+    // A sealed segment that is a header and nothing else: refused.
+    let fs = SimFs::new(57);
+    log_with_frames(&fs, &config, 5);
+    let empty = dir().join("00000000000000000005.log");
+    let f = fs.open(&empty, OpenMode::CreateNew).unwrap();
+    f.write_all_at(&narad_log::segment::segment_header(5, 7), 0).unwrap();
+    f.sync_data().unwrap();
+    fs.open(&dir().join("00000000000000000006.log"), OpenMode::CreateNew).unwrap();
+    match open_sim(&fs, &config, &ManualClock::new(T0)) {
+        Err(LogError::Corrupt { path, reason, .. }) => {
+            assert_eq!(path, empty);
+            assert!(reason.contains("empty sealed segment"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
 }

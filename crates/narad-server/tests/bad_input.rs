@@ -112,7 +112,7 @@ mod seeds {
     use std::io::Write;
 
     use narad_log::Codec;
-    use narad_log::frame::PayloadBuilder;
+    use narad_log::frame::{FrameSeed, PayloadBuilder};
     use narad_wal::RecordRef;
 
     type Seeds = Vec<(String, Vec<u8>)>;
@@ -218,7 +218,11 @@ mod seeds {
     }
 
     fn frame(base: u64, codec: Codec) -> Vec<u8> {
-        payload().finish(base, codec).unwrap()
+        payload().finish(base, codec, FrameSeed::UNSALTED).unwrap()
+    }
+
+    fn salted_frame(base: u64, codec: Codec) -> Vec<u8> {
+        payload().finish(base, codec, FrameSeed::of_salt(crate::checks::FUZZ_SALT)).unwrap()
     }
 
     fn log_frames() -> Seeds {
@@ -226,13 +230,15 @@ mod seeds {
         raw.push(Some(b"key"), 5, b"payload");
         let mut built = vec![0x80u8, 1];
         built.extend_from_slice(&{
-            let f = raw.finish(0, Codec::None).unwrap();
+            let f = raw.finish(0, Codec::None, FrameSeed::UNSALTED).unwrap();
             f[narad_log::limits::FRAME_HEADER_LEN..].to_vec()
         });
         named(vec![
             ("none", [&[0u8][..], &frame(42, Codec::None)].concat()),
             ("zstd", [&[0u8][..], &frame(42, Codec::Zstd { level: 1 })].concat()),
             ("fixup", [&[3u8][..], &frame(42, Codec::None)].concat()),
+            ("salted", [&[4u8][..], &salted_frame(42, Codec::None)].concat()),
+            ("salted-fixup", [&[7u8][..], &salted_frame(42, Codec::Zstd { level: 1 })].concat()),
             ("built", built),
         ])
     }
@@ -252,10 +258,19 @@ mod seeds {
         let mut image = frame(42, Codec::None);
         image.extend_from_slice(&frame(45, Codec::Zstd { level: 1 }));
         let torn = image[..image.len() - 3].to_vec();
+        // Format 2: the header comes from the mode byte (bit 1).
+        let mut salted = salted_frame(42, Codec::None);
+        salted.extend_from_slice(&salted_frame(45, Codec::Zstd { level: 1 }));
+        let salted_torn = salted[..salted.len() - 3].to_vec();
+        let mut whole = narad_log::segment::segment_header(42, crate::checks::FUZZ_SALT).to_vec();
+        whole.extend_from_slice(&salted);
         named(vec![
             ("crc", [&[1u8][..], &image].concat()),
             ("no-crc", [&[0u8][..], &image].concat()),
             ("torn", [&[1u8][..], &torn].concat()),
+            ("salted", [&[3u8][..], &salted].concat()),
+            ("salted-torn", [&[3u8][..], &salted_torn].concat()),
+            ("salted-whole", [&[1u8][..], &whole].concat()),
         ])
     }
 

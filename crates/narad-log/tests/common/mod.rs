@@ -10,8 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use narad_clock::ManualClock;
 use narad_fs::{DirEntry, File, FileRef, Fs, FsRef, OpenMode, SimFs};
-use narad_log::frame::FrameHeader;
-use narad_log::limits::FRAME_HEADER_LEN;
+use narad_log::frame::{FrameHeader, FrameSeed};
+use narad_log::limits::{FRAME_HEADER_LEN, SEGMENT_HEADER_LEN};
+use narad_log::segment::{self, SegmentFormat};
 use narad_log::{CommitRecord, LogConfig, LogError, LogRecord, PartitionLog, SealedCheck};
 
 /// The partition directory used by the tests.
@@ -199,13 +200,28 @@ impl File for GateFile {
     }
 }
 
+/// The format of a segment file, from its first bytes.
+pub fn segment_format(fs: &SimFs, path: &Path) -> SegmentFormat {
+    let f = fs.open(path, OpenMode::Existing).unwrap();
+    let mut head = vec![0u8; (f.len().unwrap() as usize).min(SEGMENT_HEADER_LEN)];
+    f.read_exact_at(&mut head, 0).unwrap();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let base = segment::parse_segment_file_name(name).unwrap();
+    segment::parse_segment_format(&head, base).unwrap()
+}
+
+/// The seed a frame needs to pass its CRC in a segment file.
+pub fn segment_seed(fs: &SimFs, path: &Path) -> FrameSeed {
+    segment_format(fs, path).seed()
+}
+
 /// The byte positions of the frames of a segment file (up to the zero
 /// runway after the last one, if any).
 pub fn frame_positions(fs: &SimFs, path: &Path) -> Vec<u64> {
     let f = fs.open(path, OpenMode::Existing).unwrap();
     let len = f.len().unwrap();
     let mut out = Vec::new();
-    let mut pos = 0;
+    let mut pos = segment_format(fs, path).frames_start();
     while pos < len {
         let mut raw = [0u8; FRAME_HEADER_LEN];
         f.read_exact_at(&mut raw, pos).unwrap();
