@@ -28,7 +28,8 @@ use tracing::{info, warn};
 use crate::consume::shard::{ResolveError, parse_receipt_handle, receipt_handle};
 use crate::consume::take::{Taken, take};
 use crate::dispatch::driver::Dispatcher;
-use crate::dispatch::resolve::LocalResolver;
+use crate::dispatch::driver::Resolver;
+use crate::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LocalResolver, OwnerIds};
 use crate::error::BrokerError;
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
@@ -39,7 +40,7 @@ use crate::limits::{
 use crate::metrics::{
     BrokerMetrics, PartitionLabels, RejectionLabels, SourceLabels, TopicLabels, WaitLabels,
 };
-use crate::owner::LocalOwner;
+use crate::owner::{CommitBatch, CommitError, LocalOwner, Owner, RoutedOwner};
 use crate::partition::{RoundRobin, keyed_partition};
 use crate::placement;
 use crate::topics::{PartitionRt, TopicRt, Topics, shard_limits};
@@ -150,6 +151,25 @@ pub enum Registration {
     ByHeartbeat,
 }
 
+/// How the dispatcher reaches the owners of partitions.
+#[derive(Debug)]
+pub enum Routing {
+    /// Every partition is this node's (a single node).
+    Local,
+    /// A cluster node: owners and their liveness from the replicated
+    /// assignments and membership; other owners' commits through `remote`;
+    /// records of topics this replica does not hold discarded only on the
+    /// leader's confirmation through `confirmer`.
+    Cluster {
+        /// Member ids as owner ids (this node is 0).
+        ids: Arc<OwnerIds>,
+        /// Commits to other nodes.
+        remote: Arc<dyn Owner>,
+        /// The leader's word on deletions.
+        confirmer: Arc<dyn DeleteConfirmer>,
+    },
+}
+
 /// The broker.
 #[derive(Debug)]
 pub struct Broker {
@@ -160,6 +180,9 @@ pub struct Broker {
     topics: Arc<Topics>,
     metrics: Arc<BrokerMetrics>,
     round_robin: RoundRobin,
+    /// Commits into this node's partition logs (the dispatcher's local
+    /// owner, and the owner side of other nodes' commits).
+    local_owner: Arc<LocalOwner>,
     dispatcher: Mutex<Option<Dispatcher>>,
     fanout: Arc<FanoutRunner>,
     fanout_task: Mutex<Option<JoinHandle<()>>>,
@@ -205,7 +228,7 @@ impl Broker {
         metrics: Arc<BrokerMetrics>,
     ) -> Result<Arc<Broker>, BrokerError> {
         let meta = Broker::open_meta(&config, fs.clone(), clock.clone()).await?;
-        Broker::open_on(config, fs, clock, metrics, meta, Registration::Now).await
+        Broker::open_on(config, fs, clock, metrics, meta, Registration::Now, Routing::Local).await
     }
 
     /// Opens the metastore of `config`'s data directory (creating the
@@ -240,7 +263,8 @@ impl Broker {
     /// the topics `meta` knows and the ingress WAL, and starts the
     /// dispatcher and background tasks. `registration` says whether this
     /// node upserts its member record now (a single node) or leaves that to
-    /// the cluster's heartbeat (a cluster node, whose writes need a leader).
+    /// the cluster's heartbeat (a cluster node, whose writes need a leader);
+    /// `routing` how the dispatcher reaches partition owners.
     pub async fn open_on(
         config: BrokerConfig,
         fs: FsRef,
@@ -248,6 +272,7 @@ impl Broker {
         metrics: Arc<BrokerMetrics>,
         meta: Arc<MetaStore>,
         registration: Registration,
+        routing: Routing,
     ) -> Result<Arc<Broker>, BrokerError> {
         let (cfg, fs2, clock2, metrics2, meta2) =
             (config.clone(), fs.clone(), clock.clone(), metrics.clone(), meta.clone());
@@ -296,6 +321,7 @@ impl Broker {
             wal: wal.clone(),
             topics: topics.clone(),
             metrics: metrics.clone(),
+            local_owner: owner.clone(),
             dispatcher: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
             stop: tokio::sync::watch::channel(false).0,
@@ -309,14 +335,14 @@ impl Broker {
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         wal.on_durable(Arc::new(move |_| w.notify_one()));
-        let dispatcher = Dispatcher::start(
-            wal,
-            Arc::new(owner),
-            Arc::new(LocalResolver::new(meta)),
-            clock,
-            wake,
-            metrics,
-        );
+        let (dispatch_owner, resolver): (Arc<dyn Owner>, Arc<dyn Resolver>) = match routing {
+            Routing::Local => (Arc::new(owner), Arc::new(LocalResolver::new(meta))),
+            Routing::Cluster { ids, remote, confirmer } => (
+                Arc::new(RoutedOwner::new(owner, remote)),
+                Arc::new(ClusterResolver::new(meta, ids, confirmer, clock.clone())),
+            ),
+        };
+        let dispatcher = Dispatcher::start(wal, dispatch_owner, resolver, clock, wake, metrics);
         *broker.dispatcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(dispatcher);
         let fanout_task = tokio::spawn(fanout.run(broker.stop.subscribe()));
         *broker.fanout_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout_task);
@@ -332,6 +358,39 @@ impl Broker {
     /// removes them at start-up.
     pub fn unconfirmed_orphans(&self) -> Vec<String> {
         self.unconfirmed_orphans.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+
+    /// Commits a batch another node's dispatcher sent for a partition this
+    /// node owns (node RPC CommitProduceBatch) through the same combining
+    /// commit as this node's own: appended, fdatasynced, read back and
+    /// visible when it returns `Ok` with the offsets the records got. The
+    /// caller checked ownership; the topic incarnation is checked here, as
+    /// for a local commit.
+    pub async fn commit_for_peer(
+        &self,
+        batch: CommitBatch,
+    ) -> Result<narad_log::CommitOutcome, CommitError> {
+        let owner = self.local_owner.clone();
+        match tokio::task::spawn_blocking(move || owner.commit_blocking(batch)).await {
+            Ok(r) => r,
+            Err(e) => Err(CommitError::Failed(format!("commit task failed: {e}"))),
+        }
+    }
+
+    /// The partitions of `t` this node serves: all of them on a single
+    /// node; on a cluster node those the replicated assignments give it (a
+    /// partition it does not own may hold records committed here before;
+    /// its owner serves it).
+    pub fn owned_partitions(&self, t: &Topic) -> std::collections::BTreeSet<u32> {
+        if !self.meta.is_replicated() {
+            return (0..t.partitions()).collect();
+        }
+        let snap = self.meta.snapshot();
+        (0..t.partitions())
+            .filter(|&p| {
+                snap.assignment(t.name(), p).is_some_and(|a| a.owner_id == self.config.node_id)
+            })
+            .collect()
     }
 
     /// Whether this replica knows a topic named `name` now.
@@ -808,7 +867,8 @@ impl Broker {
             Some(p) => vec![p],
             None => {
                 let start = rt.consume_rr.fetch_add(1, Ordering::Relaxed) as u32 % n.max(1);
-                (0..n).map(|i| (start + i) % n).collect()
+                let owned = self.owned_partitions(t);
+                (0..n).map(|i| (start + i) % n).filter(|p| owned.contains(p)).collect()
             }
         };
         let limits = shard_limits(t);

@@ -20,6 +20,7 @@ pub mod topics;
 
 pub use broker::{
     AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord, Registration,
+    Routing,
 };
 pub use error::BrokerError;
 pub use fanout::ChildLag;

@@ -12,6 +12,7 @@ use narad_meta::MetaStore;
 use tracing::warn;
 
 use crate::dispatch::core::OwnerId;
+use crate::dispatch::resolve::LOCAL_OWNER;
 use crate::error::BrokerError;
 use crate::metrics::{BrokerMetrics, PartitionLabels};
 use crate::topics::Topics;
@@ -25,6 +26,9 @@ pub struct BatchRecord {
     pub key: Option<Bytes>,
     /// The payload.
     pub payload: Bytes,
+    /// When it was accepted (its WAL record's time), Unix milliseconds; 0
+    /// when unknown. Informational (the commit time is the owner's).
+    pub accepted_at_ms: u64,
 }
 
 /// A batch of records for one partition.
@@ -80,8 +84,12 @@ impl LocalOwner {
         LocalOwner { meta, topics, metrics }
     }
 
-    /// The commit itself (blocking: append, fsync, read back).
-    pub fn commit_blocking(&self, batch: CommitBatch) -> Result<(), CommitError> {
+    /// The commit itself (blocking: append, fsync, read back); the offsets
+    /// the records got.
+    pub fn commit_blocking(
+        &self,
+        batch: CommitBatch,
+    ) -> Result<narad_log::CommitOutcome, CommitError> {
         let Some(topic) = self.meta.topic(&batch.topic) else {
             return Err(CommitError::Refused(format!("topic {} does not exist", batch.topic)));
         };
@@ -121,11 +129,11 @@ impl LocalOwner {
             .map(|r| CommitRecord { key: r.key, payload: r.payload })
             .collect();
         match part.log.commit(records) {
-            Ok(_) => {
+            Ok(outcome) => {
                 let l = PartitionLabels::new(&batch.topic, batch.partition);
                 self.metrics.messages_produced.get_or_create(&l).inc_by(count);
                 self.metrics.bytes_produced.get_or_create(&l).inc_by(bytes);
-                Ok(())
+                Ok(outcome)
             }
             Err(LogError::Closed) => {
                 Err(CommitError::Refused(format!("topic {} was deleted", batch.topic)))
@@ -144,7 +152,7 @@ impl Owner for Arc<LocalOwner> {
         let this = self.clone();
         Box::pin(async move {
             match tokio::task::spawn_blocking(move || this.commit_blocking(batch)).await {
-                Ok(r) => r,
+                Ok(r) => r.map(|_| ()),
                 Err(e) => Err(CommitError::Failed(format!("commit task failed: {e}"))),
             }
         })
@@ -152,5 +160,34 @@ impl Owner for Arc<LocalOwner> {
 
     fn max_batch_bytes(&self, _owner: OwnerId) -> Option<usize> {
         None
+    }
+}
+
+/// The owner of a cluster node: commits for [`LOCAL_OWNER`] go into this
+/// node's partition logs, every other owner's through `remote` (node RPC).
+#[derive(Debug)]
+pub struct RoutedOwner {
+    local: Arc<LocalOwner>,
+    remote: Arc<dyn Owner>,
+}
+
+impl RoutedOwner {
+    /// Local commits through `local`, the others through `remote`.
+    pub fn new(local: Arc<LocalOwner>, remote: Arc<dyn Owner>) -> Self {
+        RoutedOwner { local, remote }
+    }
+}
+
+impl Owner for RoutedOwner {
+    fn commit(&self, owner: OwnerId, batch: CommitBatch) -> CommitFuture {
+        if owner == LOCAL_OWNER {
+            self.local.commit(owner, batch)
+        } else {
+            self.remote.commit(owner, batch)
+        }
+    }
+
+    fn max_batch_bytes(&self, owner: OwnerId) -> Option<usize> {
+        if owner == LOCAL_OWNER { None } else { self.remote.max_batch_bytes(owner) }
     }
 }

@@ -50,7 +50,12 @@ fn batch(topic: &str, incarnation: Option<u64>, payload: &'static [u8]) -> Commi
     CommitBatch {
         topic: topic.into(),
         partition: 0,
-        records: vec![BatchRecord { incarnation, key: None, payload: Bytes::from_static(payload) }],
+        records: vec![BatchRecord {
+            incarnation,
+            key: None,
+            payload: Bytes::from_static(payload),
+            accepted_at_ms: 0,
+        }],
     }
 }
 

@@ -299,11 +299,12 @@ impl Node {
                         incarnation: i.record.incarnation,
                         key: i.record.key.clone(),
                         payload: i.record.payload.clone(),
+                        accepted_at_ms: i.record.accepted_at_ms,
                     })
                     .collect(),
             };
             let outcome = match self.owner.commit_blocking(batch) {
-                Ok(()) => Outcome::Committed,
+                Ok(_) => Outcome::Committed,
                 Err(CommitError::Refused(_)) => Outcome::Refused,
                 Err(CommitError::Failed(_)) => Outcome::Failed,
             };

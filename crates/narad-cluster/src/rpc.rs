@@ -193,7 +193,9 @@ impl Op {
 }
 
 /// Consume (2): `topic, partition i32, has_partition, offset i64,
-/// has_offset, wait_nanos i64, local_only`.
+/// has_offset, wait_nanos i64, local_only`, and an optional trailing `max
+/// u32` (1..=[`CONSUME_MAX_BATCH`], written only when above 1): a batch
+/// consume, answered in the batch shape. Without it the bytes are SPEC's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consume {
     /// Topic name.
@@ -210,7 +212,13 @@ pub struct Consume {
     pub wait_nanos: i64,
     /// Only the receiving node's partitions.
     pub local_only: bool,
+    /// At most this many messages, in the batch shape (`max=` of the HTTP
+    /// consume); 1 with the single-message shape.
+    pub max: u32,
 }
+
+/// The largest `max` of a forwarded consume (the HTTP consume's bound).
+pub const CONSUME_MAX_BATCH: u32 = 100;
 
 /// Ack (3), ExtendAck (18), Nack (19): `topic, partition i32, offset i64,
 /// nonce i64`.
@@ -464,6 +472,9 @@ impl Request {
                     .bool(c.has_offset)
                     .i64(c.wait_nanos)
                     .bool(c.local_only);
+                if c.max > 1 {
+                    e.u32(c.max);
+                }
             }
             Request::Ack(r) | Request::ExtendAck(r) | Request::Nack(r) => {
                 e.str(&r.topic).i32(r.partition).i64(r.offset).i64(r.nonce);
@@ -541,6 +552,19 @@ impl Request {
                 has_offset: d.bool("has_offset")?,
                 wait_nanos: d.i64("wait_nanos")?,
                 local_only: d.bool("local_only")?,
+                max: if d.remaining() == 0 {
+                    1
+                } else {
+                    match d.u32("max")? {
+                        n @ 2..=CONSUME_MAX_BATCH => n,
+                        n => {
+                            return Err(Error::InvalidField {
+                                field: "max",
+                                reason: format!("{n} is not between 2 and {CONSUME_MAX_BATCH}"),
+                            });
+                        }
+                    }
+                },
             }),
             Op::Ack => Request::Ack(receipt(&mut d)?),
             Op::ExtendAck => Request::ExtendAck(receipt(&mut d)?),

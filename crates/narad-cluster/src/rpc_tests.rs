@@ -7,6 +7,7 @@ use super::*;
 /// script following SPEC §7.4), as hex: name → bytes.
 const GOLDEN: &[(&str, &str)] = &[
     ("consume", "02000000066f72646572730000000201ffffffffffffffff0000000002540be40001"),
+    ("consume_max", "02000000066f72646572730000000201ffffffffffffffff0000000002540be400010000000a"),
     ("ack", "03000000066f726465727300000001000000000000002a0000000000000007"),
     ("extend_ack", "12000000066f726465727300000001000000000000002a0000000000000007"),
     ("nack", "13000000066f726465727300000001000000000000002a0000000000000007"),
@@ -109,6 +110,20 @@ fn samples() -> Vec<(&'static str, Request)> {
                 has_offset: false,
                 wait_nanos: 10_000_000_000,
                 local_only: true,
+                max: 1,
+            }),
+        ),
+        (
+            "consume_max",
+            Request::Consume(Consume {
+                topic: "orders".into(),
+                partition: 2,
+                has_partition: true,
+                offset: -1,
+                has_offset: false,
+                wait_nanos: 10_000_000_000,
+                local_only: true,
+                max: 10,
             }),
         ),
         ("ack", Request::Ack(receipt())),
@@ -298,6 +313,7 @@ fn every_truncation_of_every_request_and_reply_is_refused() {
             let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
                 || (*name == "topic_partition_stats_incarnation" && cut == full.len() - 8)
                 || (*name == "join_cluster_http" && cut == full.len() - 17)
+                || (*name == "consume_max" && cut == full.len() - 4)
                 || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
             assert_eq!(ok, optional_cut, "{name} cut at {cut}");
         }
@@ -326,6 +342,15 @@ fn bad_fields_are_refused_with_what_is_wrong() {
     let mut b = golden("consume");
     b[1 + 4 + 6 + 4] = 2;
     assert!(matches!(Request::decode(&b), Err(Error::InvalidField { field: "has_partition", .. })));
+    // A batch consume's max: 2..=100 (1 is written as no field at all).
+    for max in [0u32, 1, 101, u32::MAX] {
+        let mut b = golden("consume");
+        b.extend_from_slice(&max.to_be_bytes());
+        assert!(
+            matches!(Request::decode(&b), Err(Error::InvalidField { field: "max", .. })),
+            "max {max}"
+        );
+    }
     // Invalid UTF-8 in a string.
     let mut b = golden("delete_topic");
     b[5] = 0xff;
@@ -416,6 +441,7 @@ fn ops_pick_their_lane_and_timeout() {
         has_offset: false,
         wait_nanos: i64::MAX,
         local_only: false,
+        max: 1,
     });
     assert_eq!(long.timeout(), Duration::from_secs(32), "wait clamped to 30 s + 2 s");
 }

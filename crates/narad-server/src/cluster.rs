@@ -3,6 +3,9 @@
 //! node), and the JSON of `GET /v1/cluster/status`.
 
 use narad_broker::PartitionStats;
+use narad_cluster::rpc::{Reply, Request};
+
+use crate::forward::PartitionRoute;
 use narad_broker::ownership::PartitionStatus;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -92,6 +95,23 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
         incarnation: u64,
         partition: u32,
     ) -> BoxFuture<'a, Result<PartitionStats, String>>;
+
+    /// Where `partition` of `topic` is served (from the replicated
+    /// assignments and membership).
+    fn route(&self, topic: &str, partition: u32) -> PartitionRoute;
+
+    /// The other alive members that own partitions of `topic`, each once.
+    fn serving_peers(&self, topic: &str) -> Vec<String>;
+
+    /// Sends `request` to member `member` and waits at most `timeout` for
+    /// its reply; `Err` says why there is none. A member that gave none is
+    /// left out of [`ClusterView::serving_peers`] for a few seconds.
+    fn forward<'a>(
+        &'a self,
+        member: &'a str,
+        request: Request,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Reply, String>>;
 }
 
 /// A boxed future ([`ClusterView`] is used as a trait object).
@@ -215,6 +235,23 @@ mod tests {
                     _ => Err(format!("{owner} did not answer")),
                 }
             })
+        }
+
+        fn route(&self, _topic: &str, _partition: u32) -> PartitionRoute {
+            PartitionRoute::Local
+        }
+
+        fn serving_peers(&self, _topic: &str) -> Vec<String> {
+            Vec::new()
+        }
+
+        fn forward<'a>(
+            &'a self,
+            member: &'a str,
+            _request: Request,
+            _timeout: std::time::Duration,
+        ) -> BoxFuture<'a, Result<Reply, String>> {
+            Box::pin(async move { Err(format!("{member} is not reachable in this test")) })
         }
     }
 

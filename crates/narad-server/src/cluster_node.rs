@@ -18,13 +18,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use narad_broker::dispatch::resolve::{DeleteConfirmer, LeaderTopic, OwnerIds};
 use narad_broker::metrics::ErrorLabels;
-use narad_broker::{Broker, PartitionStats};
+use narad_broker::owner::{BatchRecord, CommitBatch, CommitError};
+use narad_broker::{AckAction, Broker, PartitionStats, Routing};
 use narad_clock::ClockRef;
 use narad_cluster::raft::{
     ControlPlane, ControlPlaneConfig, LeaderTopicView, PeerEntry, RaftTimings, Role,
 };
-use narad_cluster::rpc::{PartitionStatsRequest, Reply, Request};
+use narad_cluster::rpc::{self, PartitionStatsRequest, Reply, Request};
 use narad_cluster::{Handler, Membership, RpcMetrics, Transport};
 use narad_fs::FsRef;
 use narad_meta::{Member, MetaStore};
@@ -33,8 +35,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-use crate::cluster::{ClusterMode, ClusterRole, ClusterStatus, ClusterView};
+use crate::cluster::{BoxFuture, ClusterMode, ClusterRole, ClusterStatus, ClusterView};
 use crate::cluster_settings::ClusterSettings;
+use crate::forward::{self, PartitionRoute};
+use crate::remote_owner::{RemoteCommitMetrics, RemoteOwner, RemoteOwnerRef};
+use narad_broker::ownership::OwnerLiveness;
 
 /// How long a node that sees a leader waits for its replica to catch up
 /// before it calls itself ready anyway (SPEC §7.6: 60 s).
@@ -47,15 +52,21 @@ pub const OWNER_STATS_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often unconfirmed orphan directories are asked about.
 const ORPHAN_CONFIRM_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Answers node RPC: the control plane's ops (20, 21, 29-33) and a
-/// partition's figures (8); the data plane's (commit, consume, ack)
-/// arrive with the cross-node produce path and are answered `400
-/// unsupported rpc operation N` until then, like any op this node does not
-/// serve.
-#[derive(Debug, Default)]
+/// Answers node RPC: the control plane's ops (20, 21, 29-33), a
+/// partition's figures (8), commits of records other nodes accepted for
+/// partitions this node owns (10, 11), and consume, replay and ack of this
+/// node's partitions for clients of other nodes (2, 3, 18, 19). Any other
+/// op is answered `400 unsupported rpc operation N`.
+#[derive(Debug)]
 struct NodeHandler {
+    node_id: String,
     control: OnceLock<Arc<ControlPlane>>,
     broker: OnceLock<Arc<Broker>>,
+    /// Test switch (`NARAD_TEST_REFUSE_INCARNATION_SECTION=1`): answer a
+    /// commit batch carrying topic incarnation ids as a release from before
+    /// them does (400, trailing bytes), so the sender's fallback can be
+    /// tested against a real process.
+    refuse_incarnation_section: bool,
 }
 
 impl Handler for NodeHandler {
@@ -63,8 +74,15 @@ impl Handler for NodeHandler {
         let Some(control) = self.control.get() else {
             return Reply::error(503, "node is starting");
         };
-        if let Request::TopicPartitionStats(r) = &request {
-            return self.partition_stats(r);
+        match request {
+            Request::TopicPartitionStats(r) => return self.partition_stats(&r),
+            Request::CommitProduceBatch(records) => return self.commit_for_peer(records).await,
+            Request::CommitProduce(record) => return self.commit_for_peer(vec![record]).await,
+            Request::Consume(c) => return self.consume_for_peer(c).await,
+            Request::Ack(r) => return self.resolve_for_peer(r, AckAction::Ack),
+            Request::ExtendAck(r) => return self.resolve_for_peer(r, AckAction::Extend),
+            Request::Nack(r) => return self.resolve_for_peer(r, AckAction::Nack),
+            _ => {}
         }
         match control.handle(&request).await {
             Some(reply) => reply,
@@ -74,6 +92,139 @@ impl Handler for NodeHandler {
 }
 
 impl NodeHandler {
+    /// Whether this node owns `partition` of `topic`.
+    fn owns(&self, broker: &Broker, topic: &str, partition: u32) -> bool {
+        let snap = broker.meta().snapshot();
+        snap.assignment(topic, partition).is_some_and(|a| a.owner_id == self.node_id)
+    }
+
+    /// Consume (2) from another node: a pinned consume or replay of a
+    /// partition this node owns (421 otherwise), or (`local_only`, no
+    /// partition) a queue-mode consume of this node's own partitions. The
+    /// answer is what the HTTP consume answers here (200 with the message,
+    /// or the batch with `max` above 1; 204; the same errors); the wait is
+    /// clamped to 30 s.
+    async fn consume_for_peer(&self, c: rpc::Consume) -> Reply {
+        let Some(broker) = self.broker.get() else {
+            return Reply::error(503, "node is starting");
+        };
+        let wait = Duration::from_nanos(c.wait_nanos.max(0) as u64)
+            .min(narad_cluster::limits::CONSUME_MAX_WAIT);
+        let max = (c.max > 1).then_some(c.max as usize);
+        let partition = if c.has_partition {
+            let Ok(p) = u32::try_from(c.partition) else {
+                return Reply::error(400, "invalid partition");
+            };
+            if !self.owns(broker, &c.topic, p) {
+                return forward::reply_of(forward::not_owner());
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let offset = match (c.has_offset, u64::try_from(c.offset)) {
+            (false, _) => None,
+            (true, Ok(o)) if partition.is_some() => Some(o),
+            (true, _) => return Reply::error(400, "invalid offset"),
+        };
+        match crate::routes::consume::consume_here(broker, &c.topic, partition, offset, wait, max)
+            .await
+        {
+            Ok(Some(json)) => Reply::json(200, json),
+            Ok(None) => {
+                Reply { status: 204, content_type: String::new(), body: Default::default() }
+            }
+            Err(e) => forward::reply_of(e),
+        }
+    }
+
+    /// Ack (3), ExtendAck (18), Nack (19) from another node: resolved here,
+    /// answered as the HTTP ack answers (204, or the error).
+    fn resolve_for_peer(&self, r: rpc::Receipt, action: AckAction) -> Reply {
+        let Some(broker) = self.broker.get() else {
+            return Reply::error(503, "node is starting");
+        };
+        let handle = format!("{}:{}:{}", r.partition, r.offset, r.nonce);
+        match broker.resolve(&r.topic, &handle, action) {
+            Ok(()) => Reply { status: 204, content_type: String::new(), body: Default::default() },
+            Err(e) => forward::reply_of(e.into()),
+        }
+    }
+
+    /// CommitProduceBatch (11) and CommitProduce (10): records another
+    /// node accepted, for one partition this node owns, committed through
+    /// the same combining commit as this node's own (see
+    /// `remote_owner` for what each answer tells the sender).
+    async fn commit_for_peer(&self, records: Vec<rpc::CommitRecord>) -> Reply {
+        let Some(broker) = self.broker.get() else {
+            return Reply::error(503, "node is starting");
+        };
+        if self.refuse_incarnation_section && records.iter().any(|r| r.incarnation.is_some()) {
+            return Reply::error(400, "bad request: 12 trailing bytes after the last field");
+        }
+        let Some(first) = records.first() else {
+            return Reply::error(400, "empty commit batch");
+        };
+        let (topic, partition) = (first.topic.clone(), first.partition);
+        if records.iter().any(|r| r.topic != topic || r.partition != partition) {
+            return Reply::error(400, "a commit batch holds the records of one partition");
+        }
+        let snap = broker.meta().snapshot();
+        let Some(t) = snap.topic(&topic).cloned() else {
+            return Reply::error(404, &format!("topic not found: {topic}"));
+        };
+        let Some(partition) = u32::try_from(partition).ok().filter(|p| *p < t.partitions()) else {
+            return Reply::error(400, "invalid partition");
+        };
+        let owner = narad_broker::ownership::partition_owner(&snap, &topic, partition);
+        if owner.owner_node.as_deref() != Some(self.node_id.as_str()) {
+            let by = owner.owner_node.unwrap_or_else(|| "nobody yet".into());
+            return Reply::error(
+                421,
+                &format!("not partition owner: {topic}/{partition} is owned by {by}"),
+            );
+        }
+        if let Some(sent) =
+            records.iter().filter_map(|r| r.incarnation).find(|id| id.get() != t.incarnation())
+        {
+            crate::remote_owner::log_incarnation_refusal(&topic, sent.get(), t.incarnation());
+            return Reply::error(
+                412,
+                &format!(
+                    "records accepted for incarnation {sent} of topic {topic}, which is incarnation {} here",
+                    t.incarnation()
+                ),
+            );
+        }
+        let batch = CommitBatch {
+            topic: topic.as_str().into(),
+            partition,
+            records: records
+                .into_iter()
+                .map(|r| BatchRecord {
+                    incarnation: r.incarnation.map(|id| id.get()),
+                    key: r.key,
+                    payload: r.payload,
+                    accepted_at_ms: u64::try_from(r.created_at).unwrap_or(0),
+                })
+                .collect(),
+        };
+        match broker.commit_for_peer(batch).await {
+            Ok(outcome) => {
+                let body = serde_json::json!({
+                    "offsets": outcome.offsets().collect::<Vec<u64>>(),
+                    "count": outcome.count,
+                });
+                Reply::json(200, body.to_string().into_bytes())
+            }
+            Err(CommitError::Refused(why)) => match broker.meta().topic(&topic) {
+                None => Reply::error(404, &format!("topic not found: {why}")),
+                Some(_) => Reply::error(412, &why),
+            },
+            Err(CommitError::Failed(why)) => Reply::error(500, &format!("commit failed: {why}")),
+        }
+    }
+
     /// TopicPartitionStats (8): this node's figures of one partition of the
     /// topic's live incarnation (404 when the topic, or the asked
     /// incarnation, is not live here).
@@ -123,7 +274,14 @@ pub struct ClusterNode {
     handler: Arc<NodeHandler>,
     membership: OnceLock<Membership>,
     orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Members a forwarded request got no answer from, and until when they
+    /// are left out of the queue-mode consume's rounds.
+    unreachable: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
+
+/// How long a member that did not answer a forwarded request is left out
+/// of queue-mode consumes (a pinned consume or an ack still tries it).
+pub const PEER_UNREACHABLE_BACKOFF: Duration = Duration::from_secs(3);
 
 /// Why the cluster side could not start.
 #[derive(Debug, thiserror::Error)]
@@ -238,7 +396,13 @@ impl ClusterNode {
         let timings = raft_timings_from_env()?;
         let rpc_metrics = RpcMetrics::default();
         rpc_metrics.register(registry);
-        let handler = Arc::new(NodeHandler::default());
+        let handler = Arc::new(NodeHandler {
+            node_id: settings.node_id.clone(),
+            control: OnceLock::new(),
+            broker: OnceLock::new(),
+            refuse_incarnation_section: std::env::var("NARAD_TEST_REFUSE_INCARNATION_SECTION")
+                .is_ok_and(|v| v == "1"),
+        });
         let transport = Transport::serve(
             settings.bind_addr,
             settings.auth.clone(),
@@ -281,6 +445,7 @@ impl ClusterNode {
             handler,
             membership: OnceLock::new(),
             orphan_task: std::sync::Mutex::new(None),
+            unreachable: Default::default(),
         }))
     }
 
@@ -336,6 +501,49 @@ impl ClusterNode {
         }
     }
 
+    /// How this node's dispatcher reaches partition owners: its own
+    /// partitions through the local owner, the others' over node RPC
+    /// ([`RemoteOwner`]), and the leader's word before a record of a topic
+    /// this replica does not hold is discarded.
+    pub fn routing(&self, clock: ClockRef, registry: &mut Registry) -> Routing {
+        let ids = Arc::new(OwnerIds::new(&self.node_id));
+        let remote = RemoteOwner::new(
+            self.meta.clone(),
+            self.transport.clone(),
+            ids.clone(),
+            clock,
+            RemoteCommitMetrics::new(registry),
+        );
+        Routing::Cluster {
+            ids,
+            remote: Arc::new(RemoteOwnerRef(Arc::new(remote))),
+            confirmer: Arc::new(LeaderConfirmer { control: self.control.clone() }),
+        }
+    }
+
+    /// The node RPC address of member `member`.
+    fn member_addr(&self, member: &str) -> Result<SocketAddr, String> {
+        let m = self.meta.snapshot().member(member).cloned();
+        let m = m.ok_or_else(|| format!("{member} is not a member"))?;
+        m.cluster_addr
+            .as_deref()
+            .ok_or_else(|| format!("{member} has no cluster address"))?
+            .parse()
+            .map_err(|e| format!("{member} has a bad cluster address: {e}"))
+    }
+
+    /// Sends `request` to `member`, waiting at most `timeout`.
+    async fn call_member(
+        &self,
+        member: &str,
+        request: &Request,
+        timeout: Duration,
+    ) -> Result<Reply, String> {
+        let addr = self.member_addr(member)?;
+        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+        peer.call_with_timeout(request, timeout).await.map_err(|e| format!("{member}: {e}"))
+    }
+
     /// The figures of `topic`'s partition `partition` as its owner `owner`
     /// has them (node RPC op 8, [`OWNER_STATS_TIMEOUT`]).
     pub async fn fetch_partition_stats(
@@ -345,28 +553,12 @@ impl ClusterNode {
         incarnation: u64,
         partition: u32,
     ) -> Result<PartitionStats, String> {
-        let member = self
-            .meta
-            .snapshot()
-            .member(owner)
-            .cloned()
-            .ok_or_else(|| format!("{owner} is not a member"))?;
-        let addr: SocketAddr = member
-            .cluster_addr
-            .as_deref()
-            .ok_or_else(|| format!("{owner} has no cluster address"))?
-            .parse()
-            .map_err(|e| format!("{owner} has a bad cluster address: {e}"))?;
         let request = Request::TopicPartitionStats(PartitionStatsRequest {
             topic: topic.to_owned(),
             partition: i32::try_from(partition).map_err(|_| "partition out of range".to_owned())?,
             incarnation: std::num::NonZeroU64::new(incarnation),
         });
-        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
-        let reply = peer
-            .call_with_timeout(&request, OWNER_STATS_TIMEOUT)
-            .await
-            .map_err(|e| format!("{owner}: {e}"))?;
+        let reply = self.call_member(owner, &request, OWNER_STATS_TIMEOUT).await?;
         if reply.status != 200 {
             return Err(format!(
                 "{owner} answered {}: {}",
@@ -462,6 +654,33 @@ impl ClusterNode {
     }
 }
 
+/// The leader's confirmation that a topic incarnation is gone (SPEC §7.1):
+/// only once this replica has applied what it knows committed, and only
+/// from a leader that confirmed its leadership (op 20 / a barrier).
+#[derive(Debug)]
+struct LeaderConfirmer {
+    control: Arc<ControlPlane>,
+}
+
+impl DeleteConfirmer for LeaderConfirmer {
+    fn leader_topic(
+        &self,
+        topic: &str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<LeaderTopic, String>> + Send>>
+    {
+        let (control, topic) = (self.control.clone(), topic.to_owned());
+        Box::pin(async move {
+            if !control.applied_caught_up() {
+                return Err("this replica has not caught up with the log".into());
+            }
+            Ok(match control.leader_topic_view(&topic).await? {
+                LeaderTopicView::Absent => LeaderTopic::Absent,
+                LeaderTopicView::Present { incarnation } => LeaderTopic::Present(incarnation),
+            })
+        })
+    }
+}
+
 impl ClusterView for ClusterNode {
     fn owner_partition_stats<'a>(
         &'a self,
@@ -471,6 +690,57 @@ impl ClusterView for ClusterNode {
         partition: u32,
     ) -> crate::cluster::BoxFuture<'a, Result<PartitionStats, String>> {
         Box::pin(self.fetch_partition_stats(owner, topic, incarnation, partition))
+    }
+
+    fn route(&self, topic: &str, partition: u32) -> PartitionRoute {
+        let snap = self.meta.snapshot();
+        let owner = narad_broker::ownership::partition_owner(&snap, topic, partition);
+        match owner.owner_node {
+            None => PartitionRoute::Unassigned,
+            Some(id) if id == self.node_id => PartitionRoute::Local,
+            Some(id) if owner.liveness == OwnerLiveness::Alive => PartitionRoute::Remote(id),
+            Some(id) => PartitionRoute::OwnerDown(id),
+        }
+    }
+
+    fn serving_peers(&self, topic: &str) -> Vec<String> {
+        let snap = self.meta.snapshot();
+        let now = std::time::Instant::now();
+        let mut unreachable = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
+        unreachable.retain(|_, until| *until > now);
+        let mut out: Vec<String> = Vec::new();
+        for a in snap.assignments(topic).into_iter().flat_map(|a| a.values()) {
+            let alive = snap
+                .member(&a.owner_id)
+                .is_some_and(|m| m.status == narad_meta::MemberStatus::Alive);
+            if a.owner_id != self.node_id
+                && alive
+                && !unreachable.contains_key(&a.owner_id)
+                && !out.contains(&a.owner_id)
+            {
+                out.push(a.owner_id.clone());
+            }
+        }
+        out
+    }
+
+    fn forward<'a>(
+        &'a self,
+        member: &'a str,
+        request: Request,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Reply, String>> {
+        Box::pin(async move {
+            let reply = self.call_member(member, &request, timeout).await;
+            if reply.is_err() {
+                let until = std::time::Instant::now() + PEER_UNREACHABLE_BACKOFF;
+                self.unreachable
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(member.to_owned(), until);
+            }
+            reply
+        })
     }
 
     fn status(&self) -> ClusterStatus {

@@ -249,6 +249,7 @@ pub async fn run(
             )
             .await
             .map_err(ServerError::Cluster)?;
+            let routing = node.routing(clock.clone(), &mut registry);
             let broker = match Broker::open_on(
                 broker_config,
                 fs,
@@ -256,6 +257,7 @@ pub async fn run(
                 metrics,
                 meta,
                 Registration::ByHeartbeat,
+                routing,
             )
             .await
             {

@@ -279,6 +279,7 @@ impl Driver {
                         incarnation: i.record.incarnation,
                         key: i.record.key.clone(),
                         payload: i.record.payload.clone(),
+                        accepted_at_ms: i.record.accepted_at_ms,
                     })
                     .collect(),
             };

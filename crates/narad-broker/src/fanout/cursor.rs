@@ -325,6 +325,7 @@ impl Cursor {
                 incarnation: Some(child.incarnation()),
                 key: r.key.clone(),
                 payload: r.payload.clone(),
+                accepted_at_ms: r.commit_time_ms,
             });
         }
         let child_name: Arc<str> = child.name().into();

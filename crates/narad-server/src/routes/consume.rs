@@ -11,9 +11,15 @@ use narad_broker::{AckAction, Delivered};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+use std::sync::Arc;
+
+use narad_broker::Broker;
+use narad_cluster::rpc::{self, Reply, Request};
+
 use crate::body::{read_limited, strict_json};
 use crate::duration::parse_go_duration;
 use crate::error::{ApiError, json_response};
+use crate::forward::{self, PartitionRoute, relay};
 use crate::limits::{BATCH_ACK_BODY_BYTES, BATCH_ACK_MAX};
 use crate::openapi::ErrorBody;
 use crate::query::{decode_component, pairs, values};
@@ -104,12 +110,13 @@ fn view(d: &Delivered) -> MessageView<'_> {
     }
 }
 
-/// The answer to a consume, and how many of `got` it holds: a batch
-/// answer is at most [`CONSUME_BATCH_BYTES`] as sent (base64, escapes,
-/// field names and the final newline counted), with at least one message.
-fn messages_response(got: &[Delivered], batch: bool) -> (Response, usize) {
+/// The JSON answer to a consume and how many of `got` it holds (`None`
+/// when `got` is empty): a batch answer is at most [`CONSUME_BATCH_BYTES`]
+/// as sent (base64, escapes, field names and the final newline counted),
+/// with at least one message.
+fn messages_json(got: &[Delivered], batch: bool) -> Option<(String, usize)> {
     if got.is_empty() {
-        return (StatusCode::NO_CONTENT.into_response(), 0);
+        return None;
     }
     let mut s = String::with_capacity(
         got.iter().map(|d| d.payload.len() + 160).sum::<usize>().min(CONSUME_BATCH_BYTES),
@@ -134,7 +141,7 @@ fn messages_response(got: &[Delivered], batch: bool) -> (Response, usize) {
     } else {
         encode_message(&mut s, &view(&got[0]));
     }
-    (json_response(StatusCode::OK, s), sent)
+    Some((s, sent))
 }
 
 /// `GET /v1/topics/{topic}/consume?partition=&offset=&wait=&max=`.
@@ -166,23 +173,166 @@ pub async fn consume(
     RawQuery(q): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = parse_consume_query(q.as_deref().unwrap_or(""))?;
-    if let (Some(offset), Some(partition)) = (q.offset, q.partition) {
-        let got = s.broker.replay(&topic, partition, offset, 1).await?;
-        return Ok(messages_response(&got, false).0);
-    }
-    let batch = q.max.is_some();
-    let max = q.max.unwrap_or(1);
     let wait = q.wait.min(s.max_consume_wait);
-    let got = s.broker.consume(&topic, q.partition, wait, max).await?;
-    let (response, sent) = messages_response(&got, batch);
+    let Some(cluster) = s.cluster.clone() else {
+        let got = consume_here(&s.broker, &topic, q.partition, q.offset, wait, q.max).await?;
+        return Ok(answer(got));
+    };
+    let t = s.broker.topic(&topic)?;
+    let Some(p) = q.partition else {
+        return consume_anywhere(&s, &*cluster, &topic, wait, q.max).await;
+    };
+    if p >= t.partitions() {
+        return Err(ApiError::bad_request("invalid partition"));
+    }
+    match cluster.route(&topic, p) {
+        PartitionRoute::Local => {
+            let got = consume_here(&s.broker, &topic, Some(p), q.offset, wait, q.max).await?;
+            Ok(answer(got))
+        }
+        PartitionRoute::Remote(owner) => {
+            let request = Request::Consume(rpc::Consume {
+                topic: topic.clone(),
+                partition: p as i32,
+                has_partition: true,
+                offset: q.offset.map_or(0, |o| o.min(i64::MAX as u64) as i64),
+                has_offset: q.offset.is_some(),
+                wait_nanos: wait.as_nanos().min(i64::MAX as u128) as i64,
+                local_only: false,
+                max: q.max.map_or(1, |m| m as u32),
+            });
+            let timeout = request.timeout();
+            match cluster.forward(&owner, request, timeout).await {
+                Ok(reply) => Ok(relay(as_batch_if(reply, q.max == Some(1)))),
+                Err(why) => {
+                    tracing::warn!(topic, partition = p, owner, why, "forwarded consume failed");
+                    Err(forward::peer_failed())
+                }
+            }
+        }
+        PartitionRoute::OwnerDown(_) => Err(forward::owner_down()),
+        PartitionRoute::Unassigned => Err(forward::not_owner()),
+    }
+}
+
+/// How long a queue-mode consume on a cluster node long-polls its own
+/// partitions before asking the other owners again.
+pub const ANY_PARTITION_POLL: Duration = Duration::from_millis(200);
+
+/// How long a queue-mode consume waits for another owner's answer (it asks
+/// without waiting, so a healthy owner answers in a round trip); an owner
+/// that does not answer is left out of the next rounds for a few seconds.
+pub const CONSUME_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A queue-mode consume on a cluster node: this node's own partitions
+/// first, then each other alive owner of the topic's partitions for one of
+/// its own (op 2, `local_only`, no wait), then a long-poll here of at most
+/// [`ANY_PARTITION_POLL`] before the owners are asked again, until `wait`
+/// is over. An owner that does not answer is skipped.
+async fn consume_anywhere(
+    s: &Shared,
+    cluster: &dyn crate::cluster::ClusterView,
+    topic: &str,
+    wait: Duration,
+    max: Option<usize>,
+) -> Result<Response, ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut peers = cluster.serving_peers(topic);
+    // Start with a different owner each time, so no owner's records wait
+    // behind another's.
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if !peers.is_empty() {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % peers.len();
+        peers.rotate_left(n);
+    }
+    let mut slice = Duration::ZERO;
+    loop {
+        if let Some(json) = consume_here(&s.broker, topic, None, None, slice, max).await? {
+            return Ok(json_response(StatusCode::OK, json));
+        }
+        for owner in &peers {
+            let request = Request::Consume(rpc::Consume {
+                topic: topic.to_owned(),
+                partition: 0,
+                has_partition: false,
+                offset: 0,
+                has_offset: false,
+                wait_nanos: 0,
+                local_only: true,
+                max: max.map_or(1, |m| m as u32),
+            });
+            match cluster.forward(owner, request, CONSUME_PROBE_TIMEOUT).await {
+                Ok(reply) if reply.status == 200 => {
+                    return Ok(relay(as_batch_if(reply, max == Some(1))));
+                }
+                Ok(reply) if reply.status == 204 => {}
+                Ok(reply) => tracing::debug!(topic, owner, status = reply.status,
+                    error = %forward::reply_message(&reply), "an owner refused a queue-mode consume"),
+                Err(why) => {
+                    tracing::debug!(
+                        topic,
+                        owner,
+                        why,
+                        "an owner did not answer a queue-mode consume"
+                    )
+                }
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        slice = (deadline - now).min(ANY_PARTITION_POLL);
+    }
+}
+
+/// An owner's single-message answer in the batch shape, when the client
+/// asked for `max=1` (a forwarded consume of one message travels in the
+/// single shape: SPEC's op 2 has no batch size below 2).
+fn as_batch_if(reply: Reply, batch_of_one: bool) -> Reply {
+    if !batch_of_one || reply.status != 200 {
+        return reply;
+    }
+    let mut body = Vec::with_capacity(reply.body.len() + 16);
+    body.extend_from_slice(b"{\"messages\":[");
+    body.extend_from_slice(&reply.body);
+    body.extend_from_slice(b"]}");
+    Reply { body: body.into(), ..reply }
+}
+
+fn answer(got: Option<String>) -> Response {
+    match got {
+        Some(json) => json_response(StatusCode::OK, json),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+/// A consume served from this node's partitions: a replay (`offset`, one
+/// record, no lease), a pinned or a queue-mode consume (`max`: the batch
+/// shape). The JSON of the answer, or `None` for nothing (204). Leased
+/// messages that do not fit the answer are given back at once.
+pub async fn consume_here(
+    broker: &Arc<Broker>,
+    topic: &str,
+    partition: Option<u32>,
+    offset: Option<u64>,
+    wait: Duration,
+    max: Option<usize>,
+) -> Result<Option<String>, ApiError> {
+    if let (Some(offset), Some(partition)) = (offset, partition) {
+        let got = broker.replay(topic, partition, offset, 1).await?;
+        return Ok(messages_json(&got, false).map(|(json, _)| json));
+    }
+    let got = broker.consume(topic, partition, wait, max.unwrap_or(1)).await?;
+    let Some((json, sent)) = messages_json(&got, max.is_some()) else { return Ok(None) };
     // What did not fit is given back at once, not left leased until its
     // visibility timeout. (A nack that finds the lease gone is harmless.)
     for d in &got[sent..] {
         if let Some(h) = &d.receipt_handle {
-            let _ = s.broker.resolve(&topic, h, AckAction::Nack);
+            let _ = broker.resolve(topic, h, AckAction::Nack);
         }
     }
-    Ok(response)
+    Ok(Some(json))
 }
 
 /// Parses `extend=`: absent, bare, empty or `false` ack; `true`/`1` extend;
@@ -278,8 +428,11 @@ pub async fn ack(
 ) -> Result<Response, ApiError> {
     let (handle, action) = parse_ack_query(q.as_deref().unwrap_or(""))?;
     if let Some(h) = handle {
-        s.broker.resolve(&topic, &h, action)?;
-        return Ok(StatusCode::NO_CONTENT.into_response());
+        return match resolve_anywhere(&s, &topic, &h, action).await {
+            Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
+            Err(Resolved::Here(e)) => Err(e),
+            Err(Resolved::Owner(reply)) => Ok(relay(reply)),
+        };
     }
     let bytes = read_limited(&headers, body, BATCH_ACK_BODY_BYTES).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
@@ -301,15 +454,21 @@ pub async fn ack(
         if i > 0 {
             out.push(',');
         }
-        match s.broker.resolve(&topic, h, action) {
-            Ok(()) => out.push_str("{\"status\":204}"),
-            Err(e) => {
-                let api: ApiError = e.into();
+        let failed = match resolve_anywhere(&s, &topic, h, action).await {
+            Ok(()) => None,
+            Err(Resolved::Here(api)) => {
                 let msg = match &api {
                     ApiError::Json { message, .. } => message.clone(),
                     ApiError::Text { body, .. } => (*body).to_owned(),
                 };
-                out.push_str(&format!("{{\"status\":{},\"error\":", api.status().as_u16()));
+                Some((api.status().as_u16(), msg))
+            }
+            Err(Resolved::Owner(reply)) => Some((reply.status, forward::reply_message(&reply))),
+        };
+        match failed {
+            None => out.push_str("{\"status\":204}"),
+            Some((status, msg)) => {
+                out.push_str(&format!("{{\"status\":{status},\"error\":"));
                 push_json_string(&mut out, &msg);
                 out.push('}');
             }
@@ -317,6 +476,56 @@ pub async fn ack(
     }
     out.push_str("]}");
     Ok(json_response(StatusCode::OK, out))
+}
+
+/// Why a receipt handle was not resolved: an error here, or the owner's
+/// answer (relayed as it is).
+enum Resolved {
+    Here(ApiError),
+    Owner(Reply),
+}
+
+/// Acks, extends or nacks `handle` where its partition is served: here,
+/// or at its owner (node RPC 3, 18, 19); a dead owner's partition answers
+/// 503 (text).
+async fn resolve_anywhere(
+    s: &Shared,
+    topic: &str,
+    handle: &str,
+    action: AckAction,
+) -> Result<(), Resolved> {
+    let parsed = narad_broker::consume::shard::parse_receipt_handle(handle);
+    let (Some(cluster), Some((p, offset, nonce))) = (&s.cluster, parsed) else {
+        return s.broker.resolve(topic, handle, action).map_err(|e| Resolved::Here(e.into()));
+    };
+    match cluster.route(topic, p) {
+        PartitionRoute::Local | PartitionRoute::Unassigned => {
+            s.broker.resolve(topic, handle, action).map_err(|e| Resolved::Here(e.into()))
+        }
+        PartitionRoute::OwnerDown(_) => Err(Resolved::Here(forward::owner_down())),
+        PartitionRoute::Remote(owner) => {
+            let receipt = rpc::Receipt {
+                topic: topic.to_owned(),
+                partition: p as i32,
+                offset: offset.min(i64::MAX as u64) as i64,
+                nonce: nonce.min(i64::MAX as u64) as i64,
+            };
+            let request = match action {
+                AckAction::Ack => Request::Ack(receipt),
+                AckAction::Extend => Request::ExtendAck(receipt),
+                AckAction::Nack => Request::Nack(receipt),
+            };
+            let timeout = request.timeout();
+            match cluster.forward(&owner, request, timeout).await {
+                Ok(reply) if reply.status == 204 => Ok(()),
+                Ok(reply) => Err(Resolved::Owner(reply)),
+                Err(why) => {
+                    tracing::warn!(topic, partition = p, owner, why, "forwarded ack failed");
+                    Err(Resolved::Here(forward::peer_failed()))
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

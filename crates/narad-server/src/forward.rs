@@ -1,0 +1,128 @@
+//! Consume, replay and ack for partitions another node owns (SPEC §1.7,
+//! §1.8, §7.5): where a partition is served, and how a node RPC reply is
+//! relayed as the HTTP answer (status, content type and body as the owner
+//! gave them) or an HTTP error becomes a node RPC reply.
+//!
+//! | the partition's owner | pinned consume, replay, ack |
+//! |---|---|
+//! | this node | served here |
+//! | another alive member | forwarded (consume: op 2, waiting `wait + 2 s`; ack: 3, 18, 19) |
+//! | a dead member | 503 `partition owner is down; retry later` (text) |
+//! | none assigned yet | 421 `this node does not own the requested partition` |
+//!
+//! A queue-mode consume takes from this node's own partitions first, then
+//! asks every other alive owner of the topic's partitions for one of its
+//! own (op 2 with `local_only`), and long-polls here in between (see
+//! `routes::consume`).
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use narad_cluster::rpc::Reply;
+
+use crate::error::ApiError;
+
+/// Where a partition is served from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionRoute {
+    /// This node owns it (or there is no cluster).
+    Local,
+    /// Another alive member owns it.
+    Remote(String),
+    /// Its owner is a dead (or unknown) member.
+    OwnerDown(String),
+    /// No owner is assigned yet.
+    Unassigned,
+}
+
+/// SPEC's plain-text 503 for a dead owner's partition.
+pub fn owner_down() -> ApiError {
+    ApiError::Text {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        body: "partition owner is down; retry later",
+    }
+}
+
+/// SPEC's 421 for a partition no one is assigned.
+pub fn not_owner() -> ApiError {
+    ApiError::Json {
+        status: StatusCode::MISDIRECTED_REQUEST,
+        message: "this node does not own the requested partition".into(),
+    }
+}
+
+/// SPEC's plain-text 502 for a peer RPC that failed in transport.
+pub fn peer_failed() -> ApiError {
+    ApiError::Text { status: StatusCode::BAD_GATEWAY, body: "peer rpc failed" }
+}
+
+/// The HTTP answer an owner's reply stands for.
+pub fn relay(reply: Reply) -> Response {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status == StatusCode::NO_CONTENT {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    // Bodies as this node would have written them: JSON ends in a newline.
+    let json = reply.content_type == "application/json";
+    let body = if json && !reply.body.ends_with(b"\n") {
+        let mut b = Vec::with_capacity(reply.body.len() + 1);
+        b.extend_from_slice(&reply.body);
+        b.push(b'\n');
+        Body::from(b)
+    } else {
+        Body::from(reply.body)
+    };
+    let mut r = (status, body).into_response();
+    if let Ok(v) = HeaderValue::from_str(&reply.content_type)
+        && !reply.content_type.is_empty()
+    {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// The node RPC reply of an HTTP error: the same status and body.
+pub fn reply_of(e: ApiError) -> Reply {
+    match e {
+        ApiError::Json { status, message } => Reply::error(status.as_u16(), &message),
+        ApiError::Text { status, body } => Reply {
+            status: status.as_u16(),
+            content_type: "text/plain; charset=utf-8".into(),
+            body: bytes::Bytes::from_static(body.as_bytes()),
+        },
+    }
+}
+
+/// The error message of an owner's reply (its `{"error"}`, or the text).
+pub fn reply_message(reply: &Reply) -> String {
+    serde_json::from_slice::<serde_json::Value>(&reply.body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&reply.body).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn replies_relay_their_status_type_and_body_and_errors_round_trip() {
+        let r = relay(Reply::json(200, r#"{"offset":1}"#));
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        let body = axum::body::to_bytes(r.into_body(), 1 << 10).await.unwrap();
+        assert_eq!(&body[..], b"{\"offset\":1}\n", "JSON ends in a newline, as a local answer");
+        let r = relay(Reply { status: 204, content_type: String::new(), body: Default::default() });
+        assert_eq!(r.status(), 204);
+        let down = reply_of(owner_down());
+        assert_eq!(
+            (down.status, reply_message(&down).as_str()),
+            (503, "partition owner is down; retry later")
+        );
+        let r = relay(down);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+        let gone = reply_of(ApiError::Json { status: StatusCode::GONE, message: "stale".into() });
+        assert_eq!((gone.status, reply_message(&gone).as_str()), (410, "stale"));
+        assert_eq!(relay(Reply::error(1000, "x")).status(), 502, "no HTTP status: a bad gateway");
+    }
+}

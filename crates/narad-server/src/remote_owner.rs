@@ -1,0 +1,312 @@
+//! Commits to partitions owned by other nodes: the dispatcher's [`Owner`]
+//! over node RPC CommitProduceBatch (op 11), and the owner's side of it
+//! (SPEC §7.4, the v3 page's "Commit stage" and "Discarding").
+//!
+//! The sender puts each record's topic incarnation in the batch's trailing
+//! section. An owner from before incarnations refuses that section as
+//! trailing bytes (400): the batch goes again without it, and batches to
+//! that owner go without ids for [`LEGACY_OWNER_TTL`].
+//!
+//! Replies and what the dispatcher makes of them:
+//!
+//! | owner's answer | meaning | dispatcher |
+//! |---|---|---|
+//! | 200 `{"offsets","count"}` | durable, read back, visible | committed |
+//! | 412 | another incarnation is live there | refused: back to the WAL, re-resolved, not failing |
+//! | 404 | no such topic in the owner's replica | refused (a lagging replica or a delete) |
+//! | 421 | the owner's replica says another node owns it | refused: re-resolved |
+//! | 400 naming trailing bytes, with ids sent | an owner from before incarnations | sent again without ids |
+//! | anything else, no answer | | failed: probe, then reroute after 3 s |
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use narad_broker::dispatch::core::OwnerId;
+use narad_broker::dispatch::resolve::OwnerIds;
+use narad_broker::owner::{CommitBatch, CommitError, CommitFuture, Owner};
+use narad_clock::ClockRef;
+use narad_cluster::Transport;
+use narad_cluster::rpc::{self, Reply, Request};
+use narad_meta::MetaStore;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tracing::{info, warn};
+
+/// The most encoded record bytes of one commit to another node: half the
+/// 16 MiB stream frame limit (the v3 page's remote commit byte budget).
+pub const REMOTE_COMMIT_MAX_BYTES: usize = 8 << 20;
+
+/// How long commits to an owner that refused the incarnation section go
+/// without it.
+pub const LEGACY_OWNER_TTL: Duration = Duration::from_secs(120);
+
+/// Labels of the remote-commit counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PeerOutcome {
+    /// The owner's member id.
+    pub peer: String,
+    /// `committed`, `incarnation_mismatch`, `not_owner`, `no_topic`,
+    /// `failed`.
+    pub outcome: &'static str,
+}
+
+/// Labels by peer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct PeerLabel {
+    /// The owner's member id.
+    pub peer: String,
+}
+
+/// The remote owner's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteCommitMetrics {
+    commits: Family<PeerOutcome, Counter>,
+    records: Family<PeerLabel, Counter>,
+    bytes: Family<PeerLabel, Counter>,
+    legacy: Family<PeerLabel, Counter>,
+}
+
+impl RemoteCommitMetrics {
+    /// Registers the families.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = RemoteCommitMetrics::default();
+        registry.register(
+            "narad_ingress_dispatch_remote_commits",
+            "Commits to partitions owned by other nodes, by peer and outcome",
+            m.commits.clone(),
+        );
+        registry.register(
+            "narad_ingress_dispatch_remote_records",
+            "Records committed on other nodes, by peer",
+            m.records.clone(),
+        );
+        registry.register(
+            "narad_ingress_dispatch_remote_bytes",
+            "Payload and key bytes committed on other nodes, by peer",
+            m.bytes.clone(),
+        );
+        registry.register(
+            "narad_ingress_dispatch_legacy_owner_fallbacks",
+            "Commits sent again without topic incarnation ids to an owner that refused them",
+            m.legacy.clone(),
+        );
+        m
+    }
+}
+
+/// Commits batches on other nodes over node RPC.
+#[derive(Debug)]
+pub struct RemoteOwner {
+    meta: Arc<MetaStore>,
+    transport: Arc<Transport>,
+    ids: Arc<OwnerIds>,
+    clock: ClockRef,
+    /// Owners that refused the incarnation section, until when (monotonic).
+    legacy: Mutex<HashMap<String, Duration>>,
+    metrics: RemoteCommitMetrics,
+}
+
+impl RemoteOwner {
+    /// A remote owner reaching members of `meta` through `transport`.
+    pub fn new(
+        meta: Arc<MetaStore>,
+        transport: Arc<Transport>,
+        ids: Arc<OwnerIds>,
+        clock: ClockRef,
+        metrics: RemoteCommitMetrics,
+    ) -> Self {
+        RemoteOwner { meta, transport, ids, clock, legacy: Mutex::new(HashMap::new()), metrics }
+    }
+
+    fn address(&self, member: &str) -> Result<SocketAddr, String> {
+        let m = self.meta.snapshot().member(member).cloned();
+        let m = m.ok_or_else(|| format!("{member} is not a member"))?;
+        m.cluster_addr
+            .as_deref()
+            .ok_or_else(|| format!("{member} has no cluster address"))?
+            .parse()
+            .map_err(|e| format!("{member} has a bad cluster address: {e}"))
+    }
+
+    fn is_legacy(&self, member: &str) -> bool {
+        let now = self.clock.mono();
+        let mut l = self.legacy.lock().unwrap_or_else(|p| p.into_inner());
+        match l.get(member) {
+            Some(&until) if until > now => true,
+            Some(_) => {
+                l.remove(member);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn mark_legacy(&self, member: &str) {
+        let until = self.clock.mono() + LEGACY_OWNER_TTL;
+        self.legacy.lock().unwrap_or_else(|p| p.into_inner()).insert(member.to_owned(), until);
+        self.metrics.legacy.get_or_create(&PeerLabel { peer: member.to_owned() }).inc();
+    }
+
+    fn count(&self, member: &str, outcome: &'static str) {
+        let labels = PeerOutcome { peer: member.to_owned(), outcome };
+        self.metrics.commits.get_or_create(&labels).inc();
+    }
+
+    async fn commit_on(
+        self: Arc<Self>,
+        owner: OwnerId,
+        batch: CommitBatch,
+    ) -> Result<(), CommitError> {
+        let member = self
+            .ids
+            .name(owner)
+            .ok_or_else(|| CommitError::Failed(format!("owner {owner} has no member id")))?;
+        let addr = self.address(&member).map_err(CommitError::Failed)?;
+        let with_ids = !self.is_legacy(&member);
+        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+        let request = encode_batch(&batch, with_ids);
+        let mut reply = call_watched(&peer, &request).await;
+        if with_ids
+            && batch.records.iter().any(|r| r.incarnation.is_some())
+            && reply.as_ref().is_ok_and(refuses_incarnation_section)
+        {
+            warn!(peer = %member, topic = %batch.topic, partition = batch.partition,
+                "owner refused the topic incarnation section (an older release); sending without ids for 2 minutes");
+            self.mark_legacy(&member);
+            reply = call_watched(&peer, &encode_batch(&batch, false)).await;
+        }
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                self.count(&member, "failed");
+                return Err(CommitError::Failed(format!("{member}: {e}")));
+            }
+        };
+        let body = || String::from_utf8_lossy(&reply.body).into_owned();
+        match reply.status {
+            200 => {
+                self.count(&member, "committed");
+                let label = PeerLabel { peer: member.clone() };
+                self.metrics.records.get_or_create(&label).inc_by(batch.records.len() as u64);
+                let bytes: usize = batch
+                    .records
+                    .iter()
+                    .map(|r| r.payload.len() + r.key.as_ref().map_or(0, |k| k.len()))
+                    .sum();
+                self.metrics.bytes.get_or_create(&label).inc_by(bytes as u64);
+                Ok(())
+            }
+            412 => {
+                self.count(&member, "incarnation_mismatch");
+                Err(CommitError::Refused(format!("{member} answered 412: {}", body())))
+            }
+            421 => {
+                self.count(&member, "not_owner");
+                Err(CommitError::Refused(format!("{member} answered 421: {}", body())))
+            }
+            404 => {
+                self.count(&member, "no_topic");
+                Err(CommitError::Refused(format!("{member} answered 404: {}", body())))
+            }
+            status => {
+                self.count(&member, "failed");
+                Err(CommitError::Failed(format!("{member} answered {status}: {}", body())))
+            }
+        }
+    }
+}
+
+/// How long a commit waits for its reply before the owner is pinged, and
+/// how often after that.
+pub const OWNER_PING_EVERY: Duration = Duration::from_secs(1);
+
+/// A commit call, with the owner pinged every [`OWNER_PING_EVERY`] while it
+/// runs: an owner that does not answer a ping within the transport's
+/// liveness bound (killed, its machine gone) fails the commit at once
+/// instead of after the commit's 30 s budget, so its records reroute after
+/// the 3 s grace. A slow but live owner answers pings (they travel on
+/// their own stream) and its commit goes on. A commit abandoned this way
+/// may still land (a duplicate, never a loss: its records stay in the WAL).
+async fn call_watched(
+    peer: &narad_cluster::Peer,
+    request: &Request,
+) -> Result<Reply, narad_cluster::Error> {
+    let call = peer.call(request);
+    tokio::pin!(call);
+    let start = tokio::time::Instant::now() + OWNER_PING_EVERY;
+    let mut ping = tokio::time::interval_at(start, OWNER_PING_EVERY);
+    loop {
+        tokio::select! {
+            reply = &mut call => return reply,
+            _ = ping.tick() => {
+                let alive = tokio::time::timeout(
+                    narad_cluster::limits::LIVENESS_PROBE_TIMEOUT,
+                    peer.ping(),
+                )
+                .await;
+                if !matches!(alive, Ok(Ok(_))) {
+                    return Err(narad_cluster::Error::Remote(
+                        "the owner did not answer a ping while a commit was in flight".into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Whether an owner's answer is the refusal of the incarnation section by
+/// a release that does not know it: 400 naming trailing bytes.
+fn refuses_incarnation_section(reply: &Reply) -> bool {
+    reply.status == 400 && String::from_utf8_lossy(&reply.body).contains("trailing bytes")
+}
+
+/// The CommitProduceBatch of `batch`, with each record's incarnation (the
+/// trailing section) when `with_ids`.
+fn encode_batch(batch: &CommitBatch, with_ids: bool) -> Request {
+    Request::CommitProduceBatch(
+        batch
+            .records
+            .iter()
+            .map(|r| rpc::CommitRecord {
+                topic: batch.topic.to_string(),
+                key: r.key.clone(),
+                // Partitions are below 2^31 (topic creation bounds them).
+                partition: batch.partition as i32,
+                payload: r.payload.clone(),
+                created_at: i64::try_from(r.accepted_at_ms).unwrap_or(i64::MAX),
+                incarnation: if with_ids { r.incarnation.and_then(NonZeroU64::new) } else { None },
+            })
+            .collect(),
+    )
+}
+
+/// The owner behind an [`Arc`] (the trait is implemented on the handle, as
+/// each commit runs as its own task).
+#[derive(Debug, Clone)]
+pub struct RemoteOwnerRef(pub Arc<RemoteOwner>);
+
+impl Owner for RemoteOwnerRef {
+    fn commit(&self, owner: OwnerId, batch: CommitBatch) -> CommitFuture {
+        Box::pin(self.0.clone().commit_on(owner, batch))
+    }
+
+    fn max_batch_bytes(&self, _owner: OwnerId) -> Option<usize> {
+        Some(REMOTE_COMMIT_MAX_BYTES)
+    }
+}
+
+/// Logs an owner-side refusal of records of another incarnation (info: the
+/// owner answered; a delete and recreate or a lagging replica explains it).
+pub(crate) fn log_incarnation_refusal(topic: &str, sent: u64, live: u64) {
+    info!(
+        topic,
+        sent_incarnation = sent,
+        live_incarnation = live,
+        "refusing commit records accepted for another topic incarnation"
+    );
+}
