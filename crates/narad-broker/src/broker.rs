@@ -303,10 +303,30 @@ impl Broker {
         })
         .await?;
         let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
+        // One owner and one view of owners for the dispatcher and the
+        // fan-out cursors alike.
+        let (routed, resolver, topology, node_id): (
+            Arc<dyn Owner>,
+            Arc<dyn Resolver>,
+            Arc<dyn crate::dispatch::core::Topology + Send + Sync>,
+            Option<String>,
+        ) = match routing {
+            Routing::Local => {
+                let r = Arc::new(LocalResolver::new(meta.clone()));
+                (Arc::new(owner.clone()), r.clone(), r, None)
+            }
+            Routing::Cluster { ids, remote, confirmer } => {
+                let r = Arc::new(ClusterResolver::new(meta.clone(), ids, confirmer, clock.clone()));
+                let routed = Arc::new(RoutedOwner::new(owner.clone(), remote));
+                (routed, r.clone(), r, Some(config.node_id.clone()))
+            }
+        };
         let fanout = FanoutRunner::new(Arc::new(FanoutCtx {
             meta: meta.clone(),
             topics: topics.clone(),
-            owner: Arc::new(owner.clone()),
+            owner: routed.clone(),
+            topology,
+            node_id,
             fs: fs.clone(),
             clock: clock.clone(),
             metrics: metrics.clone(),
@@ -335,14 +355,7 @@ impl Broker {
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         wal.on_durable(Arc::new(move |_| w.notify_one()));
-        let (dispatch_owner, resolver): (Arc<dyn Owner>, Arc<dyn Resolver>) = match routing {
-            Routing::Local => (Arc::new(owner), Arc::new(LocalResolver::new(meta))),
-            Routing::Cluster { ids, remote, confirmer } => (
-                Arc::new(RoutedOwner::new(owner, remote)),
-                Arc::new(ClusterResolver::new(meta, ids, confirmer, clock.clone())),
-            ),
-        };
-        let dispatcher = Dispatcher::start(wal, dispatch_owner, resolver, clock, wake, metrics);
+        let dispatcher = Dispatcher::start(wal, routed, resolver, clock, wake, metrics);
         *broker.dispatcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(dispatcher);
         let fanout_task = tokio::spawn(fanout.run(broker.stop.subscribe()));
         *broker.fanout_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout_task);

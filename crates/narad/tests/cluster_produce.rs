@@ -358,3 +358,68 @@ fn an_owner_killed_under_produce_load_costs_no_acked_record_and_its_records_rero
         deliveries as usize - delivered.len()
     );
 }
+
+/// A parent's fan-out cursors run on each parent partition's owner and
+/// commit into the child's partitions on their owners, wherever they are.
+#[test]
+fn a_parents_records_fan_out_into_child_partitions_other_nodes_own() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    create_placed(&c, leader, "parent", 3);
+    let r = c
+        .request(leader, Method::POST, "/v1/topics")
+        .body(json!({"name": "kid", "partitions": 4, "parent": "parent"}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
+    let kid_owners = wait_for(
+        Duration::from_secs(20),
+        "every partition of the child owned",
+        || {
+            let (_, v) = c.get_json(leader, "/v1/topics/kid")?;
+            v["partition_stats"]
+                .as_array()?
+                .iter()
+                .map(|p| p["owner_node"].as_str().map(str::to_owned))
+                .collect::<Option<Vec<String>>>()
+        },
+        || c.describe(),
+    );
+    let n = 60u64;
+    for i in 0..n {
+        let r = c
+            .request((i % 3) as usize, Method::POST, "/v1/topics/parent/produce")
+            .body(json!({"i": i}).to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let all: Vec<usize> = (0..3).collect();
+    for topic in ["kid", "parent"] {
+        let mut delivered = BTreeMap::new();
+        let done = drain_until(
+            &c,
+            &all,
+            topic,
+            &mut delivered,
+            Instant::now() + Duration::from_secs(30),
+            |d| (0..n).all(|i| d.contains_key(&i)),
+        );
+        assert!(done.is_some(), "{topic}: {} of {n} delivered\n{}", delivered.len(), c.describe());
+    }
+    // The child's records sit in each child partition's owner's log only.
+    for (p, owner) in kid_owners.iter().enumerate() {
+        for node in 0..3 {
+            let dir = c.node(node).data_dir.join(format!("topics/kid/p{p:05}"));
+            let has = std::fs::read_dir(&dir)
+                .map(|d| {
+                    d.filter_map(Result::ok).any(|e| {
+                        e.file_name().to_string_lossy().ends_with(".log")
+                            && e.metadata().is_ok_and(|m| m.len() > 32)
+                    })
+                })
+                .unwrap_or(false);
+            assert!(!has || &c.node(node).id == owner, "kid/{p} committed on n{}", node + 1);
+        }
+    }
+}

@@ -337,7 +337,18 @@ impl Cursor {
                 CommitBatch { topic: child_name.clone(), partition: p as u32, records: group };
             let mut ok = false;
             for attempt in 1..=FANOUT_COMMIT_TRIES {
-                match self.ctx.owner.commit(0, batch.clone()).await {
+                // The child partition's owner, asked again on every try (it
+                // may be placed, or change, meanwhile).
+                let Some((owner, _)) = self.ctx.topology.owner_of(&child_name, p as u32) else {
+                    warn!(parent = %self.key.parent, child = %self.key.child, partition = p, attempt,
+                        "fan-out commit waits: the child partition has no owner yet");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    if self.stopped() {
+                        return false;
+                    }
+                    continue;
+                };
+                match self.ctx.owner.commit(owner, batch.clone()).await {
                     Ok(()) => {
                         ok = true;
                         break;

@@ -72,6 +72,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::dispatch::core::Topology;
 use crate::limits::{
     FANOUT_RECONCILE_INTERVAL, FANOUT_RESTART_BACKOFF_MAX, FANOUT_RESTART_BACKOFF_MIN,
     FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY,
@@ -120,7 +121,6 @@ pub struct FanoutLabels {
 }
 
 /// What cursors share.
-#[derive(Debug)]
 pub struct FanoutCtx {
     /// The metastore.
     pub meta: Arc<MetaStore>,
@@ -128,12 +128,25 @@ pub struct FanoutCtx {
     pub topics: Arc<Topics>,
     /// Where child commits go.
     pub owner: Arc<dyn Owner>,
+    /// Who owns each child partition (the dispatcher's view: this node on
+    /// a single node, the replicated assignments on a cluster node).
+    pub topology: Arc<dyn Topology + Send + Sync>,
+    /// On a cluster node, this member's id: cursors run only for the parent
+    /// partitions it owns (the parent's records are in its owner's log).
+    /// `None` on a single node: every parent partition.
+    pub node_id: Option<String>,
     /// The file layer (cursor files).
     pub fs: FsRef,
     /// Time.
     pub clock: ClockRef,
     /// Metrics.
     pub metrics: Arc<BrokerMetrics>,
+}
+
+impl std::fmt::Debug for FanoutCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FanoutCtx").field("node_id", &self.node_id).finish_non_exhaustive()
+    }
 }
 
 struct Running {
@@ -204,8 +217,11 @@ struct Wanted {
 }
 
 /// The cursors the metastore asks for.
-fn desired(meta: &MetaStore) -> Vec<Wanted> {
+fn desired(meta: &MetaStore, node_id: Option<&str>) -> Vec<Wanted> {
     let snap = meta.snapshot();
+    let mine = |parent: &str, p: u32| {
+        node_id.is_none_or(|me| snap.assignment(parent, p).is_some_and(|a| a.owner_id == me))
+    };
     let mut out = Vec::new();
     for parent in snap.topics().filter(|t| !t.children().is_empty()) {
         for child_name in parent.children() {
@@ -216,7 +232,7 @@ fn desired(meta: &MetaStore) -> Vec<Wanted> {
                 0 => (child.created_at().max(0) as u64) * 1000,
                 ms => ms,
             };
-            for p in 0..parent.partitions() {
+            for p in (0..parent.partitions()).filter(|&p| mine(parent.name(), p)) {
                 out.push(Wanted {
                     key: CursorKey {
                         parent: parent.name().to_owned(),
@@ -266,7 +282,7 @@ impl FanoutRunner {
     /// to stop as unlinked). Cheap when nothing changed. Call with the
     /// links lock held.
     fn reconcile(&self) -> Stopped {
-        let want = desired(&self.ctx.meta);
+        let want = desired(&self.ctx.meta, self.ctx.node_id.as_deref());
         let mut running = self.running();
         let keys: HashSet<&CursorKey> = want.iter().map(|w| &w.key).collect();
         let gone: Vec<CursorKey> = running.keys().filter(|k| !keys.contains(k)).cloned().collect();
