@@ -170,6 +170,47 @@ pub enum Routing {
     },
 }
 
+/// The owner and the view of owners the dispatcher and the fan-out cursors
+/// share, built from a [`Routing`].
+struct Routes {
+    owner: Arc<dyn Owner>,
+    resolver: Arc<dyn Resolver>,
+    topology: Arc<dyn crate::dispatch::core::Topology + Send + Sync>,
+    /// This member's id on a cluster node.
+    node_id: Option<String>,
+}
+
+impl Routes {
+    fn new(
+        routing: Routing,
+        local: &Arc<LocalOwner>,
+        meta: &Arc<MetaStore>,
+        clock: &ClockRef,
+        node_id: &str,
+    ) -> Routes {
+        match routing {
+            Routing::Local => {
+                let r = Arc::new(LocalResolver::new(meta.clone()));
+                Routes {
+                    owner: Arc::new(local.clone()),
+                    resolver: r.clone(),
+                    topology: r,
+                    node_id: None,
+                }
+            }
+            Routing::Cluster { ids, remote, confirmer } => {
+                let r = Arc::new(ClusterResolver::new(meta.clone(), ids, confirmer, clock.clone()));
+                Routes {
+                    owner: Arc::new(RoutedOwner::new(local.clone(), remote)),
+                    resolver: r.clone(),
+                    topology: r,
+                    node_id: Some(node_id.to_owned()),
+                }
+            }
+        }
+    }
+}
+
 /// The broker.
 #[derive(Debug)]
 pub struct Broker {
@@ -305,28 +346,13 @@ impl Broker {
         let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
         // One owner and one view of owners for the dispatcher and the
         // fan-out cursors alike.
-        let (routed, resolver, topology, node_id): (
-            Arc<dyn Owner>,
-            Arc<dyn Resolver>,
-            Arc<dyn crate::dispatch::core::Topology + Send + Sync>,
-            Option<String>,
-        ) = match routing {
-            Routing::Local => {
-                let r = Arc::new(LocalResolver::new(meta.clone()));
-                (Arc::new(owner.clone()), r.clone(), r, None)
-            }
-            Routing::Cluster { ids, remote, confirmer } => {
-                let r = Arc::new(ClusterResolver::new(meta.clone(), ids, confirmer, clock.clone()));
-                let routed = Arc::new(RoutedOwner::new(owner.clone(), remote));
-                (routed, r.clone(), r, Some(config.node_id.clone()))
-            }
-        };
+        let routes = Routes::new(routing, &owner, &meta, &clock, &config.node_id);
         let fanout = FanoutRunner::new(Arc::new(FanoutCtx {
             meta: meta.clone(),
             topics: topics.clone(),
-            owner: routed.clone(),
-            topology,
-            node_id,
+            owner: routes.owner.clone(),
+            topology: routes.topology,
+            node_id: routes.node_id,
             fs: fs.clone(),
             clock: clock.clone(),
             metrics: metrics.clone(),
@@ -355,7 +381,8 @@ impl Broker {
         let wake = Arc::new(Notify::new());
         let w = wake.clone();
         wal.on_durable(Arc::new(move |_| w.notify_one()));
-        let dispatcher = Dispatcher::start(wal, routed, resolver, clock, wake, metrics);
+        let dispatcher =
+            Dispatcher::start(wal, routes.owner, routes.resolver, clock, wake, metrics);
         *broker.dispatcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(dispatcher);
         let fanout_task = tokio::spawn(fanout.run(broker.stop.subscribe()));
         *broker.fanout_task.lock().unwrap_or_else(|p| p.into_inner()) = Some(fanout_task);
