@@ -76,26 +76,63 @@ impl RemoteCommitMetrics {
     pub fn new(registry: &mut Registry) -> Self {
         let m = RemoteCommitMetrics::default();
         registry.register(
-            "narad_ingress_dispatch_remote_commits",
+            "ingress_dispatch_remote_commits",
             "Commits to partitions owned by other nodes, by peer and outcome",
             m.commits.clone(),
         );
         registry.register(
-            "narad_ingress_dispatch_remote_records",
+            "ingress_dispatch_remote_records",
             "Records committed on other nodes, by peer",
             m.records.clone(),
         );
         registry.register(
-            "narad_ingress_dispatch_remote_bytes",
+            "ingress_dispatch_remote_bytes",
             "Payload and key bytes committed on other nodes, by peer",
             m.bytes.clone(),
         );
         registry.register(
-            "narad_ingress_dispatch_legacy_owner_fallbacks",
+            "ingress_dispatch_legacy_owner_fallbacks",
             "Commits sent again without topic incarnation ids to an owner that refused them",
             m.legacy.clone(),
         );
         m
+    }
+}
+
+/// Owners that refused the incarnation section, remembered for
+/// [`LEGACY_OWNER_TTL`] each (then the section is tried again: the owner
+/// may have been upgraded).
+#[derive(Debug)]
+pub struct LegacyOwners {
+    clock: ClockRef,
+    /// Until when (monotonic) each one goes without ids.
+    until: Mutex<HashMap<String, Duration>>,
+}
+
+impl LegacyOwners {
+    /// None remembered yet.
+    pub fn new(clock: ClockRef) -> Self {
+        LegacyOwners { clock, until: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether batches to `member` go without ids now.
+    pub fn is_legacy(&self, member: &str) -> bool {
+        let now = self.clock.mono();
+        let mut l = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        match l.get(member) {
+            Some(&until) if until > now => true,
+            Some(_) => {
+                l.remove(member);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// `member` refused the section just now.
+    pub fn refused(&self, member: &str) {
+        let until = self.clock.mono() + LEGACY_OWNER_TTL;
+        self.until.lock().unwrap_or_else(|p| p.into_inner()).insert(member.to_owned(), until);
     }
 }
 
@@ -105,9 +142,7 @@ pub struct RemoteOwner {
     meta: Arc<MetaStore>,
     transport: Arc<Transport>,
     ids: Arc<OwnerIds>,
-    clock: ClockRef,
-    /// Owners that refused the incarnation section, until when (monotonic).
-    legacy: Mutex<HashMap<String, Duration>>,
+    legacy: LegacyOwners,
     metrics: RemoteCommitMetrics,
 }
 
@@ -120,7 +155,7 @@ impl RemoteOwner {
         clock: ClockRef,
         metrics: RemoteCommitMetrics,
     ) -> Self {
-        RemoteOwner { meta, transport, ids, clock, legacy: Mutex::new(HashMap::new()), metrics }
+        RemoteOwner { meta, transport, ids, legacy: LegacyOwners::new(clock), metrics }
     }
 
     fn address(&self, member: &str) -> Result<SocketAddr, String> {
@@ -133,22 +168,8 @@ impl RemoteOwner {
             .map_err(|e| format!("{member} has a bad cluster address: {e}"))
     }
 
-    fn is_legacy(&self, member: &str) -> bool {
-        let now = self.clock.mono();
-        let mut l = self.legacy.lock().unwrap_or_else(|p| p.into_inner());
-        match l.get(member) {
-            Some(&until) if until > now => true,
-            Some(_) => {
-                l.remove(member);
-                false
-            }
-            None => false,
-        }
-    }
-
     fn mark_legacy(&self, member: &str) {
-        let until = self.clock.mono() + LEGACY_OWNER_TTL;
-        self.legacy.lock().unwrap_or_else(|p| p.into_inner()).insert(member.to_owned(), until);
+        self.legacy.refused(member);
         self.metrics.legacy.get_or_create(&PeerLabel { peer: member.to_owned() }).inc();
     }
 
@@ -167,7 +188,7 @@ impl RemoteOwner {
             .name(owner)
             .ok_or_else(|| CommitError::Failed(format!("owner {owner} has no member id")))?;
         let addr = self.address(&member).map_err(CommitError::Failed)?;
-        let with_ids = !self.is_legacy(&member);
+        let with_ids = !self.legacy.is_legacy(&member);
         let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
         let request = encode_batch(&batch, with_ids);
         let mut reply = call_watched(&peer, &request).await;
@@ -309,4 +330,52 @@ pub(crate) fn log_incarnation_refusal(topic: &str, sent: u64, live: u64) {
         live_incarnation = live,
         "refusing commit records accepted for another topic incarnation"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use narad_broker::owner::BatchRecord;
+    use narad_clock::ManualClock;
+
+    use super::*;
+
+    #[test]
+    fn an_owner_that_refused_ids_gets_none_for_two_minutes_then_is_tried_again() {
+        let clock = ManualClock::new(0);
+        let l = LegacyOwners::new(Arc::new(clock.clone()));
+        assert!(!l.is_legacy("n2"));
+        l.refused("n2");
+        assert!(l.is_legacy("n2") && !l.is_legacy("n3"));
+        clock.advance(LEGACY_OWNER_TTL - Duration::from_millis(1));
+        assert!(l.is_legacy("n2"), "still within the 2 minutes");
+        clock.advance(Duration::from_millis(1));
+        assert!(!l.is_legacy("n2"), "tried with ids again after 2 minutes");
+    }
+
+    #[test]
+    fn a_batch_carries_ids_only_when_asked_and_a_refusal_is_recognised() {
+        let batch = CommitBatch {
+            topic: "t".into(),
+            partition: 2,
+            records: vec![BatchRecord {
+                incarnation: Some(7),
+                key: Some(Bytes::from_static(b"k")),
+                payload: Bytes::from_static(b"{}"),
+                accepted_at_ms: 5,
+            }],
+        };
+        let Request::CommitProduceBatch(with) = encode_batch(&batch, true) else { panic!() };
+        let Request::CommitProduceBatch(without) = encode_batch(&batch, false) else { panic!() };
+        assert_eq!(with[0].incarnation.map(|i| i.get()), Some(7));
+        assert_eq!(without[0].incarnation, None);
+        assert_eq!((with[0].partition, with[0].created_at), (2, 5));
+        // Without ids the bytes are a release from before incarnations'.
+        let old = Request::CommitProduceBatch(without).encode();
+        assert!(Request::CommitProduceBatch(with).encode().len() > old.len());
+        let refusal = Reply::error(400, "bad request: 12 trailing bytes after the last field");
+        assert!(refuses_incarnation_section(&refusal));
+        assert!(!refuses_incarnation_section(&Reply::error(400, "empty commit batch")));
+        assert!(!refuses_incarnation_section(&Reply::error(412, "trailing bytes")));
+    }
 }

@@ -22,9 +22,20 @@ fn key_partition(key: &str, partitions: u32) -> u32 {
 }
 
 /// Creates `name` with `partitions` partitions and a 1 s visibility timeout
-/// through node `i`, and waits until every node shows every partition
-/// owned; returns the owners by partition.
+/// through node `i` once every node is an alive member (so partitions are
+/// spread over all of them), and waits until every node shows every
+/// partition owned; returns the owners by partition.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
+    wait_for(
+        Duration::from_secs(20),
+        "every node an alive member",
+        || {
+            let (status, v) = c.get_json(i, "/v1/cluster/members")?;
+            let alive = v["members"].as_array()?.iter().filter(|m| m["status"] == "alive").count();
+            (status == 200 && alive == c.len()).then_some(())
+        },
+        || c.describe(),
+    );
     let r = c
         .request(i, Method::POST, "/v1/topics")
         .body(
@@ -422,4 +433,168 @@ fn a_parents_records_fan_out_into_child_partitions_other_nodes_own() {
             assert!(!has || &c.node(node).id == owner, "kid/{p} committed on n{}", node + 1);
         }
     }
+}
+
+/// The value of a counter line of node `i`'s `/metrics` that starts with
+/// `series` (name and labels), or 0.
+fn metric(c: &Cluster, i: usize, series: &str) -> f64 {
+    let Ok(r) = c.request(i, Method::GET, "/metrics").send() else { return 0.0 };
+    let body = r.text().unwrap_or_default();
+    body.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The first partition of `owners` not owned by node `i`, and its owner's
+/// index.
+fn remote_partition(c: &Cluster, owners: &[String], i: usize) -> (u32, usize) {
+    let p = owners.iter().position(|o| *o != c.node(i).id).expect("another node owns one");
+    (p as u32, c.index_of(&owners[p]).unwrap())
+}
+
+/// An owner on a release from before topic incarnations refuses the
+/// batch's incarnation section (simulated by a test switch on n2): the
+/// sender commits the batch again without ids, and sends that owner none
+/// for 2 minutes (the clock-driven expiry is unit-tested in
+/// `remote_owner`), so one refusal is all it costs.
+#[test]
+fn an_owner_that_refuses_incarnation_ids_gets_the_records_without_them() {
+    let opts = ClusterOpts::dev().node_env(1, "NARAD_TEST_REFUSE_INCARNATION_SECTION", "1");
+    let c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(15));
+    let owners = create_placed(&c, leader, "mixed", 3);
+    let p = owners.iter().position(|o| o == "n2").expect("n2 owns a partition") as u32;
+    let n = 30u64;
+    for i in 0..n {
+        let r = c
+            .request(0, Method::POST, &format!("/v1/topics/mixed/produce?partition={p}"))
+            .body(json!({"i": i}).to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+        if i == n / 2 {
+            std::thread::sleep(Duration::from_millis(300)); // more than one batch
+        }
+    }
+    let mut delivered = BTreeMap::new();
+    let all: Vec<usize> = (0..3).collect();
+    let done = drain_until(
+        &c,
+        &all,
+        "mixed",
+        &mut delivered,
+        Instant::now() + Duration::from_secs(30),
+        |d| (0..n).all(|i| d.contains_key(&i)),
+    );
+    assert!(done.is_some(), "{} of {n} delivered\n{}", delivered.len(), c.describe());
+    let fallbacks =
+        metric(&c, 0, r#"narad_ingress_dispatch_legacy_owner_fallbacks_total{peer="n2"}"#);
+    let committed = metric(
+        &c,
+        0,
+        r#"narad_ingress_dispatch_remote_commits_total{peer="n2",outcome="committed"}"#,
+    );
+    eprintln!("{fallbacks} fallback(s), {committed} commits to n2");
+    assert_eq!(fallbacks, 1.0, "one refusal, then batches without ids");
+    assert!(committed >= 1.0);
+    assert_eq!(c.node(0).log().matches("sending without ids for 2 minutes").count(), 1);
+}
+
+/// A remote commit carries at most 8 MiB of records: a backlog of 12
+/// records of 900 KiB for a partition another node owns goes in several
+/// commits, and a record near the 1 MiB body limit goes through.
+#[test]
+fn a_remote_backlog_over_8_mib_is_split_and_a_record_near_1_mib_goes_through() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let owners = create_placed(&c, leader, "big", 3);
+    let (p, owner) = remote_partition(&c, &owners, 0);
+    let owner_id = c.node(owner).id.clone();
+    // The owner is paused while the backlog builds, so it goes out at once.
+    c.stop(owner);
+    let pad = "x".repeat(900 << 10);
+    let n = 12u64;
+    for i in 0..n {
+        let r = c
+            .request(0, Method::POST, &format!("/v1/topics/big/produce?partition={p}"))
+            .body(json!({"i": i, "pad": pad}).to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let near = "y".repeat((1 << 20) - 64);
+    let r = c
+        .request(0, Method::POST, &format!("/v1/topics/big/produce?partition={p}"))
+        .body(json!({"i": n, "pad": near}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "a record near 1 MiB is accepted");
+    c.cont(owner);
+    let mut delivered = BTreeMap::new();
+    let all: Vec<usize> = (0..3).collect();
+    let done = drain_until(
+        &c,
+        &all,
+        "big",
+        &mut delivered,
+        Instant::now() + Duration::from_secs(60),
+        |d| (0..=n).all(|i| d.contains_key(&i)),
+    );
+    assert!(done.is_some(), "{} of {} delivered\n{}", delivered.len(), n + 1, c.describe());
+    let series = format!(
+        r#"narad_ingress_dispatch_remote_commits_total{{peer="{owner_id}",outcome="committed"}}"#
+    );
+    let commits = metric(&c, 0, &series);
+    let bytes = metric(
+        &c,
+        0,
+        &format!(r#"narad_ingress_dispatch_remote_bytes_total{{peer="{owner_id}"}}"#),
+    );
+    eprintln!("{commits} commits of {bytes} bytes to {owner_id}");
+    assert!(commits >= 2.0, "~11.5 MiB went in one commit: {commits}");
+    assert!(bytes >= (12 * (900 << 10)) as f64, "{bytes}");
+}
+
+/// SIGSTOP of an owner (its commits hang): the other partitions keep
+/// flowing, its share reroutes after the grace, and after SIGCONT nothing
+/// is missing.
+#[test]
+fn an_owner_paused_with_sigstop_holds_up_nothing_and_loses_nothing() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    create_placed(&c, leader, "pause", 6);
+    let victim = (0..3).find(|&i| i != leader).unwrap();
+    let live: Vec<usize> = (0..3).filter(|&i| i != victim).collect();
+    c.stop(victim);
+    let paused = Instant::now();
+    let n = 300u64;
+    for i in 0..n {
+        let r = c
+            .request(live[(i % 2) as usize], Method::POST, "/v1/topics/pause/produce")
+            .body(json!({"i": i}).to_string())
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "a produce to a live node while an owner is paused");
+    }
+    // While it is paused: everything but the probes (one record per
+    // destination the dispatchers kept for the paused owner) is delivered.
+    let mut delivered = BTreeMap::new();
+    let most =
+        drain_until(&c, &live, "pause", &mut delivered, paused + Duration::from_secs(20), |d| {
+            d.len() as u64 >= n - 8
+        });
+    assert!(most.is_some(), "{} of {n} delivered while paused\n{}", delivered.len(), c.describe());
+    eprintln!("{} of {n} delivered {:?} after the pause", delivered.len(), paused.elapsed());
+    c.cont(victim);
+    let all: Vec<usize> = (0..3).collect();
+    let done = drain_until(
+        &c,
+        &all,
+        "pause",
+        &mut delivered,
+        Instant::now() + Duration::from_secs(40),
+        |d| (0..n).all(|i| d.contains_key(&i)),
+    );
+    assert!(done.is_some(), "{} of {n} delivered after SIGCONT\n{}", delivered.len(), c.describe());
 }
