@@ -521,17 +521,6 @@ impl ClusterNode {
         }
     }
 
-    /// The node RPC address of member `member`.
-    fn member_addr(&self, member: &str) -> Result<SocketAddr, String> {
-        let m = self.meta.snapshot().member(member).cloned();
-        let m = m.ok_or_else(|| format!("{member} is not a member"))?;
-        m.cluster_addr
-            .as_deref()
-            .ok_or_else(|| format!("{member} has no cluster address"))?
-            .parse()
-            .map_err(|e| format!("{member} has a bad cluster address: {e}"))
-    }
-
     /// Sends `request` to `member`, waiting at most `timeout`.
     async fn call_member(
         &self,
@@ -539,7 +528,7 @@ impl ClusterNode {
         request: &Request,
         timeout: Duration,
     ) -> Result<Reply, String> {
-        let addr = self.member_addr(member)?;
+        let addr = member_addr(&self.meta, member)?;
         let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
         peer.call_with_timeout(request, timeout).await.map_err(|e| format!("{member}: {e}"))
     }
@@ -652,6 +641,17 @@ impl ClusterNode {
         // 30 s idle timeout; the process is about to exit, so bound it.
         let _ = tokio::time::timeout(Duration::from_secs(2), self.transport.close()).await;
     }
+}
+
+/// The node RPC address of member `member` in `meta`'s replica.
+pub(crate) fn member_addr(meta: &MetaStore, member: &str) -> Result<SocketAddr, String> {
+    let m = meta.snapshot().member(member).cloned();
+    let m = m.ok_or_else(|| format!("{member} is not a member"))?;
+    m.cluster_addr
+        .as_deref()
+        .ok_or_else(|| format!("{member} has no cluster address"))?
+        .parse()
+        .map_err(|e| format!("{member} has a bad cluster address: {e}"))
 }
 
 /// The leader's confirmation that a topic incarnation is gone (SPEC §7.1):

@@ -19,7 +19,6 @@
 //! | anything else, no answer | | failed: probe, then reroute after 3 s |
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -158,16 +157,6 @@ impl RemoteOwner {
         RemoteOwner { meta, transport, ids, legacy: LegacyOwners::new(clock), metrics }
     }
 
-    fn address(&self, member: &str) -> Result<SocketAddr, String> {
-        let m = self.meta.snapshot().member(member).cloned();
-        let m = m.ok_or_else(|| format!("{member} is not a member"))?;
-        m.cluster_addr
-            .as_deref()
-            .ok_or_else(|| format!("{member} has no cluster address"))?
-            .parse()
-            .map_err(|e| format!("{member} has a bad cluster address: {e}"))
-    }
-
     fn mark_legacy(&self, member: &str) {
         self.legacy.refused(member);
         self.metrics.legacy.get_or_create(&PeerLabel { peer: member.to_owned() }).inc();
@@ -187,7 +176,8 @@ impl RemoteOwner {
             .ids
             .name(owner)
             .ok_or_else(|| CommitError::Failed(format!("owner {owner} has no member id")))?;
-        let addr = self.address(&member).map_err(CommitError::Failed)?;
+        let addr =
+            crate::cluster_node::member_addr(&self.meta, &member).map_err(CommitError::Failed)?;
         let with_ids = !self.legacy.is_legacy(&member);
         let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
         let request = encode_batch(&batch, with_ids);
