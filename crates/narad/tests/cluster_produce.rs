@@ -66,6 +66,19 @@ fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<Stri
     )
 }
 
+/// Whether a partition directory holds a segment with a frame (more than
+/// the 32-byte segment header).
+fn holds_records(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok).any(|e| {
+                e.file_name().to_string_lossy().ends_with(".log")
+                    && e.metadata().is_ok_and(|m| m.len() > 32)
+            })
+        })
+        .unwrap_or(false)
+}
+
 /// One delivered message: (payload's `i`, partition, receipt handle).
 fn messages(body: &str) -> Vec<(u64, u32, String)> {
     let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
@@ -177,15 +190,7 @@ fn records_produced_through_any_node_are_committed_by_their_owner_and_consumed_a
     // Each partition's records sit in its owner's log only.
     for (p, owner) in owners.iter().enumerate() {
         for n in 0..3 {
-            let dir = c.node(n).data_dir.join(format!("topics/work/p{p:05}"));
-            let has = std::fs::read_dir(&dir)
-                .map(|d| {
-                    d.filter_map(Result::ok).any(|e| {
-                        e.file_name().to_string_lossy().ends_with(".log")
-                            && e.metadata().is_ok_and(|m| m.len() > 32)
-                    })
-                })
-                .unwrap_or(false);
+            let has = holds_records(&c.node(n).data_dir.join(format!("topics/work/p{p:05}")));
             assert_eq!(has, &c.node(n).id == owner, "partition {p} on n{}", n + 1);
         }
     }
@@ -421,15 +426,7 @@ fn a_parents_records_fan_out_into_child_partitions_other_nodes_own() {
     // The child's records sit in each child partition's owner's log only.
     for (p, owner) in kid_owners.iter().enumerate() {
         for node in 0..3 {
-            let dir = c.node(node).data_dir.join(format!("topics/kid/p{p:05}"));
-            let has = std::fs::read_dir(&dir)
-                .map(|d| {
-                    d.filter_map(Result::ok).any(|e| {
-                        e.file_name().to_string_lossy().ends_with(".log")
-                            && e.metadata().is_ok_and(|m| m.len() > 32)
-                    })
-                })
-                .unwrap_or(false);
+            let has = holds_records(&c.node(node).data_dir.join(format!("topics/kid/p{p:05}")));
             assert!(!has || &c.node(node).id == owner, "kid/{p} committed on n{}", node + 1);
         }
     }
