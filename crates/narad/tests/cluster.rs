@@ -533,6 +533,8 @@ fn topic_details_show_each_partitions_figures_from_its_owner_and_flag_an_owner_t
     assert_eq!(seen[p]["stats_from"], owner_id.as_str(), "{seen:?}");
     assert_eq!(seen[p]["owner_node"], owner_id.as_str());
     assert_eq!(seen[p]["status"], "ok");
+    let (_, details) = c.get_json(0, "/v1/topics/figs").unwrap();
+    assert!(details.get("partial").is_none(), "every owner answered: {details}");
     assert!(seen[p]["size_bytes"].as_u64().unwrap() > 0, "{seen:?}");
     for s in &seen {
         let from_owner = s["stats_from"] == s["owner_node"];
@@ -549,6 +551,8 @@ fn topic_details_show_each_partitions_figures_from_its_owner_and_flag_an_owner_t
     assert_eq!(stats[p]["stats_from"], "n1", "{stats:?}");
     assert_eq!(stats[p]["next_offset"], 0, "n1's own log of the partition is empty: {stats:?}");
     assert_eq!(stats[p]["owner_liveness"], "alive", "not marked dead yet: {stats:?}");
+    let (_, details) = c.get_json(0, "/v1/topics/figs").unwrap_or_default();
+    assert_eq!(details["partial"], true, "an owner did not answer: {details}");
 }
 
 #[test]

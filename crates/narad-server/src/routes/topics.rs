@@ -196,6 +196,11 @@ struct Details<'a> {
     #[schema(inline)]
     topic: TopicJson<'a>,
     partition_stats: Vec<narad_broker::PartitionStats>,
+    /// `true` when some partition's figures are not its owner's (the owner
+    /// is dead, unknown, not assigned yet, or did not answer: its `status`
+    /// is `owner_unavailable`); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    partial: bool,
 }
 
 /// `GET /v1/topics/{topic}?partition=`.
@@ -237,7 +242,10 @@ pub async fn get(
         )
         .await;
     }
-    let details = Details { topic: t.json_read(), partition_stats };
+    let partial = partition_stats
+        .iter()
+        .any(|p| p.status == narad_broker::ownership::PartitionStatus::OwnerUnavailable);
+    let details = Details { topic: t.json_read(), partition_stats, partial };
     Ok(json_response(StatusCode::OK, to_json(&details)))
 }
 
