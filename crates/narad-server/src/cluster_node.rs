@@ -277,6 +277,19 @@ pub struct ClusterNode {
     /// Members a forwarded request got no answer from, and until when they
     /// are left out of the queue-mode consume's rounds.
     unreachable: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// `narad_cluster_forwarded_requests_total{op,peer,outcome}`.
+    forwarded: Family<ForwardLabels, Counter>,
+}
+
+/// Labels of the forwarded-request counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// The node RPC op (`consume`, `ack`, `extend_ack`, `nack`).
+    pub op: &'static str,
+    /// The member it went to.
+    pub peer: String,
+    /// The owner's status class (`2xx`, `4xx`, `5xx`), or `unreachable`.
+    pub outcome: &'static str,
 }
 
 /// How long a member that did not answer a forwarded request is left out
@@ -430,6 +443,12 @@ impl ClusterNode {
             .map_err(ClusterStartError::Control)?;
         let _ = handler.control.set(control.clone());
         meta.set_replicator(control.clone());
+        let forwarded = Family::<ForwardLabels, Counter>::default();
+        registry.register(
+            "cluster_forwarded_requests",
+            "Consumes, replays and acks forwarded to the partition's owner, by op, peer and outcome",
+            forwarded.clone(),
+        );
         info!(
             node_id = %settings.node_id,
             cluster_addr = %settings.advertised_addr,
@@ -446,6 +465,7 @@ impl ClusterNode {
             membership: OnceLock::new(),
             orphan_task: std::sync::Mutex::new(None),
             unreachable: Default::default(),
+            forwarded,
         }))
     }
 
@@ -731,7 +751,17 @@ impl ClusterView for ClusterNode {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Reply, String>> {
         Box::pin(async move {
+            let op = request.op().name();
             let reply = self.call_member(member, &request, timeout).await;
+            let outcome = match &reply {
+                Ok(r) if r.status < 300 => "2xx",
+                Ok(r) if r.status < 500 => "4xx",
+                Ok(_) => "5xx",
+                Err(_) => "unreachable",
+            };
+            self.forwarded
+                .get_or_create(&ForwardLabels { op, peer: member.to_owned(), outcome })
+                .inc();
             if reply.is_err() {
                 let until = std::time::Instant::now() + PEER_UNREACHABLE_BACKOFF;
                 self.unreachable

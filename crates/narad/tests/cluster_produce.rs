@@ -194,6 +194,13 @@ fn records_produced_through_any_node_are_committed_by_their_owner_and_consumed_a
             assert_eq!(has, &c.node(n).id == owner, "partition {p} on n{}", n + 1);
         }
     }
+    let forwarded = (0..3)
+        .map(|n| metric(&c, n, "narad_cluster_forwarded_requests_total{op=\"consume\""))
+        .sum::<f64>();
+    let acks = (0..3)
+        .map(|n| metric(&c, n, "narad_cluster_forwarded_requests_total{op=\"ack\""))
+        .sum::<f64>();
+    assert!(forwarded > 0.0 && acks > 0.0, "forwarded consumes {forwarded}, acks {acks}");
     // A replay through a node that does not own the partition is served
     // by the owner.
     let (p, owner) = owners.iter().enumerate().find(|(_, o)| *o != &c.node(0).id).unwrap();
