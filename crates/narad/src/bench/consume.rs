@@ -27,7 +27,8 @@ pub const MAX_BATCH: usize = 100;
 /// What every consumer of one run shares.
 #[derive(Debug)]
 pub struct ConsumeCtx {
-    target: Target,
+    /// The nodes; consumer `i` talks to `targets[i % len]`.
+    targets: Vec<Target>,
     consume_path: String,
     ack_path: String,
     batch: usize,
@@ -43,7 +44,7 @@ impl ConsumeCtx {
     /// `wait`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        target: Target,
+        targets: Vec<Target>,
         topic: &str,
         batch: usize,
         wait: Duration,
@@ -52,9 +53,9 @@ impl ConsumeCtx {
         stop_when_empty: bool,
     ) -> ConsumeCtx {
         ConsumeCtx {
-            consume_path: target.path(&format!("/v1/topics/{topic}/consume")),
-            ack_path: target.path(&format!("/v1/topics/{topic}/ack")),
-            target,
+            consume_path: targets[0].path(&format!("/v1/topics/{topic}/consume")),
+            ack_path: targets[0].path(&format!("/v1/topics/{topic}/ack")),
+            targets,
             batch,
             wait_ms: wait.as_millis(),
             rate,
@@ -103,7 +104,8 @@ impl ConsumeTally {
 }
 
 /// One consumer: consume, ack, repeat, until the run ends.
-pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>) -> ConsumeTally {
+pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>, id: usize) -> ConsumeTally {
+    let target = &ctx.targets[id % ctx.targets.len()];
     let mut c = ConsumeTally::default();
     let mut conn = Conn::default();
     let mut pacer = Pacer::new(ctx.rate, ctx.clients, ctx.batch);
@@ -121,7 +123,7 @@ pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>) -> ConsumeTally {
             format!("{}?wait={}ms", ctx.consume_path, ctx.wait_ms)
         };
         let sent = Instant::now();
-        let r = conn.send(&ctx.target, Method::GET, &path, Bytes::new(), false).await;
+        let r = conn.send(target, Method::GET, &path, Bytes::new(), false).await;
         let got_at = Instant::now();
         if let Some(kind) = failure(&r, &[200, 204]) {
             run.refund(want);
@@ -154,7 +156,7 @@ pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>) -> ConsumeTally {
             }
             continue;
         }
-        let acked = ack(&ctx, &mut conn, &handles, &run, &mut c, measured).await;
+        let acked = ack(&ctx, target, &mut conn, &handles, &run, &mut c, measured).await;
         let done = Instant::now();
         if acked > 0 {
             run.live.consumed.fetch_add(acked, Ordering::Relaxed);
@@ -177,6 +179,7 @@ pub async fn consumer(ctx: Arc<ConsumeCtx>, run: Arc<Run>) -> ConsumeTally {
 /// redelivered when its lease expires). Retries are counted, not errors.
 async fn ack(
     ctx: &ConsumeCtx,
+    target: &Target,
     conn: &mut Conn,
     handles: &[String],
     run: &Run,
@@ -192,10 +195,10 @@ async fn ack(
         let todo: &[String] = if attempt == 0 { handles } else { &retry };
         let sent = Instant::now();
         let r = if batch {
-            conn.send(&ctx.target, Method::POST, &ctx.ack_path, ack_body(todo), true).await
+            conn.send(target, Method::POST, &ctx.ack_path, ack_body(todo), true).await
         } else {
             let path = format!("{}?receipt_handle={}", ctx.ack_path, todo[0]);
-            conn.send(&ctx.target, Method::POST, &path, Bytes::new(), false).await
+            conn.send(target, Method::POST, &path, Bytes::new(), false).await
         };
         let done = Instant::now();
         // One status per handle: a batch ack's results, or a single ack's
@@ -245,7 +248,7 @@ pub async fn consume_all(
     clients: usize,
 ) -> Result<ConsumeTally, BoxError> {
     let tasks: Vec<_> =
-        (0..clients).map(|_| tokio::spawn(consumer(ctx.clone(), run.clone()))).collect();
+        (0..clients).map(|i| tokio::spawn(consumer(ctx.clone(), run.clone(), i))).collect();
     let mut total = ConsumeTally::default();
     for task in tasks {
         total.merge(task.await?);
@@ -290,12 +293,12 @@ pub fn run(
         return Err("--wait must be positive (an empty answer ends the run)".into());
     }
     a.runtime()?.block_on(async {
-        let target = Target::resolve(&a.url, a.credentials()).await?;
-        ensure_topic(&target, &a.topic, a.partitions).await?;
+        let targets = Target::resolve_all(&a.url, a.credentials()).await?;
+        ensure_topic(&targets[0], &a.topic, a.partitions).await?;
         let mut out = Fields::new();
         if let Some(n) = prefill {
             let fill_args = LoadArgs { batch: prefill_batch, rate: None, ..a.clone() };
-            let ctx = Arc::new(ProduceCtx::new(&fill_args, target.clone(), false)?);
+            let ctx = Arc::new(ProduceCtx::new(&fill_args, targets.clone(), false)?);
             let run = Arc::new(Run::new(Some(n), None, Duration::ZERO));
             let progress = Progress::start("prefill", run.clone());
             let tally = produce_all(ctx, run.clone(), a.concurrency).await;
@@ -311,8 +314,15 @@ pub fn run(
         // prefill put in; an empty long poll ends any run (drained).
         let count = a.count.or(if a.duration.is_none() { prefill } else { None });
         let run = Arc::new(Run::new(count, a.duration, a.warmup));
-        let ctx =
-            Arc::new(ConsumeCtx::new(target, &a.topic, a.batch, wait, a.rate, a.concurrency, true));
+        let ctx = Arc::new(ConsumeCtx::new(
+            targets,
+            &a.topic,
+            a.batch,
+            wait,
+            a.rate,
+            a.concurrency,
+            true,
+        ));
         let ctrl_c = stop_on_ctrl_c(vec![run.clone()]);
         let progress = Progress::start("consume", run.clone());
         let cpu0 = cpu_seconds();

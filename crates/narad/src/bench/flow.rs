@@ -31,12 +31,12 @@ pub fn run(
         );
     }
     a.runtime()?.block_on(async {
-        let target = Target::resolve(&a.url, a.credentials()).await?;
-        ensure_topic(&target, &a.topic, a.partitions).await?;
-        let pctx = Arc::new(ProduceCtx::new(a, target.clone(), true)?);
+        let targets = Target::resolve_all(&a.url, a.credentials()).await?;
+        ensure_topic(&targets[0], &a.topic, a.partitions).await?;
+        let pctx = Arc::new(ProduceCtx::new(a, targets.clone(), true)?);
         // The --rate cap applies to the producers; consumers take what comes.
         let cctx = Arc::new(ConsumeCtx::new(
-            target,
+            targets,
             &a.topic,
             consume_batch,
             wait,

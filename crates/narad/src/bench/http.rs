@@ -106,6 +106,22 @@ impl Target {
         })
     }
 
+    /// Resolves a comma-separated list of URLs (the nodes of a cluster:
+    /// clients are spread over them in turn).
+    pub async fn resolve_all(
+        urls: &str,
+        credentials: Option<(&str, &str)>,
+    ) -> Result<Vec<Target>, String> {
+        let mut out = Vec::new();
+        for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            out.push(Target::resolve(url, credentials).await?);
+        }
+        if out.is_empty() {
+            return Err(format!("{urls:?}: no URL"));
+        }
+        Ok(out)
+    }
+
     /// The full request path for `path` (which starts with `/`).
     pub fn path(&self, path: &str) -> String {
         format!("{}{path}", self.prefix)
@@ -193,6 +209,17 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_comma_separated_list_gives_one_target_per_node() {
+        let t = Target::resolve_all("http://127.0.0.1:7001, http://127.0.0.1:7002,", None)
+            .await
+            .unwrap();
+        let ports: Vec<u16> = t.iter().map(|t| t.addr.port()).collect();
+        assert_eq!(ports, vec![7001, 7002]);
+        assert!(Target::resolve_all(" , ", None).await.is_err());
+        assert!(Target::resolve_all("http://127.0.0.1:7001,ftp://x", None).await.is_err());
+    }
 
     #[test]
     fn urls_split_into_host_port_and_prefix() {

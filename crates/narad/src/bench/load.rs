@@ -29,7 +29,8 @@ pub enum Keys {
 /// Options shared by `narad bench produce|consume|flow`.
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    /// The server (plain HTTP).
+    /// The server (plain HTTP); several, comma-separated, spread the
+    /// clients over the nodes of a cluster in turn.
     #[arg(long, env = "NARAD_URL", default_value = "http://127.0.0.1:7942")]
     pub url: String,
     /// The topic; created with --partitions if it does not exist.

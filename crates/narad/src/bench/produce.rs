@@ -20,7 +20,8 @@ pub const MAX_BATCH: usize = 1000;
 /// What every producer of one run shares.
 #[derive(Debug)]
 pub struct ProduceCtx {
-    target: Target,
+    /// The nodes; producer `i` talks to `targets[i % len]`.
+    targets: Vec<Target>,
     single_path: String,
     batch_path: String,
     batch: usize,
@@ -33,11 +34,12 @@ pub struct ProduceCtx {
 impl ProduceCtx {
     /// Producers of `a`'s shape; `stamp` puts the produce time into every
     /// payload (for `flow`).
-    pub fn new(a: &LoadArgs, target: Target, stamp: bool) -> Result<ProduceCtx, String> {
+    pub fn new(a: &LoadArgs, targets: Vec<Target>, stamp: bool) -> Result<ProduceCtx, String> {
+        let first = targets.first().ok_or("no target")?;
         Ok(ProduceCtx {
-            single_path: target.path(&format!("/v1/topics/{}/produce", a.topic)),
-            batch_path: target.path(&format!("/v1/topics/{}/produce/batch", a.topic)),
-            target,
+            single_path: first.path(&format!("/v1/topics/{}/produce", a.topic)),
+            batch_path: first.path(&format!("/v1/topics/{}/produce/batch", a.topic)),
+            targets,
             batch: a.batch,
             keys: a.keys,
             payloads: Payloads::new(a.message_bytes, stamp)?,
@@ -54,6 +56,7 @@ pub async fn producer(ctx: Arc<ProduceCtx>, run: Arc<Run>, id: usize) -> Tally {
     let mut conn = Conn::default();
     let mut rng = Rng::new(id as u64 + 1);
     let mut pacer = Pacer::new(ctx.rate, ctx.clients, ctx.batch);
+    let target = &ctx.targets[id % ctx.targets.len()];
     loop {
         let n = run.claim(ctx.batch);
         if n == 0 {
@@ -70,7 +73,7 @@ pub async fn producer(ctx: Arc<ProduceCtx>, run: Arc<Run>, id: usize) -> Tally {
             (Cow::Borrowed(ctx.batch_path.as_str()), ctx.payloads.batch(n, ctx.keys, &mut rng))
         };
         let sent = Instant::now();
-        let r = conn.send(&ctx.target, Method::POST, &path, body, ctx.batch > 1).await;
+        let r = conn.send(target, Method::POST, &path, body, ctx.batch > 1).await;
         let done = Instant::now();
         match failure(&r, &[202]) {
             None => {
@@ -124,9 +127,9 @@ pub fn produce_fields(out: &mut Fields, prefix: &str, t: &Tally, secs: f64, mess
 pub fn run(a: &LoadArgs) -> Result<Fields, BoxError> {
     a.validate(MAX_BATCH)?;
     a.runtime()?.block_on(async {
-        let target = Target::resolve(&a.url, a.credentials()).await?;
-        ensure_topic(&target, &a.topic, a.partitions).await?;
-        let ctx = Arc::new(ProduceCtx::new(a, target, false)?);
+        let targets = Target::resolve_all(&a.url, a.credentials()).await?;
+        ensure_topic(&targets[0], &a.topic, a.partitions).await?;
+        let ctx = Arc::new(ProduceCtx::new(a, targets, false)?);
         let run = Arc::new(Run::new(a.count, a.duration, a.warmup));
         let ctrl_c = stop_on_ctrl_c(vec![run.clone()]);
         let progress = Progress::start("produce", run.clone());
