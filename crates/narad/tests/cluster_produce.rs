@@ -603,9 +603,9 @@ fn an_owner_paused_with_sigstop_holds_up_nothing_and_loses_nothing() {
 
 /// Delete + recreate of a topic while another node's WAL holds a backlog
 /// of the old incarnation for it (the partition's owner is paused, so the
-/// records wait in the accepting node's WAL): none of them ever enters the
-/// new topic; the backlog is discarded once the leader confirms the old
-/// incarnation gone. (That nothing is discarded without the leader's word
+/// records wait in the accepting node's WAL): the backlog is discarded
+/// once the leader confirms the old incarnation gone, and none of it ever
+/// enters the new topic. (That nothing is discarded without the leader's word
 /// is unit-tested in `narad_broker::dispatch::resolve`; a test with the
 /// leader cut off by the network belongs to the network-fault suite.)
 #[test]
@@ -635,7 +635,11 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.cont(owner);
+    // The owner stays paused until the old records were discarded: its
+    // commit in flight fails (unanswered ping), the records go back to the
+    // WAL and resolve against the new incarnation. (Resumed at once, it
+    // may commit them into the old incarnation before it applies the
+    // delete, which is just as right: they go with it.)
     let discarded = wait_for(
         Duration::from_secs(20),
         "the old backlog discarded on the accepting node",
@@ -643,6 +647,29 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
             let d = metric(&c, accept, "narad_dispatch_discarded_total");
             (d >= 1.0).then_some(d)
         },
+        || {
+            let log = c.node(accept).log();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("dispatch") || l.contains("WARN") || l.contains("keeping"))
+                .collect();
+            format!(
+                "leader n{}, owner n{}, accepting n{}; accepting node's dispatch lines:\n{}\n{}",
+                leader + 1,
+                owner + 1,
+                accept + 1,
+                lines.join("\n"),
+                c.describe()
+            )
+        },
+    );
+    c.cont(owner);
+    // The rest (the probe kept for the paused owner) settles too: the
+    // accepting node's backlog drains.
+    wait_for(
+        Duration::from_secs(20),
+        "the accepting node's dispatch backlog drained",
+        || (metric(&c, accept, "narad_ingress_dispatch_backlog_records") == 0.0).then_some(()),
         || c.describe(),
     );
     let new = 0u64..30;
