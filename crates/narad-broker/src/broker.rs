@@ -907,8 +907,13 @@ impl Broker {
             Some(p) => vec![p],
             None => {
                 let start = rt.consume_rr.fetch_add(1, Ordering::Relaxed) as u32 % n.max(1);
-                let owned = self.owned_partitions(t);
-                (0..n).map(|i| (start + i) % n).filter(|p| owned.contains(p)).collect()
+                // Only a cluster node filters (a single node owns them all:
+                // no set built on its consume path).
+                let owned = self.meta.is_replicated().then(|| self.owned_partitions(t));
+                (0..n)
+                    .map(|i| (start + i) % n)
+                    .filter(|p| owned.as_ref().is_none_or(|o| o.contains(p)))
+                    .collect()
             }
         };
         let limits = shard_limits(t);
