@@ -88,6 +88,20 @@ fn receipt() -> Receipt {
     Receipt { topic: "orders".into(), partition: 1, offset: 42, nonce: 7 }
 }
 
+/// The consume of the golden bytes, asking for `max` messages.
+fn consume(max: u32) -> Request {
+    Request::Consume(Consume {
+        topic: "orders".into(),
+        partition: 2,
+        has_partition: true,
+        offset: -1,
+        has_offset: false,
+        wait_nanos: 10_000_000_000,
+        local_only: true,
+        max,
+    })
+}
+
 fn user(body: &'static str) -> UserBody {
     UserBody { username: "alice".into(), body: Bytes::from_static(body.as_bytes()) }
 }
@@ -100,32 +114,8 @@ fn samples() -> Vec<(&'static str, Request)> {
         r
     };
     vec![
-        (
-            "consume",
-            Request::Consume(Consume {
-                topic: "orders".into(),
-                partition: 2,
-                has_partition: true,
-                offset: -1,
-                has_offset: false,
-                wait_nanos: 10_000_000_000,
-                local_only: true,
-                max: 1,
-            }),
-        ),
-        (
-            "consume_max",
-            Request::Consume(Consume {
-                topic: "orders".into(),
-                partition: 2,
-                has_partition: true,
-                offset: -1,
-                has_offset: false,
-                wait_nanos: 10_000_000_000,
-                local_only: true,
-                max: 10,
-            }),
-        ),
+        ("consume", consume(1)),
+        ("consume_max", consume(10)),
         ("ack", Request::Ack(receipt())),
         ("extend_ack", Request::ExtendAck(receipt())),
         ("nack", Request::Nack(receipt())),

@@ -79,6 +79,13 @@ fn holds_records(dir: &std::path::Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Produces `{"i": i}` through node `node` at `path`; it must answer 202.
+fn produce_i(c: &Cluster, node: usize, path: &str, i: u64) {
+    let r = c.request(node, Method::POST, path).body(json!({"i": i}).to_string()).send().unwrap();
+    let status = r.status().as_u16();
+    assert_eq!(status, 202, "produce {i} at {path} through n{}: {}", node + 1, r.text().unwrap());
+}
+
 /// One delivered message: (payload's `i`, partition, receipt handle).
 fn messages(body: &str) -> Vec<(u64, u32, String)> {
     let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
@@ -297,12 +304,7 @@ fn an_owner_killed_under_produce_load_costs_no_acked_record_and_its_records_rero
             s.spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let r = c
-                        .request(node, Method::POST, "/v1/topics/load/produce")
-                        .body(json!({"i": i}).to_string())
-                        .send()
-                        .unwrap();
-                    assert_eq!(r.status().as_u16(), 202, "a produce to a live node");
+                    produce_i(c, node, "/v1/topics/load/produce", i);
                     acked.lock().unwrap().push(i);
                     std::thread::sleep(Duration::from_millis(2));
                 }
@@ -316,16 +318,12 @@ fn an_owner_killed_under_produce_load_costs_no_acked_record_and_its_records_rero
         assert!(killed_ok.is_ok_and(|s| s.success()));
         let killed = Instant::now();
         for m in markers.clone() {
-            let r = c
-                .request(
-                    live[0],
-                    Method::POST,
-                    &format!("/v1/topics/load/produce?partition={victim_partition}"),
-                )
-                .body(json!({"i": m}).to_string())
-                .send()
-                .unwrap();
-            assert_eq!(r.status().as_u16(), 202);
+            produce_i(
+                &c,
+                live[0],
+                &format!("/v1/topics/load/produce?partition={victim_partition}"),
+                m,
+            );
             acked.lock().unwrap().push(m);
         }
         let found =
@@ -410,12 +408,7 @@ fn a_parents_records_fan_out_into_child_partitions_other_nodes_own() {
     );
     let n = 60u64;
     for i in 0..n {
-        let r = c
-            .request((i % 3) as usize, Method::POST, "/v1/topics/parent/produce")
-            .body(json!({"i": i}).to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        produce_i(&c, (i % 3) as usize, "/v1/topics/parent/produce", i);
     }
     let all: Vec<usize> = (0..3).collect();
     for topic in ["kid", "parent"] {
@@ -471,12 +464,7 @@ fn an_owner_that_refuses_incarnation_ids_gets_the_records_without_them() {
     let p = owners.iter().position(|o| o == "n2").expect("n2 owns a partition") as u32;
     let n = 30u64;
     for i in 0..n {
-        let r = c
-            .request(0, Method::POST, &format!("/v1/topics/mixed/produce?partition={p}"))
-            .body(json!({"i": i}).to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        produce_i(&c, 0, &format!("/v1/topics/mixed/produce?partition={p}"), i);
         if i == n / 2 {
             std::thread::sleep(Duration::from_millis(300)); // more than one batch
         }
@@ -572,12 +560,7 @@ fn an_owner_paused_with_sigstop_holds_up_nothing_and_loses_nothing() {
     let paused = Instant::now();
     let n = 300u64;
     for i in 0..n {
-        let r = c
-            .request(live[(i % 2) as usize], Method::POST, "/v1/topics/pause/produce")
-            .body(json!({"i": i}).to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202, "a produce to a live node while an owner is paused");
+        produce_i(&c, live[(i % 2) as usize], "/v1/topics/pause/produce", i);
     }
     // While it is paused: everything but the probes (one record per
     // destination the dispatchers kept for the paused owner) is delivered.
@@ -619,12 +602,7 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
     c.stop(owner);
     let old = 1_000u64..1_050;
     for i in old.clone() {
-        let r = c
-            .request(accept, Method::POST, &format!("/v1/topics/dr/produce?partition={p}"))
-            .body(json!({"i": i}).to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        produce_i(&c, accept, &format!("/v1/topics/dr/produce?partition={p}"), i);
     }
     // Within the reroute grace: the topic is deleted and made again.
     let r = c.request(leader, Method::DELETE, "/v1/topics/dr").send().unwrap();
@@ -674,12 +652,7 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
     );
     let new = 0u64..30;
     for i in new.clone() {
-        let r = c
-            .request((i % 3) as usize, Method::POST, "/v1/topics/dr/produce")
-            .body(json!({"i": i}).to_string())
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 202);
+        produce_i(&c, (i % 3) as usize, "/v1/topics/dr/produce", i);
     }
     let mut delivered = BTreeMap::new();
     let all: Vec<usize> = (0..3).collect();
