@@ -160,6 +160,48 @@ fn the_http_ceiling_answers_202_to_the_same_load_generator() {
 }
 
 #[test]
+fn a_pinned_produce_puts_every_message_into_that_partition() {
+    let s = Server::start("bench-pinned");
+    for batch in ["1", "10"] {
+        let r = bench(&[
+            "produce",
+            "--url",
+            &s.base,
+            "--topic",
+            "pin",
+            "--partitions",
+            "3",
+            "--partition",
+            "2",
+            "--count",
+            "30",
+            "-c",
+            "2",
+            "--batch",
+            batch,
+        ]);
+        assert_eq!(n(&r, "messages"), 30.0);
+        assert_eq!(n(&r, "errors"), 0.0);
+    }
+    let wanted = [0, 0, 60];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let topic: Value = serde_json::from_str(&s.get("/v1/topics/pin").text().unwrap()).unwrap();
+        let next: Vec<u64> = topic["partition_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["next_offset"].as_u64().unwrap())
+            .collect();
+        if next == wanted {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "next offsets by partition: {next:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn bad_options_fail_before_any_load() {
     for args in [
         &["produce", "--batch", "0"][..],
@@ -168,6 +210,7 @@ fn bad_options_fail_before_any_load() {
         &["produce", "--topic", "no spaces"],
         &["produce", "--url", "https://127.0.0.1:1"],
         &["produce", "--user", "u"],
+        &["produce", "--partition", "8"],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_narad"))
             .arg("bench")

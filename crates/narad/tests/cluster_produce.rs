@@ -588,9 +588,8 @@ fn an_owner_paused_with_sigstop_holds_up_nothing_and_loses_nothing() {
 /// of the old incarnation for it (the partition's owner is paused, so the
 /// records wait in the accepting node's WAL): the backlog is discarded
 /// once the leader confirms the old incarnation gone, and none of it ever
-/// enters the new topic. (That nothing is discarded without the leader's word
-/// is unit-tested in `narad_broker::dispatch::resolve`; a test with the
-/// leader cut off by the network belongs to the network-fault suite.)
+/// enters the new topic. (That nothing is discarded without the leader's
+/// word: the next test.)
 #[test]
 fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
     let mut c = Cluster::start(3, ClusterOpts::dev());
@@ -677,4 +676,74 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
     let leaked: Vec<&u64> = delivered.keys().filter(|i| old.contains(i)).collect();
     assert!(leaked.is_empty(), "records of the deleted incarnation in the new topic: {leaked:?}");
     eprintln!("{discarded} old records discarded on the accepting node; none in the new topic");
+}
+
+/// A backlog of a deleted topic on a node that applied the delete stays in
+/// its WAL while the leader cannot confirm the delete (leader and owner
+/// paused with SIGSTOP: no leader is reachable), and is discarded only after
+/// the leader answers again.
+///
+/// The leader is paused right after the delete's 204; the accepting node
+/// re-reads its skipped records about once a second, so it nearly always
+/// asks after the pause. If it already discarded (it asked first), the
+/// scenario did not happen and runs again on a new topic; a node that
+/// discards without asking fails all three attempts.
+#[test]
+fn a_deleted_topics_backlog_is_kept_while_the_leader_cannot_confirm_the_delete() {
+    const DISCARDED: &str = "narad_dispatch_discarded_total";
+    const BACKLOG: &str = "narad_ingress_dispatch_backlog_records";
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    for attempt in 0..3 {
+        let leader = c.leader(Duration::from_secs(15));
+        let topic = format!("lu{attempt}");
+        let owners = create_placed(&c, leader, &topic, 3);
+        let owner = (0..3).find(|&i| i != leader).unwrap();
+        let accept = (0..3).find(|&i| i != leader && i != owner).unwrap();
+        let p = owners.iter().position(|o| *o == c.node(owner).id).unwrap();
+        let before = metric(&c, accept, DISCARDED);
+        c.stop(owner);
+        for i in 0..40 {
+            produce_i(&c, accept, &format!("/v1/topics/{topic}/produce?partition={p}"), i);
+        }
+        // Within the reroute grace: deleted, then the leader paused.
+        let r = c.request(leader, Method::DELETE, &format!("/v1/topics/{topic}")).send().unwrap();
+        assert_eq!(r.status().as_u16(), 204, "{}", r.text().unwrap());
+        c.stop(leader);
+        let settle = |c: &mut Cluster| {
+            c.cont(leader);
+            c.cont(owner);
+            wait_for(
+                Duration::from_secs(30),
+                "the accepting node's dispatch backlog drained",
+                || (metric(c, accept, BACKLOG) == 0.0).then_some(()),
+                || c.describe(),
+            );
+        };
+        if metric(&c, accept, DISCARDED) > before {
+            eprintln!("attempt {attempt}: the accepting node asked before the leader was paused");
+            settle(&mut c);
+            continue;
+        }
+        // Five seconds without a reachable leader: the records stay.
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            assert_eq!(
+                metric(&c, accept, DISCARDED),
+                before,
+                "records discarded while the leader could not confirm the delete\n{}",
+                c.describe()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let held = metric(&c, accept, BACKLOG);
+        assert!(held >= 1.0, "the backlog is still in the WAL: {held}\n{}", c.describe());
+        settle(&mut c);
+        let discarded = metric(&c, accept, DISCARDED) - before;
+        assert!(discarded >= 1.0, "discarded once the leader answered: {discarded}");
+        eprintln!(
+            "attempt {attempt}: {held} records held for 5 s without a leader, {discarded} discarded after"
+        );
+        return;
+    }
+    panic!("in three attempts the accepting node discarded before the leader was paused");
 }

@@ -17,6 +17,7 @@ use super::produce::{self, ProduceCtx, produce_all, produce_fields};
 /// Runs `narad bench flow`.
 pub fn run(
     a: &LoadArgs,
+    consume_url: Option<&str>,
     consumers: usize,
     consume_batch: usize,
     wait: Duration,
@@ -33,10 +34,14 @@ pub fn run(
     a.runtime()?.block_on(async {
         let targets = Target::resolve_all(&a.url, a.credentials()).await?;
         ensure_topic(&targets[0], &a.topic, a.partitions).await?;
-        let pctx = Arc::new(ProduceCtx::new(a, targets.clone(), true)?);
+        let consume_targets = match consume_url {
+            Some(url) => Target::resolve_all(url, a.credentials()).await?,
+            None => targets.clone(),
+        };
+        let pctx = Arc::new(ProduceCtx::new(a, targets, true)?);
         // The --rate cap applies to the producers; consumers take what comes.
         let cctx = Arc::new(ConsumeCtx::new(
-            targets,
+            consume_targets,
             &a.topic,
             consume_batch,
             wait,

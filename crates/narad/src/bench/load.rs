@@ -66,6 +66,12 @@ pub struct LoadArgs {
     /// Message keys.
     #[arg(long, value_enum, default_value_t = Keys::None)]
     pub keys: Keys,
+    /// Produce every message to this partition (`?partition=` on single
+    /// produce, `"partition"` on each batch record) instead of by key or
+    /// spread by the server: with a cluster, all commits local (clients on
+    /// its owner) or all remote (clients on another node).
+    #[arg(long)]
+    pub partition: Option<u32>,
     /// User for HTTP Basic authentication.
     #[arg(long, env = "NARAD_USER")]
     pub user: Option<String>,
@@ -115,6 +121,11 @@ impl LoadArgs {
             && !(r.is_finite() && r > 0.0)
         {
             return Err("--rate must be a positive number of messages per second".into());
+        }
+        if let Some(p) = self.partition
+            && p >= self.partitions
+        {
+            return Err(format!("--partition must be below --partitions ({})", self.partitions));
         }
         if self.count == Some(0) {
             return Err("--count must be positive".into());
@@ -258,7 +269,7 @@ impl Payloads {
     /// `{"messages":[{"key":"k1","payload":"..."},...]}`. The payload is a
     /// JSON string of `bytes - 2` characters, which the server stores as
     /// written: `bytes` bytes with its quotes.
-    pub fn batch(&self, n: usize, keys: Keys, rng: &mut Rng) -> Bytes {
+    pub fn batch(&self, n: usize, keys: Keys, partition: Option<u32>, rng: &mut Rng) -> Bytes {
         let mut out = Vec::with_capacity(16 + n * (self.bytes + 32));
         out.extend_from_slice(b"{\"messages\":[");
         let micros = if self.stamp { unix_micros() } else { 0 };
@@ -267,6 +278,9 @@ impl Payloads {
                 out.push(b',');
             }
             out.push(b'{');
+            if let Some(p) = partition {
+                out.extend_from_slice(format!("\"partition\":{p},").as_bytes());
+            }
             if let Some(k) = next_key(keys, rng) {
                 out.extend_from_slice(format!("\"key\":\"k{k}\",").as_bytes());
             }
@@ -702,7 +716,7 @@ mod tests {
         let mut rng = Rng::new(1);
         for stamp in [false, true] {
             let p = Payloads::new(100, stamp).unwrap();
-            let body = p.batch(3, Keys::Uniform, &mut rng);
+            let body = p.batch(3, Keys::Uniform, Some(4), &mut rng);
             let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
             let msgs = v["messages"].as_array().unwrap();
             assert_eq!(msgs.len(), 3);
@@ -710,12 +724,14 @@ mod tests {
                 // Stored as written: the JSON text with its quotes.
                 assert_eq!(m["payload"].to_string().len(), 100);
                 assert!(m["key"].as_str().unwrap().starts_with('k'));
+                assert_eq!(m["partition"], 4);
             }
             assert_eq!(p.single().len(), 100);
         }
         let v: serde_json::Value = serde_json::from_slice(&Payloads::new(2, false).unwrap().batch(
             1,
             Keys::None,
+            None,
             &mut rng,
         ))
         .unwrap();

@@ -76,6 +76,12 @@ pub struct FlowArgs {
     /// Long-poll wait of each consume.
     #[arg(long, value_parser = load::parse_duration, default_value = "1s")]
     wait: Duration,
+    /// Where the consumers connect (comma-separated, spread in turn;
+    /// default: --url). With a cluster, producers on one node and consumers
+    /// on the partition's owner measure produce → consumable through a
+    /// remote commit.
+    #[arg(long)]
+    consume_url: Option<String>,
 }
 
 /// Options of `narad bench log`.
@@ -215,7 +221,9 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
         }
         BenchCommand::Flow(a) => {
             let consumers = a.consumers.unwrap_or(a.load.concurrency);
-            let fields = flow::run(&a.load, consumers, a.consume_batch, a.wait).map_err(unsend)?;
+            let fields =
+                flow::run(&a.load, a.consume_url.as_deref(), consumers, a.consume_batch, a.wait)
+                    .map_err(unsend)?;
             print_figures("narad bench flow", &fields, a.load.json);
             Ok(())
         }

@@ -26,6 +26,7 @@ pub struct ProduceCtx {
     batch_path: String,
     batch: usize,
     keys: Keys,
+    partition: Option<u32>,
     payloads: Payloads,
     rate: Option<f64>,
     clients: usize,
@@ -37,11 +38,15 @@ impl ProduceCtx {
     pub fn new(a: &LoadArgs, targets: Vec<Target>, stamp: bool) -> Result<ProduceCtx, String> {
         let first = targets.first().ok_or("no target")?;
         Ok(ProduceCtx {
-            single_path: first.path(&format!("/v1/topics/{}/produce", a.topic)),
+            single_path: first.path(&match a.partition {
+                Some(p) => format!("/v1/topics/{}/produce?partition={p}", a.topic),
+                None => format!("/v1/topics/{}/produce", a.topic),
+            }),
             batch_path: first.path(&format!("/v1/topics/{}/produce/batch", a.topic)),
             targets,
             batch: a.batch,
             keys: a.keys,
+            partition: a.partition,
             payloads: Payloads::new(a.message_bytes, stamp)?,
             rate: a.rate,
             clients: a.concurrency,
@@ -65,12 +70,18 @@ pub async fn producer(ctx: Arc<ProduceCtx>, run: Arc<Run>, id: usize) -> Tally {
         pacer.wait().await;
         let (path, body) = if ctx.batch == 1 {
             let path = match next_key(ctx.keys, &mut rng) {
+                Some(k) if ctx.partition.is_some() => {
+                    Cow::Owned(format!("{}&key=k{k}", ctx.single_path))
+                }
                 Some(k) => Cow::Owned(format!("{}?key=k{k}", ctx.single_path)),
                 None => Cow::Borrowed(ctx.single_path.as_str()),
             };
             (path, ctx.payloads.single())
         } else {
-            (Cow::Borrowed(ctx.batch_path.as_str()), ctx.payloads.batch(n, ctx.keys, &mut rng))
+            (
+                Cow::Borrowed(ctx.batch_path.as_str()),
+                ctx.payloads.batch(n, ctx.keys, ctx.partition, &mut rng),
+            )
         };
         let sent = Instant::now();
         let r = conn.send(target, Method::POST, &path, body, ctx.batch > 1).await;
