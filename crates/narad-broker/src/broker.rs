@@ -31,6 +31,7 @@ use crate::dispatch::driver::Dispatcher;
 use crate::dispatch::driver::Resolver;
 use crate::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LocalResolver, OwnerIds};
 use crate::error::BrokerError;
+use crate::fanout::peers::{LAG_PEER_TIMEOUT, LINK_PEER_TIMEOUT, LinkPeers, NewLink, PeerLag};
 use crate::fanout::{ChildLag, FanoutCtx, FanoutRunner, cursor_file};
 use crate::limits::{
     CONSUME_BATCH_BYTES, CONSUME_ERROR_WARN_EVERY, DATA_DIR_WALK_ENTRIES_PER_POLL,
@@ -167,6 +168,9 @@ pub enum Routing {
         remote: Arc<dyn Owner>,
         /// The leader's word on deletions.
         confirmer: Arc<dyn DeleteConfirmer>,
+        /// The owners of a parent's other partitions, for link changes
+        /// and fan-out lag.
+        links: Arc<dyn LinkPeers>,
     },
 }
 
@@ -178,6 +182,8 @@ struct Routes {
     topology: Arc<dyn crate::dispatch::core::Topology + Send + Sync>,
     /// This member's id on a cluster node.
     node_id: Option<String>,
+    /// Other owners of fan-out parents' partitions (cluster only).
+    links: Option<Arc<dyn LinkPeers>>,
 }
 
 impl Routes {
@@ -196,15 +202,17 @@ impl Routes {
                     resolver: r.clone(),
                     topology: r,
                     node_id: None,
+                    links: None,
                 }
             }
-            Routing::Cluster { ids, remote, confirmer } => {
+            Routing::Cluster { ids, remote, confirmer, links } => {
                 let r = Arc::new(ClusterResolver::new(meta.clone(), ids, confirmer, clock.clone()));
                 Routes {
                     owner: Arc::new(RoutedOwner::new(local.clone(), remote)),
                     resolver: r.clone(),
                     topology: r,
                     node_id: Some(node_id.to_owned()),
+                    links: Some(links),
                 }
             }
         }
@@ -227,6 +235,8 @@ pub struct Broker {
     dispatcher: Mutex<Option<Dispatcher>>,
     fanout: Arc<FanoutRunner>,
     fanout_task: Mutex<Option<JoinHandle<()>>>,
+    /// The owners of a parent's other partitions (cluster only).
+    links: Option<Arc<dyn LinkPeers>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stop: tokio::sync::watch::Sender<bool>,
     shutting_down: AtomicBool,
@@ -245,6 +255,62 @@ pub struct Broker {
     frontier_moves_seen: AtomicU64,
     /// See [`Broker::unconfirmed_orphans`].
     unconfirmed_orphans: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// Runs the futures concurrently; their outputs in order.
+async fn futures_join<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    let mut futs: Vec<_> = futs.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, out) in futs.iter_mut().zip(outs.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    outs.into_iter().map(|o| o.expect("every future finished")).collect()
+}
+
+/// A parent's children's lag: this node's figures merged with each other
+/// owner's (`None`: it did not answer). Complete only when every partition
+/// is covered by an answer and every answer is complete.
+fn merge_lags(
+    partitions: u32,
+    here: PeerLag,
+    others: Vec<(String, Vec<u32>, Option<PeerLag>)>,
+) -> Vec<ChildLag> {
+    let mut covered: std::collections::BTreeSet<u32> = here.partitions.iter().copied().collect();
+    let mut out = here.children;
+    let mut answered_all = true;
+    for (_, _, answer) in others {
+        let Some(answer) = answer else {
+            answered_all = false;
+            continue;
+        };
+        covered.extend(answer.partitions.iter().copied());
+        for lag in &mut out {
+            match answer.children.iter().find(|c| c.name == lag.name) {
+                Some(theirs) => lag.merge(theirs),
+                // Their replica does not know the link yet (or any more).
+                None => lag.lag_complete = false,
+            }
+        }
+    }
+    let whole = answered_all && (0..partitions).all(|p| covered.contains(&p));
+    for lag in &mut out {
+        lag.lag_complete &= whole;
+    }
+    out
 }
 
 fn join_err(e: tokio::task::JoinError) -> BrokerError {
@@ -347,6 +413,7 @@ impl Broker {
         // One owner and one view of owners for the dispatcher and the
         // fan-out cursors alike.
         let routes = Routes::new(routing, &owner, &meta, &clock, &config.node_id);
+        let links = routes.links;
         let fanout = FanoutRunner::new(Arc::new(FanoutCtx {
             meta: meta.clone(),
             topics: topics.clone(),
@@ -360,6 +427,7 @@ impl Broker {
         let broker = Arc::new(Broker {
             fanout: fanout.clone(),
             fanout_task: Mutex::new(None),
+            links,
             round_robin: RoundRobin::new(clock.wall_ms() ^ 0x5EED, Duration::from_secs(300)),
             config,
             clock: clock.clone(),
@@ -496,36 +564,39 @@ impl Broker {
         request: CreateTopicRequest,
     ) -> Result<Arc<Topic>, BrokerError> {
         self.check_running()?;
-        // Only a child changes links; a plain create does not wait for them.
-        let links =
-            if request.parent.is_empty() { None } else { Some(self.fanout.lock_links().await) };
-        let (meta, fanout, node) =
-            (self.meta.clone(), self.fanout.clone(), self.config.node_id.clone());
-        let clock = self.clock.clone();
+        let (meta, node, clock) =
+            (self.meta.clone(), self.config.node_id.clone(), self.clock.clone());
+        if request.parent.is_empty() {
+            // Only a child changes links; a plain create does not wait for them.
+            return blocking(move || {
+                let command = meta.resolve_create_topic(request)?;
+                let t = meta.propose_create_topic(command)?;
+                place_after_write(&meta, &t, 0, &node, unix_seconds(&*clock));
+                Ok(t)
+            })
+            .await;
+        }
+        let links = self.fanout.lock_links().await;
+        let m = meta.clone();
+        let command = blocking(move || Ok(m.resolve_create_topic(request)?)).await?;
+        let link = command.parent.as_ref().ok_or_else(|| {
+            BrokerError::internal("create a child", "the resolved create lost its parent")
+        })?;
+        let parent = meta.topic(&link.name).ok_or(BrokerError::TopicNotFound)?;
+        let epoch = parse_epoch(&link.attach_epoch)?;
+        let child = command.name.clone();
+        self.anchor_new_link(&parent, &child, epoch).await?;
+        let fanout = self.fanout.clone();
         let t = blocking(move || {
-            let command = meta.resolve_create_topic(request)?;
-            let anchored = match &command.parent {
-                Some(link) => {
-                    let parent = meta.topic(&link.name).ok_or(BrokerError::TopicNotFound)?;
-                    let epoch = parse_epoch(&link.attach_epoch)?;
-                    fanout.anchor_link(&parent, &command.name, epoch);
-                    Some((parent, command.name.clone(), epoch))
-                }
-                None => None,
-            };
             let t = meta.propose_create_topic(command).map_err(|e| {
-                if let Some((parent, child, epoch)) = &anchored {
-                    fanout.remove_link_files(parent, child, *epoch);
-                }
+                fanout.remove_link_files(&parent, &child, epoch);
                 BrokerError::from(e)
             })?;
             place_after_write(&meta, &t, 0, &node, unix_seconds(&*clock));
             Ok(t)
         })
         .await?;
-        if let Some(links) = &links {
-            self.fanout.reconcile_now(links).await;
-        }
+        self.fanout.reconcile_now(&links).await;
         Ok(t)
     }
 
@@ -533,20 +604,26 @@ impl Broker {
     /// the parent. The child starts at the parent's current high watermark
     /// in every partition: records the parent committed before the attach
     /// are not delivered to it, records committed after it are. Its cursors
-    /// are running when this returns.
+    /// are running when this returns (on a cluster: those on this node;
+    /// the other owners start theirs when their replicas apply the link).
     pub async fn attach_child(
         &self,
         request: AttachChildRequest,
     ) -> Result<Arc<Topic>, BrokerError> {
         self.check_running()?;
         let links = self.fanout.lock_links().await;
-        let (meta, fanout) = (self.meta.clone(), self.fanout.clone());
-        let parent = blocking(move || {
+        let meta = self.meta.clone();
+        let (command, parent) = blocking(move || {
             let command = meta.resolve_attach_child(request)?;
             let parent = meta.topic(&command.parent).ok_or(BrokerError::TopicNotFound)?;
-            let epoch = parse_epoch(&command.attach_epoch)?;
-            let child = command.child.clone();
-            fanout.anchor_link(&parent, &child, epoch);
+            Ok((command, parent))
+        })
+        .await?;
+        let epoch = parse_epoch(&command.attach_epoch)?;
+        let child = command.child.clone();
+        self.anchor_new_link(&parent, &child, epoch).await?;
+        let (meta, fanout) = (self.meta.clone(), self.fanout.clone());
+        let parent = blocking(move || {
             meta.propose_attach_child(command).map_err(|e| {
                 fanout.remove_link_files(&parent, &child, epoch);
                 BrokerError::from(e)
@@ -555,6 +632,68 @@ impl Broker {
         .await?;
         self.fanout.reconcile_now(&links).await;
         Ok(parent)
+    }
+
+    /// Writes the cursor files of a new link at each parent partition's
+    /// high watermark before the link is committed: this node's partitions
+    /// here, every other owner's through it (at most
+    /// [`LINK_PEER_TIMEOUT`]; an owner that does not answer leaves its
+    /// partitions to the attach-time fallback, logged).
+    async fn anchor_new_link(
+        &self,
+        parent: &Arc<Topic>,
+        child: &str,
+        epoch: u64,
+    ) -> Result<(), BrokerError> {
+        let fanout = self.fanout.clone();
+        let (p, c) = (parent.clone(), child.to_owned());
+        blocking(move || Ok(fanout.anchor_link(&p, &c, epoch, &fanout.owned_partitions(&p))))
+            .await?;
+        let Some(peers) = &self.links else { return Ok(()) };
+        let link = NewLink {
+            parent: parent.name().to_owned(),
+            incarnation: parent.incarnation(),
+            child: child.to_owned(),
+            epoch,
+        };
+        let asks = self.other_owners(parent).into_iter().map(|(member, partitions)| {
+            let ask = peers.anchor(&member, &link, &partitions);
+            async move { (member, partitions, tokio::time::timeout(LINK_PEER_TIMEOUT, ask).await) }
+        });
+        for (member, partitions, answer) in futures_join(asks).await {
+            let missing = match answer {
+                Ok(Ok(anchored)) => {
+                    partitions.iter().filter(|p| !anchored.contains(p)).copied().collect()
+                }
+                Ok(Err(e)) => {
+                    warn!(parent = parent.name(), child, peer = %member, error = %e, "an owner could not anchor a new child's cursors; they start from the attach time");
+                    partitions
+                }
+                Err(_) => {
+                    warn!(parent = parent.name(), child, peer = %member, "an owner did not answer the anchor of a new child's cursors in time; they start from the attach time");
+                    partitions
+                }
+            };
+            if !missing.is_empty() {
+                warn!(parent = parent.name(), child, peer = %member, partitions = ?missing, "parent partitions not anchored at their high watermark; their cursors start from the attach time");
+            }
+        }
+        Ok(())
+    }
+
+    /// The other members owning partitions of `parent`, with their
+    /// partitions (cluster only; unassigned partitions are nobody's).
+    fn other_owners(&self, parent: &Topic) -> Vec<(String, Vec<u32>)> {
+        let snap = self.meta.snapshot();
+        let mut out: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+        for p in 0..parent.partitions() {
+            if let Some(a) = snap.assignment(parent.name(), p)
+                && a.owner_id != self.config.node_id
+            {
+                out.entry(a.owner_id.clone()).or_default().push(p);
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// Detaches `child` from `parent`. When this returns the link's cursors
@@ -568,22 +707,117 @@ impl Broker {
         self.fanout.reconcile_now(&links).await;
         if let Some(epoch) = cursor_file::parse_epoch(&link.attach_epoch) {
             // Cursors that never ran left their anchor files behind.
-            let (fanout, child) = (self.fanout.clone(), child.to_owned());
+            let (fanout, child, parent) = (self.fanout.clone(), child.to_owned(), parent.clone());
             blocking(move || Ok(fanout.remove_link_files(&parent, &child, epoch))).await?;
         }
+        self.settle_other_owners(&parent).await;
         Ok(())
     }
 
-    /// The children of `parent`, in attach order, with their fan-out lag.
+    /// After a link change this node has applied: each other owner of
+    /// `parent`'s partitions applies it too and stops the cursors it ends
+    /// before this returns (at most [`LINK_PEER_TIMEOUT`] each; one that
+    /// does not answer stops them within a second of applying it).
+    async fn settle_other_owners(&self, parent: &Topic) {
+        let Some(peers) = &self.links else { return };
+        let applied = self.meta.snapshot().applied_index();
+        let asks = self.other_owners(parent).into_iter().map(|(member, _)| {
+            let ask = peers.settle(&member, applied);
+            async move { (member, tokio::time::timeout(LINK_PEER_TIMEOUT, ask).await) }
+        });
+        for (member, answer) in futures_join(asks).await {
+            match answer {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(parent = parent.name(), peer = %member, error = %e, "an owner did not confirm it stopped a dissolved link's cursors; it stops them when it applies the change")
+                }
+                Err(_) => {
+                    warn!(parent = parent.name(), peer = %member, "an owner did not confirm in time that it stopped a dissolved link's cursors; it stops them when it applies the change")
+                }
+            }
+        }
+    }
+
+    /// The children of `parent`, in attach order, with their fan-out lag
+    /// (on a cluster, every owner's cursors: `lag_complete` only when every
+    /// owner answered within [`LAG_PEER_TIMEOUT`]).
     pub async fn children(&self, parent: &str) -> Result<Vec<ChildLag>, BrokerError> {
         let parent = self.topic(parent)?;
-        let (meta, fanout) = (self.meta.clone(), self.fanout.clone());
-        blocking(move || {
-            let snap = meta.snapshot();
-            let children = parent.children().iter().filter_map(|c| snap.topic(c));
-            Ok(children.map(|c| fanout.child_lag(&parent, c)).collect())
-        })
-        .await
+        let (fanout, p) = (self.fanout.clone(), parent.clone());
+        let here = blocking(move || Ok(fanout.lag_here(&p))).await?;
+        let Some(peers) = &self.links else { return Ok(here.children) };
+        let asks = self.other_owners(&parent).into_iter().map(|(member, partitions)| {
+            let ask = peers.lag(&member, parent.name(), parent.incarnation());
+            async move { (member, partitions, tokio::time::timeout(LAG_PEER_TIMEOUT, ask).await) }
+        });
+        let answers: Vec<(String, Vec<u32>, Option<PeerLag>)> = futures_join(asks)
+            .await
+            .into_iter()
+            .map(|(member, partitions, answer)| {
+                (member, partitions, answer.ok().and_then(Result::ok))
+            })
+            .collect();
+        Ok(merge_lags(parent.partitions(), here, answers))
+    }
+
+    /// This node's figures of `parent`'s children (the owner's side of
+    /// [`LinkPeers::lag`]); `incarnation` must be the one held here.
+    pub async fn fanout_lag_for_peer(
+        &self,
+        parent: &str,
+        incarnation: u64,
+    ) -> Result<PeerLag, BrokerError> {
+        let parent = self.topic_of_incarnation(parent, incarnation)?;
+        let fanout = self.fanout.clone();
+        blocking(move || Ok(fanout.lag_here(&parent))).await
+    }
+
+    /// Anchors another node's new link in this node's partitions of its
+    /// parent (the owner's side of [`LinkPeers::anchor`]); the partitions
+    /// anchored.
+    pub async fn anchor_link_for_peer(
+        &self,
+        link: NewLink,
+        partitions: Vec<u32>,
+    ) -> Result<Vec<u32>, BrokerError> {
+        self.check_running()?;
+        let parent = self.topic_of_incarnation(&link.parent, link.incarnation)?;
+        let _links = self.fanout.lock_links().await;
+        let fanout = self.fanout.clone();
+        blocking(move || Ok(fanout.anchor_for_peer(&parent, &link, &partitions))).await
+    }
+
+    /// Applies the metastore up to `applied_index` (waiting at most
+    /// [`LINK_PEER_TIMEOUT`]) and reconciles the fan-out cursors (the
+    /// owner's side of [`LinkPeers::settle`]).
+    pub async fn settle_links_for_peer(&self, applied_index: u64) -> Result<(), BrokerError> {
+        self.check_running()?;
+        let deadline = tokio::time::Instant::now() + LINK_PEER_TIMEOUT;
+        while self.meta.snapshot().applied_index() < applied_index {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BrokerError::Meta(MetaError::Unavailable(format!(
+                    "this replica has not applied index {applied_index} yet"
+                ))));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let links = self.fanout.lock_links().await;
+        self.fanout.reconcile_now(&links).await;
+        Ok(())
+    }
+
+    /// `name` as this replica holds it, if it is incarnation `incarnation`
+    /// (another one: not found, as the caller knows it).
+    fn topic_of_incarnation(
+        &self,
+        name: &str,
+        incarnation: u64,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        let t = self.topic(name)?;
+        if t.incarnation() != incarnation {
+            return Err(BrokerError::TopicNotFound);
+        }
+        Ok(t)
     }
 
     /// Alters a topic (new partitions are assigned over the alive members).
@@ -1599,6 +1833,47 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lag(name: &str, messages: u64, seconds: f64, complete: bool) -> ChildLag {
+        ChildLag {
+            name: name.into(),
+            delay_ms: 0,
+            lag_messages: messages,
+            lag_seconds: seconds,
+            lag_complete: complete,
+        }
+    }
+
+    #[test]
+    fn a_childs_lag_adds_every_owners_figures_and_is_complete_only_when_all_answered() {
+        let here = PeerLag { partitions: vec![0], children: vec![lag("a", 3, 1.0, true)] };
+        let n2 = PeerLag { partitions: vec![1], children: vec![lag("a", 4, 2.5, true)] };
+        let n3 = PeerLag { partitions: vec![2], children: vec![lag("a", 0, 0.0, true)] };
+        let all = merge_lags(
+            3,
+            here.clone(),
+            vec![("n2".into(), vec![1], Some(n2.clone())), ("n3".into(), vec![2], Some(n3))],
+        );
+        assert_eq!(all, vec![lag("a", 7, 2.5, true)]);
+        // An owner that did not answer: its partitions are not counted.
+        let silent = merge_lags(
+            3,
+            here.clone(),
+            vec![("n2".into(), vec![1], Some(n2.clone())), ("n3".into(), vec![2], None)],
+        );
+        assert_eq!(silent, vec![lag("a", 7, 2.5, false)]);
+        // A partition nobody reports (unassigned): incomplete.
+        assert_eq!(
+            merge_lags(3, here.clone(), vec![("n2".into(), vec![1], Some(n2))]),
+            vec![lag("a", 7, 2.5, false)]
+        );
+        // An owner whose replica does not know the link yet.
+        let unaware = PeerLag { partitions: vec![1, 2], children: vec![] };
+        assert_eq!(
+            merge_lags(3, here, vec![("n2".into(), vec![1, 2], Some(unaware))]),
+            vec![lag("a", 3, 1.0, false)]
+        );
+    }
 
     #[test]
     fn a_small_data_dir_is_walked_on_every_poll_and_a_large_one_at_least_once_a_minute() {

@@ -265,3 +265,50 @@ async fn cursor_file_fault_run(seed: u64) {
     );
     b.shutdown().await.unwrap();
 }
+
+/// An anchor request from another node for a link already committed here
+/// (late, repeated, or a peer that lies) moves no cursor: the child still
+/// gets every record, none skipped to the high watermark. A new link's
+/// anchor is written at the high watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_anchor_never_moves_a_committed_links_cursor() {
+    use narad_broker::fanout::peers::NewLink;
+    let b = broker(Arc::new(SimFs::new(11))).await;
+    create(&b, "ap", "", 0).await;
+    create(&b, "ak", "ap", 0).await;
+    let parent = b.topic("ap").unwrap();
+    let epoch = narad_broker::fanout::cursor_file::parse_epoch(
+        &b.topic("ak").unwrap().parent().unwrap().attach_epoch,
+    )
+    .unwrap();
+    // The child's cursors are stalled behind nothing: produce, and before
+    // they copy everything, a peer asks to anchor the committed link.
+    produce(&b, "ap", 300).await;
+    let link = NewLink {
+        parent: "ap".into(),
+        incarnation: parent.incarnation(),
+        child: "ak".into(),
+        epoch,
+    };
+    let anchored = b.anchor_link_for_peer(link, vec![0, 1, 2]).await.unwrap();
+    assert!(anchored.is_empty(), "a committed link re-anchored in {anchored:?}");
+    let got = drain(&b, "ak", 300, Instant::now() + Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 300, "the child got every record");
+    // Another incarnation is not this one's to anchor.
+    let stale = NewLink {
+        parent: "ap".into(),
+        incarnation: parent.incarnation() + 1,
+        child: "x".into(),
+        epoch: 7,
+    };
+    assert!(b.anchor_link_for_peer(stale, vec![0]).await.is_err());
+    // A link not committed yet: anchored in every partition asked (this
+    // single node owns them all), out-of-range ones ignored.
+    let fresh = NewLink {
+        parent: "ap".into(),
+        incarnation: parent.incarnation(),
+        child: "z".into(),
+        epoch: 9,
+    };
+    assert_eq!(b.anchor_link_for_peer(fresh, vec![0, 2, 99]).await.unwrap(), vec![0, 2]);
+}

@@ -107,11 +107,17 @@ pub enum Op {
     RaftInstallSnapshot = 32,
     /// 33: ask a follower to start an election now (leadership handover).
     RaftCampaign = 33,
+    /// 34: anchor a new fan-out link's cursors on a parent partition's
+    /// owner before the link is committed.
+    AnchorFanoutLink = 34,
+    /// 35: apply the metastore up to an index and stop the fan-out cursors
+    /// of links gone by then.
+    SettleFanoutLinks = 35,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 33] = [
+    pub const ALL: [Op; 35] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -145,6 +151,8 @@ impl Op {
         Op::RaftVote,
         Op::RaftInstallSnapshot,
         Op::RaftCampaign,
+        Op::AnchorFanoutLink,
+        Op::SettleFanoutLinks,
     ];
 
     /// The op of a code byte.
@@ -188,6 +196,8 @@ impl Op {
             Op::RaftVote => "raft_vote",
             Op::RaftInstallSnapshot => "raft_install_snapshot",
             Op::RaftCampaign => "raft_campaign",
+            Op::AnchorFanoutLink => "anchor_fanout_link",
+            Op::SettleFanoutLinks => "settle_fanout_links",
         }
     }
 }
@@ -350,6 +360,40 @@ pub struct PartitionStatsRequest {
     pub incarnation: Option<NonZeroU64>,
 }
 
+/// FanoutCursors (17): `topic` (the parent) and an optional trailing
+/// incarnation (the parent's, as the caller holds it). The answer is this
+/// node's fan-out figures of the parent's children over the partitions
+/// whose cursors run on it (JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FanoutCursorsRequest {
+    /// The parent topic.
+    pub topic: String,
+    /// Its incarnation as the caller holds it.
+    pub incarnation: Option<NonZeroU64>,
+}
+
+/// AnchorFanoutLink (34): `parent, incarnation u64, child, epoch u64,
+/// count u32, count × partition u32` (count at most
+/// [`ANCHOR_MAX_PARTITIONS`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnchorFanoutLink {
+    /// The parent topic.
+    pub parent: String,
+    /// The parent's incarnation.
+    pub incarnation: u64,
+    /// The child topic.
+    pub child: String,
+    /// The new link's attach epoch.
+    pub epoch: u64,
+    /// The parent partitions to anchor (those the caller believes the
+    /// receiver owns).
+    pub partitions: Vec<u32>,
+}
+
+/// The most partitions one AnchorFanoutLink names (a topic has at most
+/// 108; the bound is checked before anything is allocated).
+pub const ANCHOR_MAX_PARTITIONS: u32 = 1024;
+
 /// A request this node serves, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -401,6 +445,12 @@ pub enum Request {
     RaftInstallSnapshot(Bytes),
     /// 33: no fields.
     RaftCampaign,
+    /// 17.
+    FanoutCursors(FanoutCursorsRequest),
+    /// 34.
+    AnchorFanoutLink(AnchorFanoutLink),
+    /// 35: `applied_index u64`.
+    SettleFanoutLinks(u64),
 }
 
 impl Request {
@@ -431,6 +481,9 @@ impl Request {
             Request::RaftVote(_) => Op::RaftVote,
             Request::RaftInstallSnapshot(_) => Op::RaftInstallSnapshot,
             Request::RaftCampaign => Op::RaftCampaign,
+            Request::FanoutCursors(_) => Op::FanoutCursors,
+            Request::AnchorFanoutLink(_) => Op::AnchorFanoutLink,
+            Request::SettleFanoutLinks(_) => Op::SettleFanoutLinks,
         }
     }
 
@@ -532,6 +585,22 @@ impl Request {
                 e.bytes(b);
             }
             Request::RaftCampaign => {}
+            Request::FanoutCursors(r) => {
+                e.str(&r.topic);
+                if let Some(id) = r.incarnation {
+                    e.u64(id.get());
+                }
+            }
+            Request::AnchorFanoutLink(a) => {
+                e.str(&a.parent).u64(a.incarnation).str(&a.child).u64(a.epoch);
+                e.u32(a.partitions.len() as u32);
+                for &p in &a.partitions {
+                    e.u32(p);
+                }
+            }
+            Request::SettleFanoutLinks(index) => {
+                e.u64(*index);
+            }
         }
         e.0
     }
@@ -612,8 +681,13 @@ impl Request {
             Op::RaftVote => Request::RaftVote(d.bytes("rpc")?),
             Op::RaftInstallSnapshot => Request::RaftInstallSnapshot(d.bytes("rpc")?),
             Op::RaftCampaign => Request::RaftCampaign,
+            Op::FanoutCursors => Request::FanoutCursors(FanoutCursorsRequest {
+                topic: d.string("topic")?,
+                incarnation: trailing_incarnation(&mut d)?,
+            }),
+            Op::AnchorFanoutLink => Request::AnchorFanoutLink(anchor(&mut d)?),
+            Op::SettleFanoutLinks => Request::SettleFanoutLinks(d.u64("applied_index")?),
             Op::Produce
-            | Op::FanoutCursors
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk
             | Op::PrepareHandoff
@@ -642,6 +716,23 @@ fn runs(records: &[CommitRecord]) -> Vec<(u32, u64)> {
 
 /// An optional trailing incarnation id (absent when no bytes are left;
 /// 0 is no id and is refused).
+fn anchor(d: &mut Dec<'_>) -> Result<AnchorFanoutLink> {
+    let (parent, incarnation) = (d.string("parent")?, d.u64("incarnation")?);
+    let (child, epoch) = (d.string("child")?, d.u64("epoch")?);
+    let count = d.u32("count")?;
+    if count > ANCHOR_MAX_PARTITIONS || count as usize > d.remaining() / 4 {
+        return Err(Error::InvalidField {
+            field: "count",
+            reason: format!(
+                "{count} partitions (at most {ANCHOR_MAX_PARTITIONS}, {} bytes left)",
+                d.remaining()
+            ),
+        });
+    }
+    let partitions = (0..count).map(|_| d.u32("partition")).collect::<Result<Vec<u32>>>()?;
+    Ok(AnchorFanoutLink { parent, incarnation, child, epoch, partitions })
+}
+
 fn trailing_incarnation(d: &mut Dec<'_>) -> Result<Option<NonZeroU64>> {
     if d.remaining() == 0 {
         return Ok(None);

@@ -50,6 +50,13 @@ const GOLDEN: &[(&str, &str)] = &[
     ("raft_vote", "1f000000027b7d"),
     ("raft_install_snapshot", "20000000027b7d"),
     ("raft_campaign", "21"),
+    ("fanout_cursors", "110000000170"),
+    ("fanout_cursors_incarnation", "1100000001700000000000000009"),
+    (
+        "anchor_fanout_link",
+        "220000000170000000000000000700000001630123456789abcdef000000020000000000000002",
+    ),
+    ("settle_fanout_links", "23000000000000002a"),
     (
         "reply_ok",
         "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
@@ -205,6 +212,28 @@ fn samples() -> Vec<(&'static str, Request)> {
         ("raft_vote", Request::RaftVote(Bytes::from_static(b"{}"))),
         ("raft_install_snapshot", Request::RaftInstallSnapshot(Bytes::from_static(b"{}"))),
         ("raft_campaign", Request::RaftCampaign),
+        (
+            "fanout_cursors",
+            Request::FanoutCursors(FanoutCursorsRequest { topic: "p".into(), incarnation: None }),
+        ),
+        (
+            "fanout_cursors_incarnation",
+            Request::FanoutCursors(FanoutCursorsRequest {
+                topic: "p".into(),
+                incarnation: NonZeroU64::new(9),
+            }),
+        ),
+        (
+            "anchor_fanout_link",
+            Request::AnchorFanoutLink(AnchorFanoutLink {
+                parent: "p".into(),
+                incarnation: 7,
+                child: "c".into(),
+                epoch: 0x0123_4567_89ab_cdef,
+                partitions: vec![0, 2],
+            }),
+        ),
+        ("settle_fanout_links", Request::SettleFanoutLinks(42)),
     ]
 }
 
@@ -258,7 +287,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         assert_eq!(Op::from_u8(*op as u8), Some(*op));
     }
     assert_eq!(Op::from_u8(0), None);
-    assert_eq!(Op::from_u8(34), None);
+    assert_eq!(Op::from_u8(36), None);
     assert_eq!(
         (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
         (11, 20, 21)
@@ -274,11 +303,12 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         .map(|op| op as u8),
         [29, 30, 31, 32, 33]
     );
+    assert_eq!((Op::AnchorFanoutLink as u8, Op::SettleFanoutLinks as u8), (34, 35));
 }
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 17, 22, 28, 34, 99, 255] {
+    for code in [0u8, 1, 22, 28, 36, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);
@@ -302,6 +332,7 @@ fn every_truncation_of_every_request_and_reply_is_refused() {
             // leaves the valid, shorter form.
             let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
                 || (*name == "topic_partition_stats_incarnation" && cut == full.len() - 8)
+                || (*name == "fanout_cursors_incarnation" && cut == full.len() - 8)
                 || (*name == "join_cluster_http" && cut == full.len() - 17)
                 || (*name == "consume_max" && cut == full.len() - 4)
                 || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
@@ -406,6 +437,17 @@ fn a_lying_count_is_refused_before_allocating() {
     ));
     b[0] = Op::GetTopic as u8;
     assert!(Request::decode(&b).is_err());
+}
+
+#[test]
+fn an_anchor_naming_more_partitions_than_it_carries_is_refused_before_allocating() {
+    let mut b = golden("anchor_fanout_link");
+    let at = b.len() - 12;
+    for count in [3u32, ANCHOR_MAX_PARTITIONS + 1, u32::MAX] {
+        b[at..at + 4].copy_from_slice(&count.to_be_bytes());
+        let e = Request::decode(&b).unwrap_err();
+        assert!(matches!(e, Error::InvalidField { field: "count", .. }), "{count}: {e}");
+    }
 }
 
 #[test]

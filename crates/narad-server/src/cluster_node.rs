@@ -54,9 +54,10 @@ const ORPHAN_CONFIRM_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Answers node RPC: the control plane's ops (20, 21, 29-33), a
 /// partition's figures (8), commits of records other nodes accepted for
-/// partitions this node owns (10, 11), and consume, replay and ack of this
-/// node's partitions for clients of other nodes (2, 3, 18, 19). Any other
-/// op is answered `400 unsupported rpc operation N`.
+/// partitions this node owns (10, 11), consume, replay and ack of this
+/// node's partitions for clients of other nodes (2, 3, 18, 19), and fan-out
+/// link changes and lag for the parent partitions it owns (17, 34, 35).
+/// Any other op is answered `400 unsupported rpc operation N`.
 #[derive(Debug)]
 struct NodeHandler {
     node_id: String,
@@ -82,6 +83,24 @@ impl Handler for NodeHandler {
             Request::Ack(r) => return self.resolve_for_peer(r, AckAction::Ack),
             Request::ExtendAck(r) => return self.resolve_for_peer(r, AckAction::Extend),
             Request::Nack(r) => return self.resolve_for_peer(r, AckAction::Nack),
+            Request::FanoutCursors(r) => {
+                return match self.broker.get() {
+                    Some(b) => crate::fanout_peers::lag_for_peer(b, r).await,
+                    None => Reply::error(503, "node is starting"),
+                };
+            }
+            Request::AnchorFanoutLink(a) => {
+                return match self.broker.get() {
+                    Some(b) => crate::fanout_peers::anchor_for_peer(b, a).await,
+                    None => Reply::error(503, "node is starting"),
+                };
+            }
+            Request::SettleFanoutLinks(index) => {
+                return match self.broker.get() {
+                    Some(b) => crate::fanout_peers::settle_for_peer(b, index).await,
+                    None => Reply::error(503, "node is starting"),
+                };
+            }
             _ => {}
         }
         match control.handle(&request).await {
@@ -538,6 +557,10 @@ impl ClusterNode {
             ids,
             remote: Arc::new(RemoteOwnerRef(Arc::new(remote))),
             confirmer: Arc::new(LeaderConfirmer { control: self.control.clone() }),
+            links: Arc::new(crate::fanout_peers::RemoteLinks::new(
+                self.meta.clone(),
+                self.transport.clone(),
+            )),
         }
     }
 

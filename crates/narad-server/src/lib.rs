@@ -26,6 +26,7 @@ pub mod conn;
 pub mod csrf;
 pub mod duration;
 pub mod error;
+pub mod fanout_peers;
 pub mod forward;
 pub mod http_metrics;
 pub mod limits;

@@ -747,3 +747,177 @@ fn a_deleted_topics_backlog_is_kept_while_the_leader_cannot_confirm_the_delete()
     }
     panic!("in three attempts the accepting node discarded before the leader was paused");
 }
+
+/// The sum of `next_offset` over `topic`'s partitions as node `i` reports
+/// them (every owner's figures).
+fn committed(c: &Cluster, i: usize, topic: &str) -> Option<u64> {
+    let (status, v) = c.get_json(i, &format!("/v1/topics/{topic}"))?;
+    (status == 200).then_some(())?;
+    v["partition_stats"].as_array()?.iter().map(|p| p["next_offset"].as_u64()).sum()
+}
+
+/// Attach, lag and detach of a child whose parent's partitions are owned
+/// by three nodes, each change made through a node that owns only one of
+/// them: the child gets every record the parent commits after the attach
+/// answered and none from before; the handling node opens no partition of
+/// the parent it does not own; every node reports the lag of every
+/// owner's cursors (complete, 0 once drained); after the detach answered,
+/// no owner's cursor copies another record.
+#[test]
+fn attach_lag_and_detach_reach_every_owner_of_the_parents_partitions() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let owners = create_placed(&c, leader, "fp", 3);
+    create_placed(&c, leader, "fk", 3);
+    let handler = (leader + 1) % 3;
+    for i in 0..30u64 {
+        produce_i(&c, (i % 3) as usize, "/v1/topics/fp/produce", i);
+    }
+    wait_for(
+        Duration::from_secs(20),
+        "the records from before the attach committed",
+        || (committed(&c, leader, "fp")? == 30).then_some(()),
+        || c.describe(),
+    );
+    let r = c
+        .request(handler, Method::POST, "/v1/topics/fp/children")
+        .body(json!({"child": "fk"}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().unwrap());
+    for (p, owner) in owners.iter().enumerate() {
+        let dir = c.node(handler).data_dir.join(format!("topics/fp/p{p:05}"));
+        assert!(
+            *owner == c.node(handler).id || !dir.exists(),
+            "the attach through n{} opened fp/{p}, which {owner} owns",
+            handler + 1
+        );
+    }
+    let after = 1_000u64..1_030;
+    for i in after.clone() {
+        produce_i(&c, (i % 3) as usize, "/v1/topics/fp/produce", i);
+    }
+    let all: Vec<usize> = (0..3).collect();
+    let mut delivered = BTreeMap::new();
+    let done = drain_until(
+        &c,
+        &all,
+        "fk",
+        &mut delivered,
+        Instant::now() + Duration::from_secs(30),
+        |d| after.clone().all(|i| d.contains_key(&i)),
+    );
+    assert!(done.is_some(), "fk: {} of 30 delivered\n{}", delivered.len(), c.describe());
+    for node in 0..3 {
+        wait_for(
+            Duration::from_secs(20),
+            "every owner's cursors in the lag, nothing left",
+            || {
+                let (status, v) = c.get_json(node, "/v1/topics/fp/children")?;
+                let kid = &v["children"][0];
+                (status == 200
+                    && kid["name"] == "fk"
+                    && kid["lag_complete"] == true
+                    && kid["lag_messages"] == 0)
+                    .then_some(())
+            },
+            || {
+                format!(
+                    "n{}: {:?}\n{}",
+                    node + 1,
+                    c.get_json(node, "/v1/topics/fp/children"),
+                    c.describe()
+                )
+            },
+        );
+    }
+    let r =
+        c.request((leader + 2) % 3, Method::DELETE, "/v1/topics/fp/children/fk").send().unwrap();
+    assert_eq!(r.status().as_u16(), 204, "{}", r.text().unwrap());
+    let post = 2_000u64..2_030;
+    for i in post.clone() {
+        produce_i(&c, (i % 3) as usize, "/v1/topics/fp/produce", i);
+    }
+    wait_for(
+        Duration::from_secs(20),
+        "the records from after the detach committed in the parent",
+        || (committed(&c, leader, "fp")? == 90).then_some(()),
+        || c.describe(),
+    );
+    let _ = drain_until(
+        &c,
+        &all,
+        "fk",
+        &mut delivered,
+        Instant::now() + Duration::from_secs(3),
+        |_| false,
+    );
+    let before: Vec<&u64> = delivered.keys().filter(|i| **i < 30).collect();
+    assert!(before.is_empty(), "records committed before the attach in the child: {before:?}");
+    let late: Vec<&u64> = delivered.keys().filter(|i| post.contains(i)).collect();
+    assert!(late.is_empty(), "records produced after the detach in the child: {late:?}");
+}
+
+/// A delayed child whose parent's partitions are on three nodes: no record
+/// reaches it before its parent commit time + the delay (measured from
+/// before the produce, a lower bound), and every one does.
+#[test]
+fn a_delayed_childs_records_wait_out_the_delay_on_every_owner() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    create_placed(&c, leader, "dp", 3);
+    let r = c
+        .request(leader, Method::POST, "/v1/topics")
+        .body(
+            json!({"name": "dk", "partitions": 3, "parent": "dp", "fanout_delay_ms": 2000})
+                .to_string(),
+        )
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
+    let mut sent = BTreeMap::new();
+    for i in 0..30u64 {
+        sent.insert(i, Instant::now());
+        produce_i(&c, (i % 3) as usize, "/v1/topics/dp/produce", i);
+    }
+    let mut arrived: BTreeMap<u64, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut turn = 0;
+    while arrived.len() < 30 && Instant::now() < deadline {
+        let node = turn % 3;
+        turn += 1;
+        let Ok(r) = c.request(node, Method::GET, "/v1/topics/dk/consume?max=100&wait=100ms").send()
+        else {
+            continue;
+        };
+        if r.status().as_u16() != 200 {
+            continue;
+        }
+        let now = Instant::now();
+        let got = messages(&r.text().unwrap());
+        let handles: Vec<&String> = got.iter().map(|(_, _, h)| h).collect();
+        let _ = c
+            .request(node, Method::POST, "/v1/topics/dk/ack")
+            .body(json!({"receipt_handles": handles}).to_string())
+            .send();
+        for (i, _, _) in got {
+            arrived.entry(i).or_insert(now);
+        }
+    }
+    assert_eq!(
+        arrived.len(),
+        30,
+        "delivered after the delay: {:?}\n{}",
+        arrived.keys(),
+        c.describe()
+    );
+    // Commit times are whole milliseconds on the owner's clock: allow 50 ms.
+    let early: Vec<(u64, Duration)> = arrived
+        .iter()
+        .map(|(i, at)| (*i, at.duration_since(sent[i])))
+        .filter(|(_, waited)| *waited < Duration::from_millis(1950))
+        .collect();
+    assert!(early.is_empty(), "delivered before the 2 s delay: {early:?}");
+    let slowest = arrived.iter().map(|(i, at)| at.duration_since(sent[i])).max().unwrap();
+    eprintln!("30 records through a 2 s delayed child on three owners; slowest after {slowest:?}");
+}

@@ -20,7 +20,9 @@
 //! There is no backfill. Before a link (an attach, or a create with
 //! `parent`) is committed to the metastore, [`FanoutRunner::anchor_link`]
 //! writes the cursor file of the new epoch in every parent partition at
-//! that partition's current high watermark. So a record the parent had
+//! that partition's current high watermark (on a cluster, each owner of a
+//! parent partition writes its own, asked by the node making the change:
+//! [`peers`]). So a record the parent had
 //! committed before the attach never reaches the child, and every record
 //! it commits after the attach answered does (a record accepted earlier but
 //! still in the ingress WAL is committed later, and is delivered). A cursor
@@ -60,6 +62,7 @@
 
 pub mod cursor;
 pub mod cursor_file;
+pub mod peers;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -174,7 +177,7 @@ fn restart_backoff(restarts: u32) -> std::time::Duration {
 }
 
 /// One child's fan-out progress, for `GET /v1/topics/{parent}/children`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChildLag {
     /// The child topic.
@@ -188,10 +191,21 @@ pub struct ChildLag {
     /// record not yet fanned out is, in seconds; 0 when nothing is overdue.
     pub lag_seconds: f64,
     /// Whether every parent partition has a running cursor whose position
-    /// is known. When `false`, `lag_messages` still counts each partition
-    /// whose cursor's last position is known (from memory or its file), and
-    /// leaves out only those where none is.
+    /// is known (on a cluster: and every owner answered). When `false`,
+    /// `lag_messages` still counts each partition whose cursor's last
+    /// position is known (from memory or its file), and leaves out only
+    /// those where none is.
     pub lag_complete: bool,
+}
+
+impl ChildLag {
+    /// Adds another node's figures for the same child (over other
+    /// partitions).
+    pub fn merge(&mut self, other: &ChildLag) {
+        self.lag_messages += other.lag_messages;
+        self.lag_seconds = self.lag_seconds.max(other.lag_seconds);
+        self.lag_complete &= other.lag_complete;
+    }
 }
 
 /// Starts and stops cursors as fan-out links change.
@@ -199,6 +213,10 @@ pub struct FanoutRunner {
     ctx: Arc<FanoutCtx>,
     running: std::sync::Mutex<HashMap<CursorKey, Running>>,
     links: tokio::sync::Mutex<()>,
+    /// Epochs anchored here for another node's link change not committed
+    /// yet, with when: the sweep keeps their files for
+    /// [`peers::PENDING_ANCHOR_TTL`].
+    pending_anchors: std::sync::Mutex<HashMap<u64, std::time::Instant>>,
 }
 
 impl std::fmt::Debug for FanoutRunner {
@@ -265,7 +283,81 @@ impl FanoutRunner {
             ctx,
             running: std::sync::Mutex::new(HashMap::new()),
             links: tokio::sync::Mutex::new(()),
+            pending_anchors: std::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Anchors another node's new link in the partitions of `partitions`
+    /// this node runs cursors for (blocking I/O; call with the links lock
+    /// held): the owner's side of [`peers::LinkPeers::anchor`]. Its files
+    /// are kept from the sweep until the link is committed (or
+    /// [`peers::PENDING_ANCHOR_TTL`] passed).
+    pub fn anchor_for_peer(
+        &self,
+        parent: &Topic,
+        link: &peers::NewLink,
+        partitions: &[u32],
+    ) -> Vec<u32> {
+        // A link already committed here (a late or repeated request, or a
+        // peer that lies) is never re-anchored: moving its cursor to the
+        // high watermark would skip records the child is owed.
+        let snap = self.ctx.meta.snapshot();
+        let committed = parent.children().iter().any(|c| {
+            snap.topic(c)
+                .and_then(|t| t.parent().and_then(|l| cursor_file::parse_epoch(&l.attach_epoch)))
+                == Some(link.epoch)
+        });
+        if committed {
+            return Vec::new();
+        }
+        let mine = self.owned_partitions(parent);
+        let rt = self.ctx.topics.get_open(parent.name(), parent.incarnation());
+        let (mut wanted, mut kept) = (Vec::new(), Vec::new());
+        for p in partitions.iter().copied().filter(|p| mine.contains(p)) {
+            // A file of this epoch already there stays as it is.
+            let existing = rt.as_ref().and_then(|rt| rt.peek_partition(p)).and_then(|part| {
+                cursor_file::peek(&*self.ctx.fs, part.log.dir(), &link.child, link.epoch)
+                    .ok()
+                    .flatten()
+            });
+            if existing.is_some() { kept.push(p) } else { wanted.push(p) }
+        }
+        let now = std::time::Instant::now();
+        {
+            let mut pending = self.pending_anchors.lock().unwrap_or_else(|p| p.into_inner());
+            pending.retain(|_, at| now.duration_since(*at) < peers::PENDING_ANCHOR_TTL);
+            // Bounded: past this, an anchor may be swept before its link
+            // commits, and the cursor falls back to the attach time.
+            if pending.len() < peers::PENDING_ANCHORS_MAX {
+                pending.insert(link.epoch, now);
+            }
+        }
+        let mut anchored = self.anchor_link(parent, &link.child, link.epoch, &wanted);
+        anchored.extend(kept);
+        anchored.sort_unstable();
+        anchored
+    }
+
+    /// Whether the sweep keeps files of `epoch` (anchored for a link
+    /// change not committed yet).
+    fn anchor_pending(&self, epoch: u64) -> bool {
+        let pending = self.pending_anchors.lock().unwrap_or_else(|p| p.into_inner());
+        pending.get(&epoch).is_some_and(|at| at.elapsed() < peers::PENDING_ANCHOR_TTL)
+    }
+
+    /// This node's figures of `parent`'s children over the partitions whose
+    /// cursors run here (blocking): the owner's side of
+    /// [`peers::LinkPeers::lag`].
+    pub fn lag_here(&self, parent: &Topic) -> peers::PeerLag {
+        let partitions = self.owned_partitions(parent);
+        let snap = self.ctx.meta.snapshot();
+        let children = parent
+            .children()
+            .iter()
+            .filter_map(|c| snap.topic(c))
+            .map(|c| self.child_lag(parent, c, &partitions))
+            .collect();
+        peers::PeerLag { partitions, children }
     }
 
     /// Serializes link changes with each other and with the reconciler.
@@ -413,14 +505,34 @@ impl FanoutRunner {
         keys
     }
 
+    /// The partitions of `parent` whose cursors run here: every one on a
+    /// single node, those the replicated assignments give this member on a
+    /// cluster node.
+    pub fn owned_partitions(&self, parent: &Topic) -> Vec<u32> {
+        let Some(me) = self.ctx.node_id.as_deref() else {
+            return (0..parent.partitions()).collect();
+        };
+        let snap = self.ctx.meta.snapshot();
+        (0..parent.partitions())
+            .filter(|&p| snap.assignment(parent.name(), p).is_some_and(|a| a.owner_id == me))
+            .collect()
+    }
+
     /// Writes the cursor file of a new link (`child` under `parent`, epoch
-    /// `epoch`) in every partition of `parent` at its current high
-    /// watermark, before the link is committed (blocking I/O). A partition
-    /// that cannot be opened or written is logged and skipped: its cursor
-    /// falls back to the link's attach time. Returns how many were written.
-    pub fn anchor_link(&self, parent: &Topic, child: &str, epoch: u64) -> u32 {
-        let mut anchored = 0;
-        for p in 0..parent.partitions() {
+    /// `epoch`) in each of `partitions` (of `parent`, held here) at its
+    /// current high watermark, before the link is committed (blocking
+    /// I/O). A partition that cannot be opened or written is logged and
+    /// skipped: its cursor falls back to the link's attach time. Returns the
+    /// partitions anchored.
+    pub fn anchor_link(
+        &self,
+        parent: &Topic,
+        child: &str,
+        epoch: u64,
+        partitions: &[u32],
+    ) -> Vec<u32> {
+        let mut anchored = Vec::new();
+        for &p in partitions.iter().filter(|&&p| p < parent.partitions()) {
             let part = match self.ctx.topics.partition(parent, p) {
                 Ok(part) => part,
                 Err(e) => {
@@ -432,7 +544,7 @@ impl FanoutRunner {
             let path = cursor_file::path(part.log.dir(), epoch);
             let state = CursorState { epoch, next_offset: hwm };
             match cursor_file::store(&*self.ctx.fs, &path, state) {
-                Ok(()) => anchored += 1,
+                Ok(()) => anchored.push(p),
                 Err(e) => {
                     warn!(parent = parent.name(), child, partition = p, error = %e, "cannot anchor a new child's cursor; it starts from the attach time");
                 }
@@ -492,7 +604,9 @@ impl FanoutRunner {
                 for e in entries.iter().filter(|e| !e.is_dir) {
                     let keep = match cursor_file::file_of(&e.name) {
                         None => continue,
-                        Some(CursorFileOf::Epoch(epoch)) => epochs.contains(&epoch),
+                        Some(CursorFileOf::Epoch(epoch)) => {
+                            epochs.contains(&epoch) || self.anchor_pending(epoch)
+                        }
                         Some(CursorFileOf::LegacyChild(child)) => linked.contains(child),
                     };
                     if keep {
@@ -513,16 +627,18 @@ impl FanoutRunner {
         removed
     }
 
-    /// The fan-out progress of `child` under `parent` (blocking: it may read
-    /// one parent record per partition to date the oldest unsent one).
-    pub fn child_lag(&self, parent: &Topic, child: &Topic) -> ChildLag {
+    /// The fan-out progress of `child` under `parent` over `partitions` (of
+    /// `parent`, those whose cursors run here; blocking: it may read one
+    /// parent record per partition to date the oldest unsent one).
+    /// `lag_complete` speaks for those partitions only.
+    pub fn child_lag(&self, parent: &Topic, child: &Topic, partitions: &[u32]) -> ChildLag {
         let link = child.parent().filter(|l| l.name == parent.name());
         let delay_ms = link.map_or(0, |l| l.fanout_delay_ms);
         let epoch = link.and_then(|l| cursor_file::parse_epoch(&l.attach_epoch));
         let rt = self.ctx.topics.get_open(parent.name(), parent.incarnation());
         let now_ms = self.ctx.clock.wall_ms();
         let (mut lag_messages, mut late_ms, mut complete) = (0u64, 0u64, epoch.is_some());
-        for p in 0..parent.partitions() {
+        for &p in partitions {
             let part = rt.as_ref().and_then(|rt| rt.peek_partition(p));
             let (position, alive) = match epoch {
                 None => (None, false),
