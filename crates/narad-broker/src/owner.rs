@@ -50,6 +50,11 @@ pub enum CommitError {
     /// destination is not marked failing.
     #[error("commit refused: {0}")]
     Refused(String),
+    /// The owner's replica says another node owns the partition (a lagging
+    /// replica, a move): like [`CommitError::Refused`], the records are
+    /// resolved again, the destination not marked failing.
+    #[error("commit refused, not the owner: {0}")]
+    NotOwner(String),
     /// The commit failed (storage error, unreachable owner, timeout).
     #[error("commit failed: {0}")]
     Failed(String),

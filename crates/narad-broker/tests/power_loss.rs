@@ -305,7 +305,7 @@ impl Node {
             };
             let outcome = match self.owner.commit_blocking(batch) {
                 Ok(_) => Outcome::Committed,
-                Err(CommitError::Refused(_)) => Outcome::Refused,
+                Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,
                 Err(CommitError::Failed(_)) => Outcome::Failed,
             };
             self.core.finish(o.id, &o.dest, o.items, outcome, now);

@@ -240,6 +240,7 @@ impl NodeHandler {
                 None => Reply::error(404, &format!("topic not found: {why}")),
                 Some(_) => Reply::error(412, &why),
             },
+            Err(CommitError::NotOwner(why)) => Reply::error(421, &why),
             Err(CommitError::Failed(why)) => Reply::error(500, &format!("commit failed: {why}")),
         }
     }

@@ -14,7 +14,7 @@
 //! | 200 `{"offsets","count"}` | durable, read back, visible | committed |
 //! | 412 | another incarnation is live there | refused: back to the WAL, re-resolved, not failing |
 //! | 404 | no such topic in the owner's replica | refused (a lagging replica or a delete) |
-//! | 421 | the owner's replica says another node owns it | refused: re-resolved |
+//! | 421 | the owner's replica says another node owns it | refused (not the owner): re-resolved, not failing |
 //! | 400 naming trailing bytes, with ids sent | an owner from before incarnations | sent again without ids |
 //! | anything else, no answer | | failed: probe, then reroute after 3 s |
 
@@ -218,7 +218,7 @@ impl RemoteOwner {
             }
             421 => {
                 self.count(&member, "not_owner");
-                Err(CommitError::Refused(format!("{member} answered 421: {}", body())))
+                Err(CommitError::NotOwner(format!("{member} answered 421: {}", body())))
             }
             404 => {
                 self.count(&member, "no_topic");

@@ -290,6 +290,11 @@ impl Driver {
             tokio::spawn(async move {
                 let outcome = match tokio::time::timeout(budget, fut).await {
                     Ok(Ok(())) => Outcome::Committed,
+                    Ok(Err(CommitError::NotOwner(why))) => {
+                        warn!(topic = %dest.topic, partition = dest.partition, reason = %why,
+                            "partition owner's replica names another owner; resolving produce records again");
+                        Outcome::Refused
+                    }
                     Ok(Err(CommitError::Refused(why))) => {
                         warn!(topic = %dest.topic, partition = dest.partition, reason = %why,
                             "owner refused produce records accepted for another topic incarnation; checking them again");
