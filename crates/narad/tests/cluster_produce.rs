@@ -921,3 +921,79 @@ fn a_delayed_childs_records_wait_out_the_delay_on_every_owner() {
     let slowest = arrived.iter().map(|(i, at)| at.duration_since(sent[i])).max().unwrap();
     eprintln!("30 records through a 2 s delayed child on three owners; slowest after {slowest:?}");
 }
+
+/// Every method on every data route, through a node that owns none of the
+/// partition it names (so each is forwarded to its owner, or answered
+/// from every owner's figures): no 5xx, and the node goes on serving.
+#[test]
+fn every_method_on_every_data_route_through_a_non_owner_answers_without_a_5xx() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(Duration::from_secs(15));
+    let owners = create_placed(&c, leader, "mt", 3);
+    create_placed(&c, leader, "mc", 3);
+    let via = (leader + 1) % 3;
+    let (p, _) = remote_partition(&c, &owners, via);
+    for i in 0..20 {
+        produce_i(&c, via, &format!("/v1/topics/mt/produce?partition={p}"), i);
+    }
+    let handle = wait_for(
+        Duration::from_secs(20),
+        "a record of the remote partition leased through the non-owner",
+        || {
+            let r = c
+                .request(
+                    via,
+                    Method::GET,
+                    &format!("/v1/topics/mt/consume?partition={p}&wait=200ms"),
+                )
+                .send()
+                .ok()?;
+            (r.status().as_u16() == 200).then_some(())?;
+            let v: Value = serde_json::from_str(&r.text().ok()?).ok()?;
+            v["receipt_handle"].as_str().map(str::to_owned)
+        },
+        || c.describe(),
+    );
+    let batch = json!({"messages": [{"payload": {"i": 1}, "partition": p}]}).to_string();
+    let handles = json!({ "receipt_handles": [handle] }).to_string();
+    let routes: Vec<(String, String)> = vec![
+        (format!("/v1/topics/mt?partition={p}"), json!({"partitions": 6}).to_string()),
+        (format!("/v1/topics/mt/produce?partition={p}"), json!({"i": 2}).to_string()),
+        ("/v1/topics/mt/produce/batch".into(), batch),
+        (format!("/v1/topics/mt/consume?partition={p}&wait=0s"), String::new()),
+        (format!("/v1/topics/mt/consume?partition={p}&offset=0"), String::new()),
+        (format!("/v1/topics/mt/consume?partition={p}&offset=0&max=5"), String::new()),
+        ("/v1/topics/mt/consume?wait=0s&max=5".into(), String::new()),
+        (format!("/v1/topics/mt/ack?receipt_handle={handle}&extend=5s"), String::new()),
+        (format!("/v1/topics/mt/ack?receipt_handle={handle}"), String::new()),
+        ("/v1/topics/mt/ack".into(), handles),
+        ("/v1/topics/mt/children".into(), json!({"child": "mc"}).to_string()),
+        ("/v1/topics/mt/children/mc".into(), String::new()),
+        ("/v1/topics".into(), json!({"name": "mt2"}).to_string()),
+        ("/v1/cluster/members".into(), String::new()),
+        ("/v1/cluster/status".into(), String::new()),
+    ];
+    let methods = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::from_bytes(b"FROB").unwrap(),
+        Method::DELETE,
+    ];
+    let mut server_errors = Vec::new();
+    for method in &methods {
+        for (route, body) in &routes {
+            let r = c.request(via, method.clone(), route).body(body.clone()).send().unwrap();
+            let status = r.status().as_u16();
+            if status >= 500 {
+                server_errors.push(format!("{method} {route}: {status} {}", r.text().unwrap()));
+            }
+        }
+    }
+    assert!(server_errors.is_empty(), "5xx answers:\n{}", server_errors.join("\n"));
+    let r = c.request(via, Method::GET, "/readyz").send().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "the node still serves");
+}
