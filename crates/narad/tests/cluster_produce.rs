@@ -997,3 +997,78 @@ fn every_method_on_every_data_route_through_a_non_owner_answers_without_a_5xx() 
     let r = c.request(via, Method::GET, "/readyz").send().unwrap();
     assert_eq!(r.status().as_u16(), 200, "the node still serves");
 }
+
+/// A node out of file descriptors (a low limit, flooded with idle
+/// connections) while other nodes commit records on its partitions, some
+/// of a topic it has not opened yet: every 202'd record is delivered once
+/// the flood ends, and the node still serves and stays a member.
+#[test]
+fn a_node_out_of_file_descriptors_loses_no_acked_record() {
+    let c = Cluster::start(3, ClusterOpts::dev().nofile(1, 64));
+    // n2 is flooded: every HTTP request goes to n1 or n3 (n2 may lead:
+    // Raft and commits travel over its QUIC socket, opened at start).
+    create_placed(&c, 0, "fd1", 3);
+    // Idle connections until n2's listen backlog is full too (a connect
+    // that does not complete within 200 ms: its SYN was dropped).
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], c.node(1).http_port));
+    let flood: Vec<std::net::TcpStream> = (0..400)
+        .map_while(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok())
+        .collect();
+    eprintln!("{} idle connections to n2", flood.len());
+    // A topic created during the flood: its partitions on n2 are opened
+    // (files) while n2 has no descriptors to spare.
+    let r = c
+        .request(0, Method::POST, "/v1/topics")
+        .body(json!({"name": "fd2", "partitions": 3, "visibility_timeout_ms": 1000}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
+    wait_for(
+        Duration::from_secs(20),
+        "n1 and n3 show every partition of fd2 owned",
+        || {
+            [0, 2]
+                .iter()
+                .all(|&i| {
+                    c.get_json(i, "/v1/topics/fd2").is_some_and(|(status, v)| {
+                        status == 200
+                            && v["partition_stats"]
+                                .as_array()
+                                .is_some_and(|ps| ps.iter().all(|p| p["owner_node"].is_string()))
+                    })
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    let senders: Vec<usize> = vec![0, 2];
+    let n = 60u64;
+    for topic in ["fd1", "fd2"] {
+        for i in 0..n {
+            produce_i(&c, senders[(i % 2) as usize], &format!("/v1/topics/{topic}/produce"), i);
+        }
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    drop(flood);
+    let all: Vec<usize> = (0..3).collect();
+    for topic in ["fd1", "fd2"] {
+        // Every partition, n2's included, through every node.
+        let mut delivered = BTreeMap::new();
+        let done = drain_until(
+            &c,
+            &all,
+            topic,
+            &mut delivered,
+            Instant::now() + Duration::from_secs(40),
+            |d| (0..n).all(|i| d.contains_key(&i)),
+        );
+        assert!(done.is_some(), "{topic}: {} of {n} delivered\n{}", delivered.len(), c.describe());
+    }
+    let r = c.request(1, Method::GET, "/readyz").send().unwrap();
+    assert_eq!(r.status().as_u16(), 200, "n2 serves after the flood\n{}", c.describe());
+    let (_, members) = c.get_json(0, "/v1/cluster/members").unwrap();
+    let alive = members["members"].as_array().unwrap().iter().filter(|m| m["status"] == "alive");
+    assert_eq!(alive.count(), 3, "{members}");
+    // The flood did reach n2's connection limit (half its 64 descriptors).
+    assert!(metric(&c, 1, "narad_http_connections_waited_total") >= 1.0);
+}

@@ -45,6 +45,9 @@ pub struct ClusterOpts {
     /// root password even when `security` is on: an outsider to a secured
     /// cluster.
     pub dev_nodes: Vec<usize>,
+    /// Nodes (by index) started under an open-file limit (soft and hard,
+    /// via `prlimit`).
+    pub nofile: Vec<(usize, u64)>,
 }
 
 impl ClusterOpts {
@@ -73,6 +76,12 @@ impl ClusterOpts {
     /// Starts node `i` with `serve --dev`, without the secret.
     pub fn dev_node(mut self, i: usize) -> ClusterOpts {
         self.dev_nodes.push(i);
+        self
+    }
+
+    /// Starts node `i` under an open-file limit of `n`.
+    pub fn nofile(mut self, i: usize, n: u64) -> ClusterOpts {
+        self.nofile.push((i, n));
         self
     }
 
@@ -271,7 +280,15 @@ impl Cluster {
         assert!(node.child.is_none(), "{} is already running", node.id);
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&node.log_path).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        let mut cmd = match opts.nofile.iter().find(|(n, _)| *n == i) {
+            // prlimit sets the limit on itself and execs: the same PID.
+            Some((_, n)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(env!("CARGO_BIN_EXE_narad"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_narad")),
+        };
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")) {
             cmd.env_remove(k);
         }
