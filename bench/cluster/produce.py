@@ -126,6 +126,7 @@ def spread(a, results):
                 topic = f"p-{shape}"
                 create(c, topic, 6)
                 results[(name, shape)] = cpu_run(a.binary, c, urls, topic, 6, batch, a.secs, a.clients)
+                req(c.url(0, f"/v1/topics/{topic}"), "DELETE")
         finally:
             c.close()
     table("run", results)
@@ -148,24 +149,28 @@ def remote(a):
         figs = {}
         for shape, batch in [("single", 1), ("batch", 100)]:
             topic = f"r-{shape}"
-            create(c, topic, 3)
-            o = owner_of(c, topic)
-            other = (o + 1) % 3
-            for where, i in [("local", o), ("remote", other)]:
+            for where in ["local", "remote"]:
+                create(c, topic, 3)
+                o = owner_of(c, topic)
+                i = o if where == "local" else (o + 1) % 3
                 figs[(shape, where)] = cpu_run(a.binary, c, f"http://127.0.0.1:{c.http[i]}", topic, 3,
                                                batch, a.secs, a.clients, extra=("--partition", "0"))
+                # Gigabytes of records: deleted once measured.
+                req(c.url(0, f"/v1/topics/{topic}"), "DELETE")
         table("commit", figs)
         for shape in ["single", "batch"]:
             r = figs[(shape, "remote")]["server_cpu_us_per_msg"] / max(figs[(shape, "local")]["server_cpu_us_per_msg"], 1e-9)
             print(f"{shape}: remote-commit CPU per record {r:.2f}x local (target <= 2)")
         topic = "r-latency"
-        create(c, topic, 3)
-        o = owner_of(c, topic)
         lat = {}
-        for where, i in [("local", o), ("remote", (o + 1) % 3)]:
+        for where in ["local", "remote"]:
+            create(c, topic, 3)
+            o = owner_of(c, topic)
+            i = o if where == "local" else (o + 1) % 3
             lat[where] = cpu_run(a.binary, c, f"http://127.0.0.1:{c.http[i]}", topic, 3, 1, a.secs, 4, "flow",
                                  ("--partition", "0", "--rate", str(a.rate), "--consumers", "2", "--consume-batch", "100",
                                   "--consume-url", f"http://127.0.0.1:{c.http[o]}"))
+            req(c.url(0, f"/v1/topics/{topic}"), "DELETE")
         for where, f in lat.items():
             if "e2e_p50_ms" not in f:
                 raise SystemExit(f"{where}: no produce -> consume figures: {f}")

@@ -33,6 +33,7 @@ use narad_meta::MetaStore;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
@@ -61,19 +62,42 @@ pub struct PeerLabel {
     pub peer: String,
 }
 
+/// Seconds from sending a commit to its owner's answer: 100 µs to ~26 s.
+fn commit_seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+}
+
 /// The remote owner's metrics.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RemoteCommitMetrics {
     commits: Family<PeerOutcome, Counter>,
     records: Family<PeerLabel, Counter>,
     bytes: Family<PeerLabel, Counter>,
     legacy: Family<PeerLabel, Counter>,
+    seconds: Family<PeerLabel, Histogram, fn() -> Histogram>,
+}
+
+impl Default for RemoteCommitMetrics {
+    fn default() -> Self {
+        RemoteCommitMetrics {
+            commits: Family::default(),
+            records: Family::default(),
+            bytes: Family::default(),
+            legacy: Family::default(),
+            seconds: Family::new_with_constructor(commit_seconds),
+        }
+    }
 }
 
 impl RemoteCommitMetrics {
     /// Registers the families.
     pub fn new(registry: &mut Registry) -> Self {
         let m = RemoteCommitMetrics::default();
+        registry.register(
+            "ingress_dispatch_remote_commit_seconds",
+            "Time from sending a commit to another node to its answer (any answer), by peer",
+            m.seconds.clone(),
+        );
         registry.register(
             "ingress_dispatch_remote_commits",
             "Commits to partitions owned by other nodes, by peer and outcome",
@@ -181,6 +205,7 @@ impl RemoteOwner {
         let with_ids = !self.legacy.is_legacy(&member);
         let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
         let request = encode_batch(&batch, with_ids);
+        let sent = std::time::Instant::now();
         let mut reply = call_watched(&peer, &request).await;
         if with_ids
             && batch.records.iter().any(|r| r.incarnation.is_some())
@@ -190,6 +215,10 @@ impl RemoteOwner {
                 "owner refused the topic incarnation section (an older release); sending without ids for 2 minutes");
             self.mark_legacy(&member);
             reply = call_watched(&peer, &encode_batch(&batch, false)).await;
+        }
+        if reply.is_ok() {
+            let label = PeerLabel { peer: member.clone() };
+            self.metrics.seconds.get_or_create(&label).observe(sent.elapsed().as_secs_f64());
         }
         let reply = match reply {
             Ok(r) => r,

@@ -541,8 +541,14 @@ fn a_remote_backlog_over_8_mib_is_split_and_a_record_near_1_mib_goes_through() {
         0,
         &format!(r#"narad_ingress_dispatch_remote_bytes_total{{peer="{owner_id}"}}"#),
     );
+    let timed = metric(
+        &c,
+        0,
+        &format!(r#"narad_ingress_dispatch_remote_commit_seconds_count{{peer="{owner_id}"}}"#),
+    );
     eprintln!("{commits} commits of {bytes} bytes to {owner_id}");
     assert!(commits >= 2.0, "~11.5 MiB went in one commit: {commits}");
+    assert!(timed >= commits, "every answered commit timed: {timed} of {commits}");
     assert!(bytes >= (12 * (900 << 10)) as f64, "{bytes}");
 }
 
