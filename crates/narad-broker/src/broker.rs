@@ -257,30 +257,6 @@ pub struct Broker {
     unconfirmed_orphans: Mutex<std::collections::BTreeSet<String>>,
 }
 
-/// Runs the futures concurrently; their outputs in order.
-async fn futures_join<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut outs: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    let mut futs: Vec<_> = futs.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, out) in futs.iter_mut().zip(outs.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *out = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
-    })
-    .await;
-    outs.into_iter().map(|o| o.expect("every future finished")).collect()
-}
-
 /// A parent's children's lag: this node's figures merged with each other
 /// owner's (`None`: it did not answer). Complete only when every partition
 /// is covered by an answer and every answer is complete.
@@ -660,7 +636,7 @@ impl Broker {
             let ask = peers.anchor(&member, &link, &partitions);
             async move { (member, partitions, tokio::time::timeout(LINK_PEER_TIMEOUT, ask).await) }
         });
-        for (member, partitions, answer) in futures_join(asks).await {
+        for (member, partitions, answer) in futures_util::future::join_all(asks).await {
             let missing = match answer {
                 Ok(Ok(anchored)) => {
                     partitions.iter().filter(|p| !anchored.contains(p)).copied().collect()
@@ -725,7 +701,7 @@ impl Broker {
             let ask = peers.settle(&member, applied);
             async move { (member, tokio::time::timeout(LINK_PEER_TIMEOUT, ask).await) }
         });
-        for (member, answer) in futures_join(asks).await {
+        for (member, answer) in futures_util::future::join_all(asks).await {
             match answer {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -750,13 +726,14 @@ impl Broker {
             let ask = peers.lag(&member, parent.name(), parent.incarnation());
             async move { (member, partitions, tokio::time::timeout(LAG_PEER_TIMEOUT, ask).await) }
         });
-        let answers: Vec<(String, Vec<u32>, Option<PeerLag>)> = futures_join(asks)
-            .await
-            .into_iter()
-            .map(|(member, partitions, answer)| {
-                (member, partitions, answer.ok().and_then(Result::ok))
-            })
-            .collect();
+        let answers: Vec<(String, Vec<u32>, Option<PeerLag>)> =
+            futures_util::future::join_all(asks)
+                .await
+                .into_iter()
+                .map(|(member, partitions, answer)| {
+                    (member, partitions, answer.ok().and_then(Result::ok))
+                })
+                .collect();
         Ok(merge_lags(parent.partitions(), here, answers))
     }
 
