@@ -264,6 +264,29 @@ fn drain_until(
     }
 }
 
+/// Drains `topic` through `nodes` into `delivered` until every `i` of
+/// `want` was delivered, within `within`; panics with the count and the
+/// cluster's state otherwise.
+fn drain_all(
+    c: &Cluster,
+    nodes: &[usize],
+    topic: &str,
+    delivered: &mut BTreeMap<u64, u32>,
+    want: impl Iterator<Item = u64> + Clone,
+    within: Duration,
+) {
+    let total = want.clone().count();
+    let done = drain_until(c, nodes, topic, delivered, Instant::now() + within, |d| {
+        want.clone().all(|i| d.contains_key(&i))
+    });
+    assert!(
+        done.is_some(),
+        "{topic}: {} of {total} delivered\n{}",
+        want.filter(|i| delivered.contains_key(i)).count(),
+        c.describe()
+    );
+}
+
 /// kill -9 of an owner during a produce load spread over the other nodes:
 /// every produce to a live node keeps answering 202, the dead owner's share
 /// of the records reaches sibling partitions after the reroute grace (3 s
@@ -413,15 +436,7 @@ fn a_parents_records_fan_out_into_child_partitions_other_nodes_own() {
     let all: Vec<usize> = (0..3).collect();
     for topic in ["kid", "parent"] {
         let mut delivered = BTreeMap::new();
-        let done = drain_until(
-            &c,
-            &all,
-            topic,
-            &mut delivered,
-            Instant::now() + Duration::from_secs(30),
-            |d| (0..n).all(|i| d.contains_key(&i)),
-        );
-        assert!(done.is_some(), "{topic}: {} of {n} delivered\n{}", delivered.len(), c.describe());
+        drain_all(&c, &all, topic, &mut delivered, 0..n, Duration::from_secs(30));
     }
     // The child's records sit in each child partition's owner's log only.
     for (p, owner) in kid_owners.iter().enumerate() {
@@ -471,15 +486,7 @@ fn an_owner_that_refuses_incarnation_ids_gets_the_records_without_them() {
     }
     let mut delivered = BTreeMap::new();
     let all: Vec<usize> = (0..3).collect();
-    let done = drain_until(
-        &c,
-        &all,
-        "mixed",
-        &mut delivered,
-        Instant::now() + Duration::from_secs(30),
-        |d| (0..n).all(|i| d.contains_key(&i)),
-    );
-    assert!(done.is_some(), "{} of {n} delivered\n{}", delivered.len(), c.describe());
+    drain_all(&c, &all, "mixed", &mut delivered, 0..n, Duration::from_secs(30));
     let fallbacks =
         metric(&c, 0, r#"narad_ingress_dispatch_legacy_owner_fallbacks_total{peer="n2"}"#);
     let committed = metric(
@@ -523,15 +530,7 @@ fn a_remote_backlog_over_8_mib_is_split_and_a_record_near_1_mib_goes_through() {
     assert_eq!(r.status().as_u16(), 202, "a record near 1 MiB is accepted");
     let mut delivered = BTreeMap::new();
     let all: Vec<usize> = (0..3).collect();
-    let done = drain_until(
-        &c,
-        &all,
-        "big",
-        &mut delivered,
-        Instant::now() + Duration::from_secs(60),
-        |d| (0..=n).all(|i| d.contains_key(&i)),
-    );
-    assert!(done.is_some(), "{} of {} delivered\n{}", delivered.len(), n + 1, c.describe());
+    drain_all(&c, &all, "big", &mut delivered, 0..=n, Duration::from_secs(60));
     let series = format!(
         r#"narad_ingress_dispatch_remote_commits_total{{peer="{owner_id}",outcome="committed"}}"#
     );
@@ -579,15 +578,7 @@ fn an_owner_paused_with_sigstop_holds_up_nothing_and_loses_nothing() {
     eprintln!("{} of {n} delivered {:?} after the pause", delivered.len(), paused.elapsed());
     c.cont(victim);
     let all: Vec<usize> = (0..3).collect();
-    let done = drain_until(
-        &c,
-        &all,
-        "pause",
-        &mut delivered,
-        Instant::now() + Duration::from_secs(40),
-        |d| (0..n).all(|i| d.contains_key(&i)),
-    );
-    assert!(done.is_some(), "{} of {n} delivered after SIGCONT\n{}", delivered.len(), c.describe());
+    drain_all(&c, &all, "pause", &mut delivered, 0..n, Duration::from_secs(40));
 }
 
 /// Delete + recreate of a topic while another node's WAL holds a backlog
@@ -661,15 +652,7 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
     }
     let mut delivered = BTreeMap::new();
     let all: Vec<usize> = (0..3).collect();
-    let done = drain_until(
-        &c,
-        &all,
-        "dr",
-        &mut delivered,
-        Instant::now() + Duration::from_secs(30),
-        |d| new.clone().all(|i| d.contains_key(&i)),
-    );
-    assert!(done.is_some(), "{} of 30 delivered\n{}", delivered.len(), c.describe());
+    drain_all(&c, &all, "dr", &mut delivered, new.clone(), Duration::from_secs(30));
     // A little longer: nothing of the old incarnation shows up.
     let _ = drain_until(
         &c,
@@ -805,15 +788,7 @@ fn attach_lag_and_detach_reach_every_owner_of_the_parents_partitions() {
     }
     let all: Vec<usize> = (0..3).collect();
     let mut delivered = BTreeMap::new();
-    let done = drain_until(
-        &c,
-        &all,
-        "fk",
-        &mut delivered,
-        Instant::now() + Duration::from_secs(30),
-        |d| after.clone().all(|i| d.contains_key(&i)),
-    );
-    assert!(done.is_some(), "fk: {} of 30 delivered\n{}", delivered.len(), c.describe());
+    drain_all(&c, &all, "fk", &mut delivered, after.clone(), Duration::from_secs(30));
     for node in 0..3 {
         wait_for(
             Duration::from_secs(20),
@@ -1060,15 +1035,7 @@ fn a_node_out_of_file_descriptors_loses_no_acked_record() {
     for topic in ["fd1", "fd2"] {
         // Every partition, n2's included, through every node.
         let mut delivered = BTreeMap::new();
-        let done = drain_until(
-            &c,
-            &all,
-            topic,
-            &mut delivered,
-            Instant::now() + Duration::from_secs(40),
-            |d| (0..n).all(|i| d.contains_key(&i)),
-        );
-        assert!(done.is_some(), "{topic}: {} of {n} delivered\n{}", delivered.len(), c.describe());
+        drain_all(&c, &all, topic, &mut delivered, 0..n, Duration::from_secs(40));
     }
     let r = c.request(1, Method::GET, "/readyz").send().unwrap();
     assert_eq!(r.status().as_u16(), 200, "n2 serves after the flood\n{}", c.describe());
