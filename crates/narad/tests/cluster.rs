@@ -148,6 +148,7 @@ fn three_nodes_bootstrap_list_three_alive_members_and_agree_on_one_leader() {
 #[test]
 fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_every_node() {
     let c = Cluster::start(3, ClusterOpts::dev());
+    c.wait_all_alive(Duration::from_secs(20));
     let f = follower(&c, c.leader(Duration::from_secs(15)));
     let (st, body) = create_topic(&c, f, "orders", 3);
     assert_eq!(st, 201, "{body}");
@@ -490,6 +491,7 @@ fn partition_stats(c: &Cluster, i: usize, t: &str) -> Vec<Value> {
 fn topic_details_show_each_partitions_figures_from_its_owner_and_flag_an_owner_that_does_not_answer()
  {
     let mut c = Cluster::start(3, ClusterOpts::dev());
+    c.wait_all_alive(Duration::from_secs(20));
     let leader = c.leader(Duration::from_secs(15));
     assert_eq!(create_topic(&c, leader, "figs", 3).0, 201);
     // Partitions are assigned at create over the live members.
@@ -558,6 +560,7 @@ fn topic_details_show_each_partitions_figures_from_its_owner_and_flag_an_owner_t
 #[test]
 fn a_topic_directory_a_replica_does_not_know_is_removed_only_once_the_leader_confirms_it_is_gone() {
     let mut c = Cluster::start(3, ClusterOpts::dev());
+    c.wait_all_alive(Duration::from_secs(20));
     let leader = c.leader(Duration::from_secs(15));
     let created = create_topic(&c, leader, "kept", 3);
     assert_eq!(created.0, 201, "{created:?}");

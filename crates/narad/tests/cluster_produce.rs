@@ -26,16 +26,7 @@ fn key_partition(key: &str, partitions: u32) -> u32 {
 /// spread over all of them), and waits until every node shows every
 /// partition owned; returns the owners by partition.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
-    wait_for(
-        Duration::from_secs(20),
-        "every node an alive member",
-        || {
-            let (status, v) = c.get_json(i, "/v1/cluster/members")?;
-            let alive = v["members"].as_array()?.iter().filter(|m| m["status"] == "alive").count();
-            (status == 200 && alive == c.len()).then_some(())
-        },
-        || c.describe(),
-    );
+    c.wait_all_alive(Duration::from_secs(20));
     let r = c
         .request(i, Method::POST, "/v1/topics")
         .body(

@@ -453,6 +453,35 @@ impl Cluster {
         self.get_json(i, "/v1/cluster/status").filter(|(s, _)| *s == 200).map(|(_, v)| v)
     }
 
+    /// Waits until every running, unpaused node lists all `len()` nodes as
+    /// alive members (within `timeout`, else a panic with every node's
+    /// state). Partitions are placed over the alive members at create, so a
+    /// test that needs them spread over every node waits for this first:
+    /// a node is ready (HTTP up) before it is an alive member.
+    pub fn wait_all_alive(&self, timeout: Duration) {
+        let n = self.nodes.len();
+        wait_for(
+            timeout,
+            &format!("every running node lists all {n} members alive"),
+            || {
+                self.nodes
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, node)| node.is_running() && !node.paused)
+                    .all(|(i, _)| {
+                        self.get_json(i, "/v1/cluster/members").is_some_and(|(status, v)| {
+                            status == 200
+                                && v["members"].as_array().is_some_and(|m| {
+                                    m.iter().filter(|m| m["status"] == "alive").count() == n
+                                })
+                        })
+                    })
+                    .then_some(())
+            },
+            || self.describe(),
+        );
+    }
+
     /// The index of the leader: a running, unpaused node whose
     /// `/v1/cluster/status` says it leads (the highest term if several
     /// do), within `timeout` (else a panic with every node's status).
