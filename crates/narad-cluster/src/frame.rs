@@ -262,6 +262,25 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Res
     Ok(())
 }
 
+/// Writes one frame whose payload is `chunks` in order, without copying
+/// them: QUIC keeps each chunk until the peer acknowledges it, so a
+/// commit's record payloads go from the caller's buffers straight into
+/// packets. An oversized payload writes nothing.
+pub async fn write_frame_chunks(
+    send: &mut quinn::SendStream,
+    kind: FrameType,
+    request_id: u64,
+    chunks: Vec<Bytes>,
+) -> Result<()> {
+    let len = chunks.iter().map(Bytes::len).sum::<usize>();
+    check_len(len as u64)?;
+    let header = Header { kind, request_id, len: len as u32 };
+    let mut all = Vec::with_capacity(chunks.len() + 1);
+    all.push(Bytes::copy_from_slice(&header.encode()));
+    all.extend(chunks);
+    send.write_all_chunks(&mut all).await.map_err(|e| Error::Io(e.into()))
+}
+
 #[cfg(test)]
 #[path = "frame_tests.rs"]
 mod tests;

@@ -27,7 +27,7 @@
 //!   non-zero id, so every batch has one encoding. Without ids the bytes
 //!   are exactly those of a release that knows no incarnations.
 
-use crate::codec::{Dec, Enc};
+use crate::codec::{self, Dec, Enc};
 use crate::error::{Error, Result};
 use crate::limits::{
     COMMIT_TIMEOUT, CONSUME_MAX_WAIT, CREATE_FORWARD_TIMEOUT, DELETE_FORWARD_TIMEOUT,
@@ -296,7 +296,7 @@ impl CommitRecord {
         e.str(&self.topic)
             .bytes(self.key.as_deref().unwrap_or_default())
             .i32(self.partition)
-            .bytes(&self.payload)
+            .shared(&self.payload)
             .i64(self.created_at);
     }
 
@@ -514,7 +514,15 @@ impl Request {
 
     /// The request's bytes (the NodeRequest payload).
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
+        codec::concat(&self.encode_chunks())
+    }
+
+    /// The request's bytes as chunks, in order: record payloads and bodies
+    /// of at least [`codec::SHARE_MIN_BYTES`] are references to the
+    /// request's own buffers, not copies (the transport hands the chunks to
+    /// QUIC as they are). Concatenated they are [`Request::encode`].
+    pub fn encode_chunks(&self) -> Vec<Bytes> {
+        let mut e = Enc::with_capacity(self.field_bytes_hint());
         e.u8(self.op() as u8);
         match self {
             Request::Consume(c) => {
@@ -533,7 +541,7 @@ impl Request {
                 e.str(&r.topic).i32(r.partition).i64(r.offset).i64(r.nonce);
             }
             Request::CreateTopic(t) | Request::AlterTopic(t) => {
-                e.str(&t.topic).bytes(&t.body);
+                e.str(&t.topic).shared(&t.body);
             }
             Request::DeleteTopic(t) | Request::PurgeTopic(t) | Request::GetTopic(t) => {
                 e.str(t);
@@ -567,7 +575,7 @@ impl Request {
                 }
             }
             Request::CreateUser(u) | Request::UpdateUser(u) | Request::DeleteUser(u) => {
-                e.str(&u.username).bytes(&u.body);
+                e.str(&u.username).shared(&u.body);
             }
             Request::AttachChild(l) | Request::DetachChild(l) => {
                 e.str(&l.parent).str(&l.child).i64(l.delay_ms);
@@ -582,7 +590,7 @@ impl Request {
             | Request::RaftAppendEntries(b)
             | Request::RaftVote(b)
             | Request::RaftInstallSnapshot(b) => {
-                e.bytes(b);
+                e.shared(b);
             }
             Request::RaftCampaign => {}
             Request::FanoutCursors(r) => {
@@ -602,7 +610,31 @@ impl Request {
                 e.u64(*index);
             }
         }
-        e.0
+        e.into_chunks()
+    }
+
+    /// About how many bytes the encoding holds outside shared chunks (the
+    /// field buffer's first capacity; a batch's is sized so it is not
+    /// regrown record by record).
+    fn field_bytes_hint(&self) -> usize {
+        // A record's fields besides topic, key and payload: four lengths,
+        // partition, created_at, and room for its incarnation run.
+        const RECORD_FIELDS: usize = 4 * 4 + 4 + 8 + 12;
+        let copied = |b: &[u8]| if b.len() < codec::SHARE_MIN_BYTES { b.len() } else { 0 };
+        match self {
+            Request::CommitProduceBatch(records) => {
+                16 + records
+                    .iter()
+                    .map(|r| {
+                        RECORD_FIELDS
+                            + r.topic.len()
+                            + copied(r.key.as_deref().unwrap_or_default())
+                            + copied(&r.payload)
+                    })
+                    .sum::<usize>()
+            }
+            _ => 256,
+        }
     }
 
     /// Decodes a NodeRequest payload.
@@ -887,9 +919,15 @@ impl Reply {
 
     /// The reply's bytes (the NodeReply payload).
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::default();
-        e.u16(self.status).str(&self.content_type).bytes(&self.body);
-        e.0
+        codec::concat(&self.encode_chunks())
+    }
+
+    /// The reply's bytes as chunks (a large body is a reference, not a
+    /// copy); concatenated they are [`Reply::encode`].
+    pub fn encode_chunks(&self) -> Vec<Bytes> {
+        let mut e = Enc::with_capacity(16 + self.content_type.len());
+        e.u16(self.status).str(&self.content_type).shared(&self.body);
+        e.into_chunks()
     }
 
     /// Decodes a NodeReply payload.

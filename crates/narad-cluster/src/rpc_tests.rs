@@ -477,3 +477,60 @@ fn ops_pick_their_lane_and_timeout() {
     });
     assert_eq!(long.timeout(), Duration::from_secs(32), "wait clamped to 30 s + 2 s");
 }
+
+/// A field as the wire has it: u32 length and the bytes.
+fn lp(b: &[u8]) -> Vec<u8> {
+    [&(b.len() as u32).to_be_bytes()[..], b].concat()
+}
+
+#[test]
+fn large_payloads_travel_as_references_with_the_same_bytes_on_the_wire() {
+    let big = Bytes::from(vec![0xab; codec::SHARE_MIN_BYTES]);
+    let small = Bytes::from(vec![0xcd; codec::SHARE_MIN_BYTES - 1]);
+    let rec = |payload: &Bytes, key: Option<&'static str>, inc| CommitRecord {
+        payload: payload.clone(),
+        ..record(key, 3, "", 1_700_000_000_000, inc)
+    };
+    let req = Request::CommitProduceBatch(vec![
+        rec(&big, Some("k"), 9),
+        rec(&small, None, 9),
+        rec(&big, None, 9),
+    ]);
+    // Built by hand from SPEC §7.4's field list.
+    let record_bytes = |key: &[u8], payload: &[u8]| {
+        [
+            lp(b"t"),
+            lp(key),
+            3i32.to_be_bytes().to_vec(),
+            lp(payload),
+            1_700_000_000_000i64.to_be_bytes().to_vec(),
+        ]
+        .concat()
+    };
+    let want = [
+        vec![Op::CommitProduceBatch as u8],
+        3i32.to_be_bytes().to_vec(),
+        record_bytes(b"k", &big),
+        record_bytes(b"", &small),
+        record_bytes(b"", &big),
+        [&1u32.to_be_bytes()[..], &3u32.to_be_bytes(), &9u64.to_be_bytes()].concat(),
+    ]
+    .concat();
+    let chunks = req.encode_chunks();
+    assert_eq!(codec::concat(&chunks), want);
+    assert_eq!(req.encode(), want);
+    assert!(chunks.iter().all(|c| !c.is_empty()), "no empty chunk");
+    // Both large payloads are the caller's buffer, not copies; the short
+    // one is copied into a field run.
+    let shared = chunks.iter().filter(|c| c.as_ptr() == big.as_ptr()).count();
+    assert_eq!(shared, 2, "{} chunks", chunks.len());
+    assert!(!chunks.iter().any(|c| c.as_ptr() == small.as_ptr()));
+    assert_eq!(Request::decode(&want).unwrap(), req);
+
+    let reply = Reply::json(200, big.clone());
+    let chunks = reply.encode_chunks();
+    let want = [&200u16.to_be_bytes()[..], &lp(b"application/json"), &lp(&big)].concat();
+    assert_eq!(codec::concat(&chunks), want);
+    assert!(chunks.iter().any(|c| c.as_ptr() == big.as_ptr()));
+    assert_eq!(Reply::decode(&want).unwrap(), reply);
+}

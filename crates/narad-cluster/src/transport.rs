@@ -14,7 +14,7 @@
 
 use crate::auth::{ClusterAuth, ClusterSecret, WarnLimiter};
 use crate::error::{Error, Result};
-use crate::frame::{Frame, FrameType, read_frame, write_frame};
+use crate::frame::{Frame, FrameType, read_frame, write_frame, write_frame_chunks};
 use crate::limits::{
     AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD, IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL,
     LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM, MAX_STREAMS_PER_CONNECTION, REPLY_TIMEOUT,
@@ -314,13 +314,14 @@ impl Peer {
     }
 
     async fn call_inner(&self, request: &Request, op: Op, timeout: Duration) -> Result<Reply> {
-        let payload = request.encode();
-        if payload.len() > FRAME_MAX_PAYLOAD {
-            return Err(Error::FrameTooLarge { len: payload.len() as u64, max: FRAME_MAX_PAYLOAD });
+        let payload = request.encode_chunks();
+        let len = payload.iter().map(Bytes::len).sum::<usize>();
+        if len > FRAME_MAX_PAYLOAD {
+            return Err(Error::FrameTooLarge { len: len as u64, max: FRAME_MAX_PAYLOAD });
         }
         let f = match tokio::time::timeout(
             timeout,
-            self.roundtrip(request.lane(), FrameType::NodeRequest, payload.into()),
+            self.roundtrip(request.lane(), FrameType::NodeRequest, payload),
         )
         .await
         {
@@ -378,7 +379,7 @@ impl Peer {
         let nonce = Bytes::copy_from_slice(&self.next_id.load(Ordering::Relaxed).to_be_bytes());
         let f = tokio::time::timeout(
             REPLY_TIMEOUT,
-            self.roundtrip(Lane::Control, FrameType::Ping, nonce.clone()),
+            self.roundtrip(Lane::Control, FrameType::Ping, vec![nonce.clone()]),
         )
         .await
         .map_err(|_| Error::Timeout { op: "ping", after: REPLY_TIMEOUT })??;
@@ -388,7 +389,7 @@ impl Peer {
         Ok(start.elapsed())
     }
 
-    async fn roundtrip(&self, lane: Lane, kind: FrameType, payload: Bytes) -> Result<Frame> {
+    async fn roundtrip(&self, lane: Lane, kind: FrameType, payload: Vec<Bytes>) -> Result<Frame> {
         let stream = self.stream(lane).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -400,10 +401,9 @@ impl Peer {
             p.waiting.insert(id, tx);
         }
         let _slot = Slot { pending: &stream.pending, id };
-        let frame = Frame::new(kind, id, payload);
         {
             let mut send = stream.send.lock().await;
-            if let Err(e) = write_frame(&mut *send, &frame).await {
+            if let Err(e) = write_frame_chunks(&mut send, kind, id, payload).await {
                 let mut p = stream.pending.lock().unwrap_or_else(|p| p.into_inner());
                 p.closed.get_or_insert_with(|| e.to_string());
                 return Err(e);
@@ -600,19 +600,26 @@ impl<H: Handler> Server<H> {
             Ok(request) => self.handler.handle(request).await,
             Err(e) => Reply::for_decode_error(&e),
         };
-        let mut out = Frame::new(FrameType::NodeReply, frame.request_id, reply.encode());
-        if out.payload.len() > FRAME_MAX_PAYLOAD {
-            tracing::error!(op, bytes = out.payload.len(), "node rpc reply over the frame limit");
-            out = Frame::error(
+        let chunks = reply.encode_chunks();
+        let len = chunks.iter().map(Bytes::len).sum::<usize>();
+        let (written, too_large) = if len > FRAME_MAX_PAYLOAD {
+            tracing::error!(op, bytes = len, "node rpc reply over the frame limit");
+            let out = Frame::error(
                 frame.request_id,
-                &format!("reply of {} bytes exceeds the frame limit", out.payload.len()),
+                &format!("reply of {len} bytes exceeds the frame limit"),
             );
-        }
-        let written = write_frame(&mut *send.lock().await, &out).await;
-        let kind = match (&written, out.kind) {
+            (write_frame(&mut *send.lock().await, &out).await, true)
+        } else {
+            let mut send = send.lock().await;
+            (
+                write_frame_chunks(&mut send, FrameType::NodeReply, frame.request_id, chunks).await,
+                false,
+            )
+        };
+        let kind = match (&written, too_large) {
             (Err(e), _) => Some(e.kind()),
-            (Ok(()), FrameType::Error) => Some("too_large"),
-            (Ok(()), _) => status_kind(reply.status),
+            (Ok(()), true) => Some("too_large"),
+            (Ok(()), false) => status_kind(reply.status),
         };
         self.metrics.observe(op, "server", start.elapsed().as_secs_f64(), kind);
     }
