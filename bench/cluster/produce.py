@@ -59,7 +59,9 @@ def owner_of(c, topic):
 
 def cpu_run(binary, c, urls, topic, partitions, batch, secs, clients, command="produce", extra=()):
     """One `narad bench` run against `urls`, with the CPU all server
-    processes used per message."""
+    processes used per message. Dirty pages of the runs before are written
+    back first, so no run pays for another's writeback."""
+    os.sync()
     ticks0 = sum(cpu_ticks(p.pid) for p in c.procs)
     out = subprocess.run([binary, "bench", command, "--url", urls, "--topic", topic,
                           "--partitions", str(partitions), "--message-bytes", "1024", "-c", str(clients),
