@@ -48,6 +48,9 @@ pub struct ClusterOpts {
     /// Nodes (by index) started under an open-file limit (soft and hard,
     /// via `prlimit`).
     pub nofile: Vec<(usize, u64)>,
+    /// Each node in a network namespace of its own ([`super::netns::Lab`]),
+    /// so a test can cut its links; HTTP is reached through relays.
+    pub netns: bool,
 }
 
 impl ClusterOpts {
@@ -85,6 +88,13 @@ impl ClusterOpts {
         self
     }
 
+    /// Runs each node in a network namespace of its own (needs root:
+    /// check [`super::netns::unavailable`] first).
+    pub fn in_network_namespaces(mut self) -> ClusterOpts {
+        self.netns = true;
+        self
+    }
+
     /// Adds an environment variable of node `i` only.
     pub fn node_env(mut self, i: usize, k: &str, v: &str) -> ClusterOpts {
         self.node_env.push((i, k.into(), v.into()));
@@ -107,6 +117,8 @@ pub struct Node {
     pub data_dir: PathBuf,
     /// Its log (stderr, appended across restarts).
     pub log_path: PathBuf,
+    /// With network namespaces: its namespace and address there.
+    ns: Option<(String, String)>,
     child: Option<Child>,
     paused: bool,
 }
@@ -156,7 +168,15 @@ pub struct Cluster {
     /// A client with a short timeout for polling (a paused node must not
     /// hold a wait up).
     probe: Client,
+    /// The namespaces, when the nodes run in them (dropped after the nodes
+    /// are killed).
+    lab: Option<super::netns::Lab>,
 }
+
+/// A node's HTTP port inside its network namespace.
+const NS_HTTP_PORT: u16 = 7942;
+/// A node's cluster (UDP) port inside its network namespace.
+const NS_CLUSTER_PORT: u16 = 7943;
 
 /// Picks `n` distinct free TCP ports and `n` distinct free UDP ports on
 /// 127.0.0.1, holding them all until every one is picked.
@@ -195,7 +215,8 @@ impl Cluster {
     pub fn prepare(n: usize, opts: ClusterOpts) -> Cluster {
         assert!(n >= 1, "a cluster has at least one node");
         let root = temp_dir(&format!("cluster{n}"));
-        let nodes: Vec<Node> = free_ports(n)
+        let mut lab = opts.netns.then(|| super::netns::Lab::create(n));
+        let mut nodes: Vec<Node> = free_ports(n)
             .into_iter()
             .enumerate()
             .map(|(i, (http_port, cluster_port))| {
@@ -204,6 +225,7 @@ impl Cluster {
                     base: format!("http://127.0.0.1:{http_port}"),
                     data_dir: root.join(&id).join("data"),
                     log_path: root.join(&id).join("server.log"),
+                    ns: None,
                     id,
                     http_port,
                     cluster_port,
@@ -212,12 +234,27 @@ impl Cluster {
                 }
             })
             .collect();
+        if let Some(lab) = lab.as_mut() {
+            // Inside its namespace every node has the same ports on its own
+            // address; the host reaches its HTTP port through a relay.
+            for (i, node) in nodes.iter_mut().enumerate() {
+                let addr = super::netns::Lab::addr(i);
+                let relay = lab.relay(i, ([127, 0, 0, 1], NS_HTTP_PORT).into());
+                node.http_port = relay.port();
+                node.cluster_port = NS_CLUSTER_PORT;
+                node.base = format!("http://{relay}");
+                node.ns = Some((lab.ns(i).to_owned(), addr));
+            }
+        }
         for node in &nodes {
             std::fs::create_dir_all(node.log_path.parent().unwrap()).unwrap();
         }
         let peers = nodes
             .iter()
-            .map(|n| format!("{}@127.0.0.1:{}", n.id, n.cluster_port))
+            .map(|n| {
+                let host = n.ns.as_ref().map_or("127.0.0.1", |(_, addr)| addr.as_str());
+                format!("{}@{host}:{}", n.id, n.cluster_port)
+            })
             .collect::<Vec<_>>()
             .join(",");
         let client = Client::builder()
@@ -226,7 +263,7 @@ impl Cluster {
             .build()
             .unwrap();
         let probe = Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
-        Cluster { nodes, opts, peers, root, client, probe }
+        Cluster { nodes, opts, peers, root, client, probe, lab }
     }
 
     /// Starts `n` nodes and waits (≤ 30 s each) until every one is ready.
@@ -245,6 +282,12 @@ impl Cluster {
         for i in 0..k {
             self.wait_ready(i, Duration::from_secs(30));
         }
+    }
+
+    /// The namespaces the nodes run in (with
+    /// [`ClusterOpts::in_network_namespaces`]).
+    pub fn lab(&self) -> &super::netns::Lab {
+        self.lab.as_ref().expect("the nodes run in network namespaces")
     }
 
     /// The number of nodes.
@@ -280,14 +323,29 @@ impl Cluster {
         assert!(node.child.is_none(), "{} is already running", node.id);
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&node.log_path).unwrap();
-        let mut cmd = match opts.nofile.iter().find(|(n, _)| *n == i) {
+        let mut cmd = match (&node.ns, opts.nofile.iter().find(|(n, _)| *n == i)) {
+            // `ip netns exec` enters the namespace and execs: the same PID.
+            (Some((ns, _)), _) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(env!("CARGO_BIN_EXE_narad"));
+                c
+            }
             // prlimit sets the limit on itself and execs: the same PID.
-            Some((_, n)) => {
+            (None, Some((_, n))) => {
                 let mut c = Command::new("prlimit");
                 c.arg(format!("--nofile={n}:{n}")).arg("--").arg(env!("CARGO_BIN_EXE_narad"));
                 c
             }
-            None => Command::new(env!("CARGO_BIN_EXE_narad")),
+            (None, None) => Command::new(env!("CARGO_BIN_EXE_narad")),
+        };
+        let (http, cluster) = match &node.ns {
+            Some((_, addr)) => {
+                (format!("127.0.0.1:{NS_HTTP_PORT}"), format!("{addr}:{NS_CLUSTER_PORT}"))
+            }
+            None => (
+                format!("127.0.0.1:{}", node.http_port),
+                format!("127.0.0.1:{}", node.cluster_port),
+            ),
         };
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")) {
             cmd.env_remove(k);
@@ -298,13 +356,13 @@ impl Cluster {
             cmd.arg("--dev");
         }
         cmd.arg("--addr")
-            .arg(format!("127.0.0.1:{}", node.http_port))
+            .arg(http)
             .arg("--data-dir")
             .arg(&node.data_dir)
             .arg("--node-id")
             .arg(&node.id)
             .arg("--cluster-addr")
-            .arg(format!("127.0.0.1:{}", node.cluster_port))
+            .arg(cluster)
             .env("NARAD_LOG_LEVEL", "info")
             .env("NARAD_CLUSTER_PEERS", &self.peers);
         if !opts.initial_members.is_empty() {

@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod netns;
 
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
