@@ -271,3 +271,54 @@ fn scopeguard(stop: &AtomicBool) -> impl Drop + '_ {
     }
     Guard(stop)
 }
+
+/// Links that flap: for a while (10 s in CI, a minute with `NARAD_SOAK=1`)
+/// a random node is cut off for 0.3-1.5 s, again and again, under produce
+/// load through every node. Once every link is back and everything is
+/// drained, none of the 202'd records is missing.
+#[test]
+fn flapping_links_under_produce_load_lose_nothing() {
+    let Some((c, _)) = lab_cluster("flapping links", "flap", 6) else { return };
+    let soak = std::env::var("NARAD_SOAK").is_ok_and(|v| v == "1");
+    let flapping = Duration::from_secs(if soak { 60 } else { 10 });
+    let seed = std::env::var("NARAD_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let mut rng = narad_fs::SimRng::new(seed);
+    let all: Vec<usize> = (0..3).collect();
+    let (stop, next, acked) = (AtomicBool::new(false), AtomicU64::new(0), Mutex::new(Vec::new()));
+    let mut cuts = 0;
+    std::thread::scope(|s| {
+        let guard = scopeguard(&stop);
+        for _ in 0..4 {
+            s.spawn(|| produce_until(&c, &all, "flap", &stop, &next, &acked));
+        }
+        let end = Instant::now() + flapping;
+        while Instant::now() < end {
+            let victim = rng.below(3) as usize;
+            c.lab().isolate(victim);
+            cuts += 1;
+            std::thread::sleep(Duration::from_millis(rng.range(300, 1500)));
+            c.lab().heal(victim);
+            std::thread::sleep(Duration::from_millis(rng.range(200, 1000)));
+        }
+        drop(guard);
+    });
+    let want: BTreeSet<u64> = acked.lock().unwrap().iter().copied().collect();
+    assert!(want.len() > 100, "the load barely ran: {} acked", want.len());
+    c.wait_all_alive(Duration::from_secs(40));
+    let got = drain(&c, "flap", &want, Duration::from_secs(90));
+    let lost: Vec<&u64> = want.difference(&got).collect();
+    eprintln!(
+        "flapping links (seed {seed}): {cuts} cuts in {flapping:?}, {} acked, {} delivered, {} lost",
+        want.len(),
+        got.len(),
+        lost.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "{} of {} acked records lost, e.g. {:?}\n{}",
+        lost.len(),
+        want.len(),
+        &lost[..lost.len().min(10)],
+        c.describe()
+    );
+}
