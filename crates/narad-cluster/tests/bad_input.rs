@@ -86,8 +86,8 @@ mod seeds {
     use bytes::Bytes;
     use narad_cluster::frame::{Frame, FrameType};
     use narad_cluster::rpc::{
-        ChildLink, CommitRecord, Consume, JoinCluster, Receipt, RegisterMember, Reply, Request,
-        TopicBody, UserBody,
+        AnchorFanoutLink, ChildLink, CommitRecord, Consume, FanoutCursorsRequest, JoinCluster,
+        Receipt, RegisterMember, Reply, Request, TopicBody, UserBody,
     };
     use std::num::NonZeroU64;
 
@@ -481,6 +481,31 @@ mod seeds {
             ),
             ("raft_install_snapshot", Request::RaftInstallSnapshot("{}".into())),
             ("raft_campaign", Request::RaftCampaign),
+            (
+                "fanout_cursors",
+                Request::FanoutCursors(FanoutCursorsRequest {
+                    topic: "p".into(),
+                    incarnation: NonZeroU64::new(9),
+                }),
+            ),
+            (
+                "anchor_fanout_link",
+                Request::AnchorFanoutLink(AnchorFanoutLink {
+                    parent: "p".into(),
+                    incarnation: 7,
+                    child: "c".into(),
+                    epoch: 3,
+                    partitions: vec![0, 2],
+                }),
+            ),
+            ("settle_fanout_links", Request::SettleFanoutLinks(42)),
+            (
+                "commit_produce_batch_large_payload",
+                Request::CommitProduceBatch(vec![CommitRecord {
+                    payload: Bytes::from(vec![b'x'; 600]),
+                    ..record(None, 3)
+                }]),
+            ),
         ]
     }
 

@@ -73,44 +73,61 @@ struct NodeHandler {
 impl Handler for NodeHandler {
     async fn handle(&self, request: Request) -> Reply {
         let Some(control) = self.control.get() else {
-            return Reply::error(503, "node is starting");
+            return starting();
         };
         match request {
-            Request::TopicPartitionStats(r) => return self.partition_stats(&r),
-            Request::CommitProduceBatch(records) => return self.commit_for_peer(records).await,
-            Request::CommitProduce(record) => return self.commit_for_peer(vec![record]).await,
-            Request::Consume(c) => return self.consume_for_peer(c).await,
-            Request::Ack(r) => return self.resolve_for_peer(r, AckAction::Ack),
-            Request::ExtendAck(r) => return self.resolve_for_peer(r, AckAction::Extend),
-            Request::Nack(r) => return self.resolve_for_peer(r, AckAction::Nack),
-            Request::FanoutCursors(r) => {
-                return match self.broker.get() {
-                    Some(b) => crate::fanout_peers::lag_for_peer(b, r).await,
-                    None => Reply::error(503, "node is starting"),
-                };
-            }
-            Request::AnchorFanoutLink(a) => {
-                return match self.broker.get() {
-                    Some(b) => crate::fanout_peers::anchor_for_peer(b, a).await,
-                    None => Reply::error(503, "node is starting"),
-                };
-            }
-            Request::SettleFanoutLinks(index) => {
-                return match self.broker.get() {
-                    Some(b) => crate::fanout_peers::settle_for_peer(b, index).await,
-                    None => Reply::error(503, "node is starting"),
-                };
-            }
-            _ => {}
-        }
-        match control.handle(&request).await {
-            Some(reply) => reply,
-            None => Reply::error(400, &format!("unsupported rpc operation {}", request.op() as u8)),
+            Request::TopicPartitionStats(_)
+            | Request::CommitProduceBatch(_)
+            | Request::CommitProduce(_)
+            | Request::Consume(_)
+            | Request::Ack(_)
+            | Request::ExtendAck(_)
+            | Request::Nack(_)
+            | Request::FanoutCursors(_)
+            | Request::AnchorFanoutLink(_)
+            | Request::SettleFanoutLinks(_) => match self.broker.get() {
+                Some(broker) => self.data_plane(broker, request).await,
+                None => starting(),
+            },
+            request => match control.handle(&request).await {
+                Some(reply) => reply,
+                None => unsupported(&request),
+            },
         }
     }
 }
 
+/// The answer to any request before this node's broker or control plane is
+/// up.
+fn starting() -> Reply {
+    Reply::error(503, "node is starting")
+}
+
+fn unsupported(request: &Request) -> Reply {
+    Reply::error(400, &format!("unsupported rpc operation {}", request.op() as u8))
+}
+
 impl NodeHandler {
+    /// The ops the broker serves: partitions, commits, consumes and acks,
+    /// fan-out links.
+    async fn data_plane(&self, broker: &Arc<Broker>, request: Request) -> Reply {
+        match request {
+            Request::TopicPartitionStats(r) => self.partition_stats(broker, &r),
+            Request::CommitProduceBatch(records) => self.commit_for_peer(broker, records).await,
+            Request::CommitProduce(record) => self.commit_for_peer(broker, vec![record]).await,
+            Request::Consume(c) => self.consume_for_peer(broker, c).await,
+            Request::Ack(r) => resolve_for_peer(broker, r, AckAction::Ack),
+            Request::ExtendAck(r) => resolve_for_peer(broker, r, AckAction::Extend),
+            Request::Nack(r) => resolve_for_peer(broker, r, AckAction::Nack),
+            Request::FanoutCursors(r) => crate::fanout_peers::lag_for_peer(broker, r).await,
+            Request::AnchorFanoutLink(a) => crate::fanout_peers::anchor_for_peer(broker, a).await,
+            Request::SettleFanoutLinks(index) => {
+                crate::fanout_peers::settle_for_peer(broker, index).await
+            }
+            other => unsupported(&other),
+        }
+    }
+
     /// Whether this node owns `partition` of `topic`.
     fn owns(&self, broker: &Broker, topic: &str, partition: u32) -> bool {
         let snap = broker.meta().snapshot();
@@ -123,10 +140,7 @@ impl NodeHandler {
     /// answer is what the HTTP consume answers here (200 with the message,
     /// or the batch with `max` above 1; 204; the same errors); the wait is
     /// clamped to 30 s.
-    async fn consume_for_peer(&self, c: rpc::Consume) -> Reply {
-        let Some(broker) = self.broker.get() else {
-            return Reply::error(503, "node is starting");
-        };
+    async fn consume_for_peer(&self, broker: &Arc<Broker>, c: rpc::Consume) -> Reply {
         let wait = Duration::from_nanos(c.wait_nanos.max(0) as u64)
             .min(narad_cluster::limits::CONSUME_MAX_WAIT);
         let max = (c.max > 1).then_some(c.max as usize);
@@ -157,27 +171,11 @@ impl NodeHandler {
         }
     }
 
-    /// Ack (3), ExtendAck (18), Nack (19) from another node: resolved here,
-    /// answered as the HTTP ack answers (204, or the error).
-    fn resolve_for_peer(&self, r: rpc::Receipt, action: AckAction) -> Reply {
-        let Some(broker) = self.broker.get() else {
-            return Reply::error(503, "node is starting");
-        };
-        let handle = format!("{}:{}:{}", r.partition, r.offset, r.nonce);
-        match broker.resolve(&r.topic, &handle, action) {
-            Ok(()) => Reply { status: 204, content_type: String::new(), body: Default::default() },
-            Err(e) => forward::reply_of(e.into()),
-        }
-    }
-
     /// CommitProduceBatch (11) and CommitProduce (10): records another
     /// node accepted, for one partition this node owns, committed through
     /// the same combining commit as this node's own (see
     /// `remote_owner` for what each answer tells the sender).
-    async fn commit_for_peer(&self, records: Vec<rpc::CommitRecord>) -> Reply {
-        let Some(broker) = self.broker.get() else {
-            return Reply::error(503, "node is starting");
-        };
+    async fn commit_for_peer(&self, broker: &Broker, records: Vec<rpc::CommitRecord>) -> Reply {
         if self.refuse_incarnation_section && records.iter().any(|r| r.incarnation.is_some()) {
             return Reply::error(400, "bad request: 12 trailing bytes after the last field");
         }
@@ -248,10 +246,7 @@ impl NodeHandler {
     /// TopicPartitionStats (8): this node's figures of one partition of the
     /// topic's live incarnation (404 when the topic, or the asked
     /// incarnation, is not live here).
-    fn partition_stats(&self, r: &PartitionStatsRequest) -> Reply {
-        let Some(broker) = self.broker.get() else {
-            return Reply::error(503, "node is starting");
-        };
+    fn partition_stats(&self, broker: &Broker, r: &PartitionStatsRequest) -> Reply {
         let t = match broker.topic(&r.topic) {
             Ok(t) => t,
             Err(narad_broker::BrokerError::TopicNotFound) => {
@@ -817,5 +812,15 @@ impl ClusterView for ClusterNode {
             voters: s.voters,
             learners: s.learners,
         }
+    }
+}
+
+/// Ack (3), ExtendAck (18), Nack (19) from another node: resolved here,
+/// answered as the HTTP ack answers (204, or the error).
+fn resolve_for_peer(broker: &Broker, r: rpc::Receipt, action: AckAction) -> Reply {
+    let handle = format!("{}:{}:{}", r.partition, r.offset, r.nonce);
+    match broker.resolve(&r.topic, &handle, action) {
+        Ok(()) => Reply { status: 204, content_type: String::new(), body: Default::default() },
+        Err(e) => forward::reply_of(e.into()),
     }
 }
