@@ -17,7 +17,8 @@
 //! | last   | bad frame, nothing valid after | `GarbageTailOfLastSegment`    | truncate  |
 //! | last   | bad frame or sizes past the end, valid frame after | `CorruptionBeforeValidFrames` | fail open |
 //! | sealed | empty file, or a header and no frames | `EmptySealedSegment`   | fail open |
-//! | sealed | torn header / ends inside a frame / bad frame / zero bytes | `DamagedSealedSegment` | fail open |
+//! | sealed | only zero bytes after the frames (the next segment starts where they end) | `ZeroRunwayOfSealedSegment` | keep |
+//! | sealed | torn header / ends inside a frame / bad frame | `DamagedSealedSegment` | fail open |
 //! | any    | bad header with bytes after it, or a valid header that disagrees | `DamagedSegmentHeader` | fail open |
 //! | any    | CRC-valid frame, wrong offsets | `FrameOutOfSequence`          | fail open |
 //! | any    | name ≠ end of previous segment | `SegmentGap`                  | fail open |
@@ -31,6 +32,18 @@
 //! acked records, so opening stops with an error naming the file and the
 //! byte offset, and an operator decides. (SPEC v2 resynced past such damage;
 //! the v3 behaviour and issue 3 fail open instead.)
+//!
+//! One exception, zeros after the last frame of a sealed segment: the
+//! writer cuts a segment's zero runway and syncs before sealing it, but
+//! when an earlier open cut that runway and its fdatasync failed (the open
+//! failed), the cut lives in the page cache only; the next process sees a
+//! clean segment, seals it, and a power loss brings the runway back (found
+//! by the cluster simulation, `crates/narad-broker/tests/cluster_sim.rs`).
+//! Zeros hold no record, and the segment is kept as its frames only if the
+//! next segment starts exactly at the offset after them: had the zeros
+//! replaced acked frames, the next segment's base would be past the end of
+//! what is left, and the open fails on `SegmentGap`. Nothing is truncated
+//! (only the last segment ever is).
 //!
 //! A frame whose size fields run past the end of the file is what a crash
 //! in the middle of its write leaves, but also what one damaged size field
@@ -139,6 +152,11 @@ pub enum Case {
     CorruptionBeforeValidFrames,
     /// A sealed segment with no frames: the writer never leaves one.
     EmptySealedSegment,
+    /// Only zero bytes after a sealed segment's last frame: a runway whose
+    /// cut an earlier open made in the page cache only (its fdatasync
+    /// failed). Kept, read as its frames; the next segment must start at
+    /// the offset after them (else `SegmentGap`).
+    ZeroRunwayOfSealedSegment,
     /// A sealed segment that is cut short or has a bad frame.
     DamagedSealedSegment,
     /// A frame with a valid CRC but the wrong offsets.
@@ -173,13 +191,13 @@ pub fn classify(place: Place, finding: Finding) -> Case {
         (Place::Last, F::BadFrameThenNothingValid) => Case::GarbageTailOfLastSegment,
         (Place::Last, F::BadFrameThenValidFrame) => Case::CorruptionBeforeValidFrames,
         (Place::Sealed, F::Empty) => Case::EmptySealedSegment,
+        (Place::Sealed, F::ZeroTail) => Case::ZeroRunwayOfSealedSegment,
         (
             Place::Sealed,
             F::TornSegmentHeader
             | F::EndsInsideFrame
             | F::BadFrameThenNothingValid
-            | F::BadFrameThenValidFrame
-            | F::ZeroTail,
+            | F::BadFrameThenValidFrame,
         ) => Case::DamagedSealedSegment,
     }
 }
@@ -188,7 +206,9 @@ impl Case {
     /// The decision table's second column.
     pub fn decision(self) -> Decision {
         match self {
-            Case::CleanSegment | Case::EmptyActiveSegment => Decision::Keep,
+            Case::CleanSegment | Case::EmptyActiveSegment | Case::ZeroRunwayOfSealedSegment => {
+                Decision::Keep
+            }
             Case::ZeroRunwayOfLastSegment
             | Case::TornHeaderOfLastSegment
             | Case::TornTailOfLastSegment
@@ -215,6 +235,7 @@ impl fmt::Display for Case {
             Case::GarbageTailOfLastSegment => "unverifiable tail of the last segment",
             Case::CorruptionBeforeValidFrames => "a bad frame followed by valid frames",
             Case::EmptySealedSegment => "an empty sealed segment",
+            Case::ZeroRunwayOfSealedSegment => "zero runway of a sealed segment",
             Case::DamagedSealedSegment => "damage in a sealed segment",
             Case::FrameOutOfSequence => "a frame with the wrong offsets",
             Case::SegmentGap => "offsets missing between segments",
@@ -347,6 +368,14 @@ pub(crate) fn recover(fs: &FsRef, dir: &Path, config: &LogConfig) -> Result<Reco
         let case = classify(place, finding_of(&scan));
         let defect_at = scan.defect.as_ref().map_or(0, |d| d.pos);
         match case.decision() {
+            Decision::Keep if case == Case::ZeroRunwayOfSealedSegment => {
+                info!(
+                    file = %path.display(), at = defect_at,
+                    zero_bytes = scan.file_len - defect_at,
+                    "recovery: a sealed segment ends in a zero runway after its last frame; \
+                     kept as its frames (the next segment must start where they end)"
+                );
+            }
             Decision::Keep => {}
             Decision::Truncate => {
                 let dropped = scan.file_len - defect_at;
@@ -485,13 +514,13 @@ mod tests {
                     (Case::CorruptionBeforeValidFrames, FailOpen)
                 }
                 (Place::Sealed, Finding::Empty) => (Case::EmptySealedSegment, FailOpen),
+                (Place::Sealed, Finding::ZeroTail) => (Case::ZeroRunwayOfSealedSegment, Keep),
                 (
                     Place::Sealed,
                     Finding::TornSegmentHeader
                     | Finding::EndsInsideFrame
                     | Finding::BadFrameThenNothingValid
-                    | Finding::BadFrameThenValidFrame
-                    | Finding::ZeroTail,
+                    | Finding::BadFrameThenValidFrame,
                 ) => (Case::DamagedSealedSegment, FailOpen),
                 (_, Finding::OutOfSequence) => (Case::FrameOutOfSequence, FailOpen),
                 (_, Finding::OffsetGap) => (Case::SegmentGap, FailOpen),
@@ -506,7 +535,7 @@ mod tests {
             }
         }
         // Every case is reachable from some input.
-        assert_eq!(seen.len(), 12);
+        assert_eq!(seen.len(), 13);
         // Only the last segment is ever truncated.
         for f in FINDINGS {
             assert_ne!(classify(Place::Sealed, f).decision(), Truncate, "{f:?}");

@@ -437,3 +437,74 @@ fn the_cycle_observer_sees_each_successful_cycle_once_and_no_failed_one() {
     }
     log.set_cycle_observer(None);
 }
+
+/// An open whose recovery cut a zero runway off the last segment but whose
+/// fdatasync failed (the open fails) leaves the file cut in the page cache
+/// only (a failed fdatasync drops the dirty state). The next open sees a
+/// clean segment and has nothing to cut; a roll seals it; a power loss
+/// brings the runway back inside the sealed segment. Zeros hold no record
+/// and the next segment starts where the frames end: the open keeps the
+/// segment as its frames instead of refusing it as damage (found by the
+/// cluster simulation, seed 7,719; refused before this case existed).
+#[test]
+fn a_zero_runway_back_inside_a_sealed_segment_after_a_power_loss_does_not_stop_the_open() {
+    let fs = SimFs::new(31);
+    let config = LogConfig { segment_bytes: 4096, runway_bytes: 2048, ..small_config() };
+    let clock = ManualClock::new(T0);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    for i in 0..10 {
+        // Small one-frame cycles: the runway after the frames is durable
+        // zeros.
+        log.commit(vec![CommitRecord::keyless(vec![i as u8; 100])]).unwrap();
+    }
+    assert_eq!(segment_paths(&fs).len(), 1);
+    let len = segment_bytes_total(&fs);
+    drop(log);
+    fs.crash(CrashMode::DropUnsynced);
+    assert!(segment_bytes_total(&fs) > len - 1, "the runway is on disk");
+    // The recovery cuts the runway; its fdatasync fails; the open fails.
+    fs.inject(fs.op_count(), FaultKind::SyncError);
+    assert!(open_sim(&fs, &config, &clock).is_err(), "the open meets the failed fdatasync");
+    // Started again (no power loss): the segment looks cut already.
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    assert_eq!(log.high_watermark(), 10);
+    // A record that does not fit the room left: the cycle rolls at once,
+    // sealing the first segment without writing to it.
+    log.commit(vec![CommitRecord::keyless(vec![9; 3000])]).unwrap();
+    assert_eq!(segment_paths(&fs).len(), 2, "the first segment was sealed");
+    drop(log);
+    fs.crash(CrashMode::DropUnsynced);
+    let log = open_sim(&fs, &config, &clock)
+        .unwrap_or_else(|e| panic!("the open after a power loss refuses: {e}"));
+    assert_eq!(read_all(&log).len(), 11);
+    assert_eq!(log.commit(recs("after", 2)).unwrap().offsets(), 11..13);
+}
+
+/// Zeros in place of a sealed segment's last acked frame are not a runway:
+/// the next segment starts at the offset after that frame, past what is
+/// left, and the open fails naming the gap instead of keeping the segment.
+#[test]
+fn zeros_in_place_of_a_sealed_segments_last_frame_fail_the_open() {
+    let fs = SimFs::new(41);
+    let config = LogConfig { segment_bytes: 4096, runway_bytes: 0, ..small_config() };
+    let clock = ManualClock::new(T0);
+    let log = open_sim(&fs, &config, &clock).unwrap();
+    let mut before_last = 0;
+    for i in 0..10 {
+        before_last = segment_bytes_total(&fs);
+        log.commit(vec![CommitRecord::keyless(vec![i as u8; 100])]).unwrap();
+    }
+    let end = segment_bytes_total(&fs);
+    log.commit(vec![CommitRecord::keyless(vec![9; 3000])]).unwrap();
+    drop(log);
+    let segments = segment_paths(&fs);
+    assert_eq!(segments.len(), 2, "the first segment was sealed");
+    // The sealed segment's last frame, offset 9, becomes zeros.
+    fs.poke(&segments[0], before_last, &vec![0u8; (end - before_last) as usize]).unwrap();
+    match open_sim(&fs, &config, &clock) {
+        Err(LogError::Corrupt { reason, .. }) => {
+            assert!(reason.contains("offsets missing between segments"), "{reason}")
+        }
+        other => panic!("expected the open to fail on the gap, got {:?}", other.map(|_| ())),
+    }
+}

@@ -212,8 +212,13 @@ fn the_zero_runway_is_kept_ahead_of_small_commits_and_trimmed_before_a_seal() {
     }
 }
 
+/// Zeros after a sealed segment's frames (a runway an earlier open cut in
+/// the page cache only, back after a power loss) hold no record; the next
+/// segment starts where the frames end, so the segment is kept as its
+/// frames. (Zeros in place of frames fail the open on the gap they leave:
+/// `commit.rs`, `zeros_in_place_of_a_sealed_segments_last_frame_fail_the_open`.)
 #[test]
-fn a_sealed_segment_ending_in_zeros_fails_open() {
+fn zeros_after_a_sealed_segments_frames_are_kept_as_a_runway() {
     let fs = SimFs::new(22);
     let config = LogConfig { segment_bytes: 1024, ..exact_config() };
     let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
@@ -224,13 +229,9 @@ fn a_sealed_segment_ending_in_zeros_fails_open() {
     let segs = segment_paths(&fs);
     assert!(segs.len() >= 2);
     append_raw(&fs, &segs[0], &[0u8; 100]);
-    match open_sim(&fs, &config, &ManualClock::new(T0)) {
-        Err(LogError::Corrupt { path, reason, .. }) => {
-            assert_eq!(path, segs[0]);
-            assert!(reason.contains("damage in a sealed segment"), "{reason}");
-        }
-        other => panic!("expected a corruption error, got {other:?}"),
-    }
+    let log = open_sim(&fs, &config, &ManualClock::new(T0)).unwrap();
+    assert_eq!(read_all(&log).len(), 8, "every record read, none from the zeros");
+    assert_eq!(log.commit(vec![big_record("t", 0)]).unwrap().offsets(), 8..9);
 }
 
 #[test]
