@@ -41,12 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_broker::consume::take::take;
-use narad_broker::dispatch::core::{
-    Core, Dest, Item, Mark, Order, Outcome, OwnerId, Target, Topology,
-};
+use narad_broker::dispatch::core::{Core, Dest, Order, Outcome, OwnerId, Target, Topology};
 use narad_broker::dispatch::driver::Resolver;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
+use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
@@ -55,6 +53,9 @@ use narad_log::LogConfig;
 use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, Topic, TopicDefaults};
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader, WalRecord};
 use prometheus_client::registry::Registry;
+
+#[path = "common/sim.rs"]
+mod sim;
 
 const TOPICS: [&str; 2] = ["orders", "events"];
 const PARTITIONS: u32 = 6;
@@ -434,29 +435,13 @@ impl Sim {
     fn dispatch(&mut self, i: usize) {
         let now = self.now();
         let Some(node) = self.nodes[i].as_mut() else { return };
-        while node.core.wants_read() {
-            let Ok(Some(e)) = node.reader.next_entry() else { break };
-            let Ok(rec) = e.decode() else { return };
-            let topic: Arc<str> = rec.topic().into();
-            let target = node.resolver.resolve(&rec, &topic);
-            node.core.place_new(Item { seq: e.seq, record: rec }, target, &node.resolver, now);
-        }
-        if node.core.rescan_due(now)
-            && let Some((from, to)) = node.core.begin_rescan(now)
-        {
-            node.rescan.seek(from);
-            while node.rescan.position() < to {
-                let seq = node.rescan.position();
-                let Ok(Some(e)) = node.rescan.next_entry() else { break };
-                if node.core.mark(seq) != Some(Mark::Skipped) {
-                    continue;
-                }
-                let Ok(rec) = e.decode() else { break };
-                let topic: Arc<str> = rec.topic().into();
-                let target = node.resolver.resolve(&rec, &topic);
-                node.core.place_skipped(Item { seq, record: rec }, target, &node.resolver, now);
-            }
-        }
+        sim::read_and_rescan(
+            &mut node.core,
+            &mut node.reader,
+            &mut node.rescan,
+            &node.resolver,
+            now,
+        );
         let expired: Vec<u64> =
             node.waiting.iter().filter(|(_, (_, d))| *d <= now).map(|(id, _)| *id).collect();
         for id in expired {
@@ -466,20 +451,7 @@ impl Sim {
         let orders = node.core.take_orders(now, &|_| None);
         let mut sends = Vec::new();
         for o in orders {
-            let batch = CommitBatch {
-                topic: o.dest.topic.clone(),
-                partition: o.dest.partition,
-                records: o
-                    .items
-                    .iter()
-                    .map(|it| BatchRecord {
-                        incarnation: it.record.incarnation,
-                        key: it.record.key.clone(),
-                        payload: it.record.payload.clone(),
-                        accepted_at_ms: it.record.accepted_at_ms,
-                    })
-                    .collect(),
-            };
+            let batch = sim::batch_of(&o);
             let to = node_of(i, o.owner);
             if to == i {
                 let outcome = node.commit(batch);

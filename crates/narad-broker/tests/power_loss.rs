@@ -42,11 +42,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use narad_broker::consume::shard::ShardLimits;
 use narad_broker::consume::take::take;
-use narad_broker::dispatch::core::{Core, Item, Mark, Outcome, Target};
-use narad_broker::dispatch::driver::Resolver;
+use narad_broker::dispatch::core::{Core, Outcome};
 use narad_broker::dispatch::resolve::LocalResolver;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{BatchRecord, CommitBatch, CommitError, LocalOwner};
+use narad_broker::owner::{CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{PartitionRt, Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
@@ -55,6 +54,9 @@ use narad_log::LogConfig;
 use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, Topic, TopicDefaults};
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 use prometheus_client::registry::Registry;
+
+#[path = "common/sim.rs"]
+mod sim;
 
 const TOPICS: [&str; 2] = ["orders", "events"];
 
@@ -265,44 +267,15 @@ impl Node {
 
     /// One round of the dispatcher: read, rescan, commit, checkpoint.
     fn dispatch(&mut self, now: Duration) {
-        while self.core.wants_read() {
-            let Ok(Some(e)) = self.reader.next_entry() else { break };
-            let Ok(rec) = e.decode() else { return };
-            let topic: Arc<str> = rec.topic().into();
-            let target = self.resolver.resolve(&rec, &topic);
-            self.core.place_new(Item { seq: e.seq, record: rec }, target, &self.resolver, now);
-        }
-        if self.core.rescan_due(now)
-            && let Some((from, to)) = self.core.begin_rescan(now)
-        {
-            self.rescan.seek(from);
-            while self.rescan.position() < to {
-                let seq = self.rescan.position();
-                let Ok(Some(e)) = self.rescan.next_entry() else { break };
-                if self.core.mark(seq) != Some(Mark::Skipped) {
-                    continue;
-                }
-                let Ok(rec) = e.decode() else { break };
-                let topic: Arc<str> = rec.topic().into();
-                let target: Target = self.resolver.resolve(&rec, &topic);
-                self.core.place_skipped(Item { seq, record: rec }, target, &self.resolver, now);
-            }
-        }
+        sim::read_and_rescan(
+            &mut self.core,
+            &mut self.reader,
+            &mut self.rescan,
+            &self.resolver,
+            now,
+        );
         for o in self.core.take_orders(now, &|_| None) {
-            let batch = CommitBatch {
-                topic: o.dest.topic.clone(),
-                partition: o.dest.partition,
-                records: o
-                    .items
-                    .iter()
-                    .map(|i| BatchRecord {
-                        incarnation: i.record.incarnation,
-                        key: i.record.key.clone(),
-                        payload: i.record.payload.clone(),
-                        accepted_at_ms: i.record.accepted_at_ms,
-                    })
-                    .collect(),
-            };
+            let batch = sim::batch_of(&o);
             let outcome = match self.owner.commit_blocking(batch) {
                 Ok(_) => Outcome::Committed,
                 Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,
