@@ -38,25 +38,7 @@ fn lab_cluster(test: &str, topic: &str, partitions: u32) -> Option<(Cluster, Vec
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    let owners = wait_for(
-        Duration::from_secs(20),
-        "every node shows every partition owned",
-        || {
-            let all: Vec<Vec<String>> = (0..3)
-                .map(|n| {
-                    let (status, v) = c.get_json(n, &format!("/v1/topics/{topic}"))?;
-                    (status == 200).then_some(())?;
-                    v["partition_stats"]
-                        .as_array()?
-                        .iter()
-                        .map(|p| p["owner_node"].as_str().map(str::to_owned))
-                        .collect::<Option<Vec<String>>>()
-                })
-                .collect::<Option<_>>()?;
-            all.iter().all(|o| o == &all[0]).then(|| all[0].clone())
-        },
-        || c.describe(),
-    );
+    let owners = c.wait_placed(topic);
     Some((c, owners))
 }
 

@@ -36,25 +36,7 @@ fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<Stri
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    wait_for(
-        Duration::from_secs(20),
-        "every node shows every partition owned",
-        || {
-            let owners: Vec<Vec<String>> = (0..c.len())
-                .map(|n| {
-                    let (status, v) = c.get_json(n, &format!("/v1/topics/{name}"))?;
-                    (status == 200).then_some(())?;
-                    v["partition_stats"]
-                        .as_array()?
-                        .iter()
-                        .map(|p| p["owner_node"].as_str().map(str::to_owned))
-                        .collect::<Option<Vec<String>>>()
-                })
-                .collect::<Option<_>>()?;
-            owners.iter().all(|o| o == &owners[0]).then(|| owners[0].clone())
-        },
-        || c.describe(),
-    )
+    c.wait_placed(name)
 }
 
 /// Whether a partition directory holds a segment with a frame (more than

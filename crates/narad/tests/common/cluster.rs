@@ -540,6 +540,31 @@ impl Cluster {
         );
     }
 
+    /// Waits until every node shows every partition of `topic` owned, all
+    /// alike (within 20 s, else a panic with every node's state); returns
+    /// the owners by partition.
+    pub fn wait_placed(&self, topic: &str) -> Vec<String> {
+        wait_for(
+            Duration::from_secs(20),
+            &format!("every node shows every partition of {topic} owned"),
+            || {
+                let owners: Vec<Vec<String>> = (0..self.nodes.len())
+                    .map(|n| {
+                        let (status, v) = self.get_json(n, &format!("/v1/topics/{topic}"))?;
+                        (status == 200).then_some(())?;
+                        v["partition_stats"]
+                            .as_array()?
+                            .iter()
+                            .map(|p| p["owner_node"].as_str().map(str::to_owned))
+                            .collect::<Option<Vec<String>>>()
+                    })
+                    .collect::<Option<_>>()?;
+                owners.iter().all(|o| o == &owners[0]).then(|| owners[0].clone())
+            },
+            || self.describe(),
+        )
+    }
+
     /// The index of the leader: a running, unpaused node whose
     /// `/v1/cluster/status` says it leads (the highest term if several
     /// do), within `timeout` (else a panic with every node's status).
