@@ -531,6 +531,7 @@ fn cli_attach_children_and_detach_end_to_end() {
     assert_eq!(code, 0);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["children"], json!([]));
+    let _ = std::fs::remove_dir_all(&config_dir);
 }
 
 #[test]

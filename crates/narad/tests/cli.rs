@@ -12,6 +12,15 @@ struct Cli<'a> {
     config_dir: String,
 }
 
+/// The config directory goes with the test (a failing test keeps it).
+impl Drop for Cli<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.config_dir);
+        }
+    }
+}
+
 impl<'a> Cli<'a> {
     fn new(s: &'a Server, name: &str) -> Cli<'a> {
         Cli { s, config_dir: temp_dir(name).display().to_string() }
