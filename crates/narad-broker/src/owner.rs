@@ -42,6 +42,26 @@ pub struct CommitBatch {
     pub records: Vec<BatchRecord>,
 }
 
+impl CommitBatch {
+    /// The batch that commits `items` (an order's records, in WAL order)
+    /// into `dest`.
+    pub fn of(dest: &crate::dispatch::core::Dest, items: &[crate::dispatch::core::Item]) -> Self {
+        CommitBatch {
+            topic: dest.topic.clone(),
+            partition: dest.partition,
+            records: items
+                .iter()
+                .map(|i| BatchRecord {
+                    incarnation: i.record.incarnation,
+                    key: i.record.key.clone(),
+                    payload: i.record.payload.clone(),
+                    accepted_at_ms: i.record.accepted_at_ms,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Why a commit did not land.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CommitError {

@@ -451,7 +451,7 @@ impl Sim {
         let orders = node.core.take_orders(now, &|_| None);
         let mut sends = Vec::new();
         for o in orders {
-            let batch = sim::batch_of(&o);
+            let batch = CommitBatch::of(&o.dest, &o.items);
             let to = node_of(i, o.owner);
             if to == i {
                 let outcome = node.commit(batch);

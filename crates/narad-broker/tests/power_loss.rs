@@ -45,7 +45,7 @@ use narad_broker::consume::take::take;
 use narad_broker::dispatch::core::{Core, Outcome};
 use narad_broker::dispatch::resolve::LocalResolver;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{CommitError, LocalOwner};
+use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{PartitionRt, Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
@@ -275,7 +275,7 @@ impl Node {
             now,
         );
         for o in self.core.take_orders(now, &|_| None) {
-            let batch = sim::batch_of(&o);
+            let batch = CommitBatch::of(&o.dest, &o.items);
             let outcome = match self.owner.commit_blocking(batch) {
                 Ok(_) => Outcome::Committed,
                 Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,

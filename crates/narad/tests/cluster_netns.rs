@@ -183,28 +183,18 @@ fn a_cut_off_leader_loses_to_the_majority_and_its_accepted_records_commit_after_
         },
         || c.describe(),
     );
-    let r = c
-        .request(new, Method::POST, "/v1/topics")
-        .body(json!({"name": "majority-side", "partitions": 3}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(
-        r.status().as_u16(),
-        201,
-        "the majority takes metadata writes: {}",
-        r.text().unwrap()
-    );
-    let r = c
-        .request(old, Method::POST, "/v1/topics")
-        .body(json!({"name": "minority-side", "partitions": 3}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(
-        r.status().as_u16(),
-        503,
-        "the cut-off node refuses metadata writes: {}",
-        r.text().unwrap()
-    );
+    let create = |i: usize, name: &str| {
+        let r = c
+            .request(i, Method::POST, "/v1/topics")
+            .body(json!({"name": name, "partitions": 3}).to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    let (status, body) = create(new, "majority-side");
+    assert_eq!(status, 201, "the majority takes metadata writes: {body}");
+    let (status, body) = create(old, "minority-side");
+    assert_eq!(status, 503, "the cut-off node refuses metadata writes: {body}");
     // Produces into the cut-off node's WAL: 202, committed later.
     let mut acked = BTreeSet::new();
     for id in 0..200u64 {

@@ -18,7 +18,7 @@ use crate::limits::{
     DISPATCH_PROBE_TIMEOUT,
 };
 use crate::metrics::BrokerMetrics;
-use crate::owner::{BatchRecord, CommitBatch, CommitError, Owner};
+use crate::owner::{CommitBatch, CommitError, Owner};
 
 /// Decides where records go.
 pub trait Resolver: Topology + Send + Sync {
@@ -270,19 +270,7 @@ impl Driver {
         for order in self.core.take_orders(now, &budget) {
             self.outstanding += 1;
             let Order { id, dest, owner: owner_id, items, probe } = order;
-            let batch = CommitBatch {
-                topic: dest.topic.clone(),
-                partition: dest.partition,
-                records: items
-                    .iter()
-                    .map(|i| BatchRecord {
-                        incarnation: i.record.incarnation,
-                        key: i.record.key.clone(),
-                        payload: i.record.payload.clone(),
-                        accepted_at_ms: i.record.accepted_at_ms,
-                    })
-                    .collect(),
-            };
+            let batch = CommitBatch::of(&dest, &items);
             let fut = self.owner.commit(owner_id, batch);
             let budget = if probe { DISPATCH_PROBE_TIMEOUT } else { DISPATCH_COMMIT_TIMEOUT };
             let tx = tx.clone();

@@ -1,13 +1,11 @@
 //! What the simulations (`power_loss.rs`, `cluster_sim.rs`) share: the
-//! reading half of a dispatcher, driven by hand, and an order as the batch
-//! an owner commits.
+//! reading half of a dispatcher, driven by hand.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use narad_broker::dispatch::core::{Core, Item, Mark, Order};
+use narad_broker::dispatch::core::{Core, Item, Mark};
 use narad_broker::dispatch::driver::Resolver;
-use narad_broker::owner::{BatchRecord, CommitBatch};
 use narad_wal::WalReader;
 
 /// Places every record `core` can take from `reader`, then, when a rescan
@@ -42,23 +40,5 @@ pub fn read_and_rescan<R: Resolver>(
             let target = resolver.resolve(&rec, &topic);
             core.place_skipped(Item { seq, record: rec }, target, resolver, now);
         }
-    }
-}
-
-/// The batch an owner commits for `o`.
-pub fn batch_of(o: &Order) -> CommitBatch {
-    CommitBatch {
-        topic: o.dest.topic.clone(),
-        partition: o.dest.partition,
-        records: o
-            .items
-            .iter()
-            .map(|i| BatchRecord {
-                incarnation: i.record.incarnation,
-                key: i.record.key.clone(),
-                payload: i.record.payload.clone(),
-                accepted_at_ms: i.record.accepted_at_ms,
-            })
-            .collect(),
     }
 }
