@@ -13,8 +13,20 @@
 //! there.
 //!
 //! Needs root and `ip` (iproute2); [`unavailable`] says why a test skips.
-//! This kernel has no `sch_netem`, so faults are links cut (`ip link set
-//! down`) in both directions; one-way cuts and loss need nftables.
+//!
+//! Faults: a node cut off in both directions ([`Lab::isolate`]: its veth
+//! down in the hub namespace); and, with nftables ([`nft_unavailable`]
+//! says why not), rules in a table `ip nrdlab` the lab adds inside the
+//! node's own namespace, matching its `eth0` only (never its loopback,
+//! where the relay reaches its HTTP port): a one-way cut
+//! ([`Lab::one_way`]), random loss ([`Lab::lossy`]) and duplication
+//! ([`Lab::duplicating`]), all removed by [`Lab::heal_links`]. A
+//! bandwidth limit with a bounded queue ([`Lab::limit_bandwidth`]: TBF on
+//! both ends of the node's link, up to 400 ms of queueing delay) is a
+//! qdisc, removed by [`Lab::heal_links`] too. This kernel has no
+//! `sch_netem`: no fixed delay or reordering between processes (the
+//! cluster simulation, `narad-broker/tests/cluster_sim.rs`, delays and
+//! reorders its messages instead).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -50,10 +62,96 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
+/// Why the nftables faults ([`Lab::one_way`], [`Lab::lossy`],
+/// [`Lab::duplicating`]) cannot run here (`None`: they can). Checks
+/// [`unavailable`] first, then adds the lab's table with a `numgen` and a
+/// `dup` rule in a namespace of its own (so a kernel without them says so
+/// here, not in the middle of a test).
+pub fn nft_unavailable() -> Option<String> {
+    if let Some(why) = unavailable() {
+        return Some(why);
+    }
+    if let Err(e) = Command::new("nft").arg("--version").output() {
+        return Some(format!("no nft command (nftables): {e}"));
+    }
+    let rules = format!(
+        "{TABLE}\nadd rule ip nrdlab output oifname \"lo\" numgen random mod 100 < 1 drop\n\
+         add rule ip nrdlab output oifname \"lo\" ip daddr 127.0.0.2 dup to 127.0.0.3 device \"lo\"\n"
+    );
+    in_probe(|probe| nft(probe, &rules))
+        .err()
+        .map(|e| format!("nftables cannot add the lab's rules: {e}"))
+}
+
+/// Why [`Lab::limit_bandwidth`] cannot run here (`None`: it can): checks
+/// [`unavailable`], then adds a TBF qdisc in a namespace of its own.
+pub fn tbf_unavailable() -> Option<String> {
+    if let Some(why) = unavailable() {
+        return Some(why);
+    }
+    let added: Result<(), String> = in_probe(|probe| {
+        let tbf = ["qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1mbit", "burst", "32kbit"];
+        let o = Command::new("tc")
+            .args(["-n", probe])
+            .args(tbf)
+            .args(["latency", "400ms"])
+            .output()
+            .map_err(|e| format!("no tc command (iproute2): {e}"))?;
+        if o.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&o.stderr).into()) }
+    });
+    added.err().map(|e| format!("cannot add a TBF qdisc: {}", e.trim()))
+}
+
+/// Runs `f` with a fresh namespace (loopback up), deleted after.
+fn in_probe<T>(f: impl FnOnce(&str) -> T) -> T {
+    let probe = format!(
+        "{PREFIX}-{}-{}-probe",
+        std::process::id(),
+        NEXT_LAB.fetch_add(1, Ordering::Relaxed)
+    );
+    ip(&["netns", "add", &probe]);
+    ip(&["-n", &probe, "link", "set", "lo", "up"]);
+    let out = f(&probe);
+    let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+    out
+}
+
+/// The lab's table in a node's namespace, its two chains hooked on the
+/// node's own traffic (`add`: a no-op when they exist).
+const TABLE: &str = "add table ip nrdlab
+add chain ip nrdlab output { type filter hook output priority 0; policy accept; }
+add chain ip nrdlab input { type filter hook input priority 0; policy accept; }";
+
+/// Runs `nft -f -` with `rules` inside namespace `ns`; its stderr when it
+/// fails.
+fn nft(ns: &str, rules: &str) -> Result<(), String> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run nft: {e}"))?;
+    child.stdin.take().unwrap().write_all(rules.as_bytes()).map_err(|e| e.to_string())?;
+    let o = child.wait_with_output().map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{}\n{rules}", String::from_utf8_lossy(&o.stderr).trim()))
+    }
+}
+
 /// Runs `ip args...`; panics with its stderr when it fails.
 fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("run ip");
     assert!(o.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Runs `tc args...` (`-n NS` first: in that namespace); panics with its
+/// stderr when it fails.
+fn tc(args: &[&str]) {
+    let o = Command::new("tc").args(args).output().expect("run tc");
+    assert!(o.status.success(), "tc {}: {}", args.join(" "), String::from_utf8_lossy(&o.stderr));
 }
 
 /// Deletes the namespaces of labs whose test process is gone.
@@ -76,6 +174,8 @@ pub struct Lab {
     hub: String,
     nodes: Vec<String>,
     relays: Vec<Relay>,
+    /// By node: whether the lab's nftables table is in its namespace.
+    filtered: Vec<AtomicBool>,
 }
 
 impl Lab {
@@ -84,7 +184,12 @@ impl Lab {
         sweep_stale();
         let k = NEXT_LAB.fetch_add(1, Ordering::Relaxed);
         let base = format!("{PREFIX}-{}-{k}", std::process::id());
-        let mut lab = Lab { hub: format!("{base}-hub"), nodes: Vec::new(), relays: Vec::new() };
+        let mut lab = Lab {
+            hub: format!("{base}-hub"),
+            nodes: Vec::new(),
+            relays: Vec::new(),
+            filtered: (0..n).map(|_| AtomicBool::new(false)).collect(),
+        };
         ip(&["netns", "add", &lab.hub]);
         ip(&["-n", &lab.hub, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &lab.hub, "link", "set", "br0", "up"]);
@@ -133,6 +238,141 @@ impl Lab {
     /// Reconnects node `i`.
     pub fn heal(&self, i: usize) {
         ip(&["-n", &self.hub, "link", "set", &format!("v{}", i + 1), "up"]);
+    }
+
+    /// Adds `rules` (chains `input`/`output` of table `ip nrdlab`) in node
+    /// `i`'s namespace, making the table first; panics when nft fails.
+    fn nft_rules(&self, i: usize, rules: &[String]) {
+        let script = format!("{TABLE}\n{}\n", rules.join("\n"));
+        self.filtered[i].store(true, Ordering::Relaxed);
+        if let Err(e) = nft(&self.nodes[i], &script) {
+            panic!("nft in {}: {e}", self.nodes[i]);
+        }
+    }
+
+    /// Drops every packet node `from` sends to node `to`, and nothing else:
+    /// `to`'s packets still reach `from` (a rule in `from`'s output chain)
+    /// until [`Lab::heal_links`]. Needs nftables ([`nft_unavailable`]).
+    pub fn one_way(&self, from: usize, to: usize) {
+        let rule = format!(
+            "add rule ip nrdlab output oifname \"eth0\" ip daddr {} counter drop",
+            Lab::addr(to)
+        );
+        self.nft_rules(from, &[rule]);
+    }
+
+    /// Drops `percent` % of node `i`'s packets on its link, at random, in
+    /// each direction (what it sends and what it receives; between two
+    /// lossy nodes a packet crosses two such rules) until
+    /// [`Lab::heal_links`]. Needs nftables.
+    pub fn lossy(&self, i: usize, percent: u32) {
+        assert!(percent <= 100, "a percentage: {percent}");
+        let rules = [("output", "oifname"), ("input", "iifname")].map(|(chain, dev)| {
+            format!(
+                "add rule ip nrdlab {chain} {dev} \"eth0\" numgen random mod 100 < {percent} counter drop"
+            )
+        });
+        self.nft_rules(i, &rules);
+    }
+
+    /// Sends `percent` % of the packets node `i` sends to each other node
+    /// of the lab twice (nftables `dup`), until [`Lab::heal_links`].
+    /// Duplicated datagrams: QUIC discards the second copy by its packet
+    /// number. Needs nftables.
+    pub fn duplicating(&self, i: usize, percent: u32) {
+        assert!(percent <= 100, "a percentage: {percent}");
+        let rules: Vec<String> = (0..self.nodes.len())
+            .filter(|&j| j != i)
+            .map(|j| {
+                let to = Lab::addr(j);
+                format!(
+                    "add rule ip nrdlab output oifname \"eth0\" ip daddr {to} \
+                     numgen random mod 100 < {percent} counter dup to {to} device \"eth0\""
+                )
+            })
+            .collect();
+        self.nft_rules(i, &rules);
+    }
+
+    /// Limits node `i`'s link to `kbit` kbit/s in each direction with a
+    /// token bucket (TBF: 32 kbit bursts, what waits longer than 400 ms is
+    /// dropped): a slow link whose queue adds up to 400 ms of delay under
+    /// load; no delay when idle (not netem's fixed delay). A qdisc on the
+    /// node's `eth0` (what it sends) and on its port of the bridge in the
+    /// hub namespace (what it receives), until [`Lab::heal_links`].
+    pub fn limit_bandwidth(&self, i: usize, kbit: u32) {
+        let rate = format!("{kbit}kbit");
+        for (ns, dev) in self.link_ends(i) {
+            tc(&[
+                "-n", ns, "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", &rate, "burst",
+                "32kbit", "latency", "400ms",
+            ]);
+        }
+    }
+
+    /// Packets node `i`'s faults dropped and duplicated so far: the
+    /// counters of the lab's nftables rules in its namespace, plus what a
+    /// bandwidth limit's queues dropped (0 and 0 after
+    /// [`Lab::heal_links`]).
+    pub fn fault_counts(&self, i: usize) -> (u64, u64) {
+        let (mut dropped, mut duplicated) = (0, 0);
+        let rules = if self.filtered[i].load(Ordering::Relaxed) {
+            let o = Command::new("ip")
+                .args(["netns", "exec", &self.nodes[i], "nft", "list", "table", "ip", "nrdlab"])
+                .output()
+                .expect("run nft");
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        } else {
+            String::new()
+        };
+        for line in rules.lines() {
+            let Some((_, after)) = line.split_once("counter packets ") else { continue };
+            let n: u64 = after.split(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            if line.trim_end().ends_with(" drop") {
+                dropped += n;
+            } else if line.contains(" dup to ") {
+                duplicated += n;
+            }
+        }
+        for (ns, dev) in self.link_ends(i) {
+            let o = Command::new("tc")
+                .args(["-n", ns, "-s", "qdisc", "show", "dev", &dev, "root"])
+                .output()
+                .expect("run tc");
+            let text = String::from_utf8_lossy(&o.stdout);
+            if text.contains("tbf")
+                && let Some((_, after)) = text.split_once("(dropped ")
+            {
+                dropped += after.split(',').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        (dropped, duplicated)
+    }
+
+    /// Removes every fault of node `i` but a cut: the lab's nftables
+    /// table in its namespace (one-way cuts, loss, duplication) and the
+    /// bandwidth limit on both ends of its link.
+    pub fn heal_links(&self, i: usize) {
+        if self.filtered[i].swap(false, Ordering::Relaxed)
+            && let Err(e) = nft(&self.nodes[i], "delete table ip nrdlab\n")
+        {
+            panic!("nft in {}: {e}", self.nodes[i]);
+        }
+        for (ns, dev) in self.link_ends(i) {
+            let o = Command::new("tc")
+                .args(["-n", ns, "qdisc", "show", "dev", &dev, "root"])
+                .output()
+                .expect("run tc");
+            if String::from_utf8_lossy(&o.stdout).contains("tbf") {
+                tc(&["-n", ns, "qdisc", "del", "dev", &dev, "root"]);
+            }
+        }
+    }
+
+    /// Both ends of node `i`'s link: its `eth0` and its port of the bridge,
+    /// each with its namespace.
+    fn link_ends(&self, i: usize) -> [(&str, String); 2] {
+        [(&self.nodes[i], "eth0".to_owned()), (&self.hub, format!("v{}", i + 1))]
     }
 }
 
