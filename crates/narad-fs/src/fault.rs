@@ -107,6 +107,10 @@ impl Fs for FaultFs {
     fn exists(&self, path: &Path) -> io::Result<bool> {
         self.inner.exists(path)
     }
+
+    fn in_memory(&self) -> bool {
+        self.inner.in_memory()
+    }
 }
 
 impl File for FaultFile {

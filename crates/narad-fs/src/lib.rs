@@ -103,6 +103,14 @@ pub trait Fs: Send + Sync + Debug {
 
     /// Whether a file or directory exists at `path`.
     fn exists(&self, path: &Path) -> io::Result<bool>;
+
+    /// Whether every operation is a memory operation that never blocks on
+    /// a device (the simulated disk). Callers that move blocking file work
+    /// off an async runtime run it inline instead: no worker to keep free,
+    /// and a simulated run stays on one thread, so it replays exactly.
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// An open file. Every method takes `&self`: reads may run concurrently with

@@ -538,6 +538,10 @@ impl Fs for SimFs {
         let st = self.lock();
         Ok(st.live.has_dir(path) || st.live.files.contains_key(path))
     }
+
+    fn in_memory(&self) -> bool {
+        true
+    }
 }
 
 impl SimFile {

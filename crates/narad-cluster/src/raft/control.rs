@@ -120,6 +120,24 @@ impl Default for RaftTimings {
     }
 }
 
+impl RaftTimings {
+    /// openraft's configuration with these timings.
+    pub fn raft_config(&self) -> Result<openraft::Config, Error> {
+        openraft::Config {
+            cluster_name: "narad-metastore".to_owned(),
+            heartbeat_interval: self.heartbeat.as_millis() as u64,
+            election_timeout_min: self.election_min.as_millis() as u64,
+            election_timeout_max: self.election_max.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_after_entries),
+            max_in_snapshot_log_to_keep: self.entries_kept_after_snapshot,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| Error::Config(format!("raft timings: {e}")))
+    }
+}
+
 /// How a node takes part in the control plane.
 #[derive(Debug, Clone)]
 pub struct ControlPlaneConfig {
@@ -222,6 +240,30 @@ pub enum LeaderTopicView {
         /// The live incarnation id.
         incarnation: u64,
     },
+}
+
+/// The leader's confirmed view of topic `name`: a barrier (a quorum
+/// confirms that `raft` still leads, and `meta`, its state machine, applied
+/// everything committed before the question), then `meta`'s state. Without
+/// the barrier a leader cut off from a majority, already replaced, would
+/// answer from a stale state: "absent" for a topic recreated since, which
+/// would destroy its records.
+pub async fn confirmed_view(
+    raft: &Raft,
+    meta: &MetaStore,
+    name: &str,
+) -> Result<LeaderTopicView, String> {
+    match tokio::time::timeout(CONFIRM_BARRIER, raft.ensure_linearizable()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(format!("leadership not confirmed: {e}")),
+        Err(_) => {
+            return Err(format!("leadership not confirmed within {CONFIRM_BARRIER:?}"));
+        }
+    }
+    Ok(match meta.topic(name) {
+        Some(t) => LeaderTopicView::Present { incarnation: t.incarnation() },
+        None => LeaderTopicView::Absent,
+    })
 }
 
 /// The body of GetTopic's (op 20) 200.
@@ -340,24 +382,13 @@ impl ControlPlane {
             cluster_addr: me_entry.addr.to_string(),
             http_addr: cfg.http_addr.clone(),
         };
-        let t = &cfg.timings;
-        let config = openraft::Config {
-            cluster_name: "narad-metastore".to_owned(),
-            heartbeat_interval: t.heartbeat.as_millis() as u64,
-            election_timeout_min: t.election_min.as_millis() as u64,
-            election_timeout_max: t.election_max.as_millis() as u64,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(t.snapshot_after_entries),
-            max_in_snapshot_log_to_keep: t.entries_kept_after_snapshot,
-            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
-            ..Default::default()
-        }
-        .validate()
-        .map_err(|e| Error::Config(format!("raft timings: {e}")))?;
+        let config = cfg.timings.raft_config()?;
 
-        let log = LogStore::<TypeConfig>::open(&*cfg.fs, &cfg.data_dir)?;
         let metrics = RaftMetrics::default();
         metrics.register(registry);
         let sm = StateMachine::new(meta.clone(), cfg.fs.clone(), metrics.clone());
+        let log = LogStore::<TypeConfig>::open(&*cfg.fs, &cfg.data_dir)?
+            .with_purge_floor(sm.purge_floor());
         let id = raft_id(&cfg.node_id);
         let raft = Raft::new(id, Arc::new(config), Network::new(transport.clone()), log, sm)
             .await
@@ -568,20 +599,9 @@ impl ControlPlane {
         }
     }
 
-    /// As leader: a barrier (a quorum confirms this node still leads, and
-    /// it applied everything committed before), then the local state.
+    /// As leader: [`confirmed_view`] of this node's state.
     async fn confirmed_local_view(&self, name: &str) -> Result<LeaderTopicView, String> {
-        match tokio::time::timeout(CONFIRM_BARRIER, self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(format!("leadership not confirmed: {e}")),
-            Err(_) => {
-                return Err(format!("leadership not confirmed within {CONFIRM_BARRIER:?}"));
-            }
-        }
-        Ok(match self.meta.topic(name) {
-            Some(t) => LeaderTopicView::Present { incarnation: t.incarnation() },
-            None => LeaderTopicView::Absent,
-        })
+        confirmed_view(&self.raft, &self.meta, name).await
     }
 
     /// Leader confirmation (SPEC §7.1) of whether `name` exists: as leader,

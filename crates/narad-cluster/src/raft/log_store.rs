@@ -35,6 +35,19 @@
 //!   corrupt rather than hand openraft a damaged entry.
 //! * The file is created whole: built as `raft.redb.tmp`, renamed into
 //!   place, the directory fsynced.
+//! * With a purge floor ([`LogStore::with_purge_floor`]: the state
+//!   machine's durably applied index), a purge does not pass it at once.
+//!   openraft 0.9 asks a follower installing a snapshot to purge up to the
+//!   snapshot without waiting for the state machine to have it on disk,
+//!   and a start whose log is purged past the state machine's applied
+//!   entry is refused by openraft (its state check panics): after a power
+//!   loss or a failed install in between, the node could not start again
+//!   without an operator. The rest of such a purge is pending (in memory)
+//!   and done in the first write after the floor reaches it, or in an
+//!   append that would otherwise leave a gap below its entries (openraft
+//!   believes them purged), so entries stay contiguous. Found by the
+//!   metastore simulation (`tests/metastore_sim.rs`, seed 21: the install
+//!   failed on a full disk after the purge landed).
 
 use std::fmt::Debug;
 use std::io;
@@ -140,9 +153,18 @@ pub struct OpenError {
 
 struct Shared {
     db: redb::Database,
+    /// The disk is memory: redb work runs inline.
+    inline: bool,
     /// The first failed write, which latches the store.
     poisoned: Mutex<Option<String>>,
+    /// The highest index a purge may reach (`None` from it: none).
+    floor: std::sync::OnceLock<PurgeFloor>,
+    /// The rest of a purge held back at the floor: (index, stored log id).
+    pending: Mutex<Option<(u64, Vec<u8>)>>,
 }
+
+/// The state machine's durably applied index, read at each purge.
+pub type PurgeFloor = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
 impl Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,7 +256,13 @@ impl<C: RaftTypeConfig> LogStore<C> {
                 "format version {format} is not supported (this build reads version {FORMAT_VERSION})"
             )));
         }
-        let shared = Arc::new(Shared { db, poisoned: Mutex::new(None) });
+        let shared = Arc::new(Shared {
+            db,
+            inline: fs.in_memory(),
+            poisoned: Mutex::new(None),
+            floor: std::sync::OnceLock::new(),
+            pending: Mutex::new(None),
+        });
         let store = LogStore { shared, _types: PhantomData };
         // Read everything once: a damaged record fails the open, not a
         // replication task later.
@@ -244,6 +272,25 @@ impl<C: RaftTypeConfig> LogStore<C> {
         tracing::info!(path = %path.display(), first, last, "raft log opened");
         Ok(store)
     }
+}
+
+impl<C> LogStore<C> {
+    /// Purges from now on stop at `floor()`, the index the state machine
+    /// has durably applied (see the module docs); the first floor set wins.
+    pub fn with_purge_floor(self, floor: PurgeFloor) -> Self {
+        let _ = self.shared.floor.set(floor);
+        self
+    }
+}
+
+/// Removes the entries up to `upto` and records `row` (its log id) as the
+/// last purged, in `txn`.
+fn purge_in(txn: &redb::WriteTransaction, upto: u64, row: &[u8]) -> Result<(), String> {
+    let mut meta = txn.open_table(META).map_err(|e| format!("purge: {e}"))?;
+    meta.insert(KEY_PURGED, row).map_err(|e| format!("purge: {e}"))?;
+    let mut log = txn.open_table(LOG).map_err(|e| format!("purge: {e}"))?;
+    log.retain_in(..=upto, |_, _| false).map_err(|e| format!("purge: {e}"))?;
+    Ok(())
 }
 
 fn io_err(e: String) -> io::Error {
@@ -263,11 +310,31 @@ impl Shared {
         &self,
         f: impl FnOnce(&redb::WriteTransaction) -> Result<(), String>,
     ) -> Result<(), String> {
+        self.write_purging(false, f)
+    }
+
+    /// Runs one durable write, with the pending purge if the floor reached
+    /// it (or `force`); a failure latches the store.
+    fn write_purging(
+        &self,
+        force: bool,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<(), String>,
+    ) -> Result<(), String> {
         self.check_poisoned()?;
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let due = pending.filter(|(index, _)| {
+            force || self.floor.get().and_then(|f| f()).is_some_and(|floor| floor >= *index)
+        });
         let result = write_txn(&self.db).and_then(|txn| {
+            if let Some((upto, row)) = &due {
+                purge_in(&txn, *upto, row)?;
+            }
             f(&txn)?;
             txn.commit().map_err(|e| format!("commit: {e}"))
         });
+        if result.is_ok() && due.is_some() {
+            *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
         if let Err(e) = &result {
             tracing::error!(error = %e, "raft log write failed; the log refuses writes until restart");
             self.poisoned
@@ -323,10 +390,15 @@ impl Shared {
     }
 }
 
-/// Runs blocking redb work off the async runtime.
+/// Runs blocking redb work off the async runtime (inline on a disk in
+/// memory, see [`narad_fs::Fs::in_memory`]).
 async fn blocking<T: Send + 'static>(
+    inline: bool,
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
 ) -> Result<T, String> {
+    if inline {
+        return f();
+    }
     tokio::task::spawn_blocking(f).await.map_err(|e| format!("raft log task: {e}"))?
 }
 
@@ -340,7 +412,7 @@ impl<C: RaftTypeConfig> RaftLogReader<C> for LogReader<C> {
         range: RB,
     ) -> Result<Vec<C::Entry>, openraft::StorageError<C::NodeId>> {
         let (shared, range) = (self.shared.clone(), to_range(range));
-        blocking(move || shared.read_entries::<C>(range))
+        blocking(shared.inline, move || shared.read_entries::<C>(range))
             .await
             .map_err(|e| StorageIOError::read_logs(AnyError::error(e)).into())
     }
@@ -362,7 +434,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
 
     async fn get_log_state(&mut self) -> Result<LogState<C>, openraft::StorageError<C::NodeId>> {
         let shared = self.shared.clone();
-        blocking(move || {
+        blocking(shared.inline, move || {
             let purged: Option<LogId<C::NodeId>> = shared.meta_row(KEY_PURGED)?;
             let (_, last) = shared.bounds()?;
             let last_entry = shared.read_entries::<C>(last..=last)?;
@@ -382,7 +454,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         vote: &Vote<C::NodeId>,
     ) -> Result<(), openraft::StorageError<C::NodeId>> {
         let (shared, row) = (self.shared.clone(), encode_value(vote));
-        blocking(move || {
+        blocking(shared.inline, move || {
             shared.write(|txn| {
                 let mut meta = txn.open_table(META).map_err(|e| format!("vote: {e}"))?;
                 meta.insert(KEY_VOTE, row.as_slice()).map_err(|e| format!("vote: {e}"))?;
@@ -397,7 +469,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         &mut self,
     ) -> Result<Option<Vote<C::NodeId>>, openraft::StorageError<C::NodeId>> {
         let shared = self.shared.clone();
-        blocking(move || shared.vote::<C>())
+        blocking(shared.inline, move || shared.vote::<C>())
             .await
             .map_err(|e| StorageIOError::read_vote(AnyError::error(e)).into())
     }
@@ -414,8 +486,14 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         let rows: Vec<(u64, Vec<u8>)> =
             entries.into_iter().map(|e| (e.get_log_id().index, encode_value(&e))).collect();
         let shared = self.shared.clone();
-        let result = blocking(move || {
-            shared.write(|txn| {
+        let first = rows.first().map(|(index, _)| *index);
+        let result = blocking(shared.inline, move || {
+            // openraft appends after what it believes purged: a purge still
+            // pending below the new entries is done now, or they would
+            // leave a gap.
+            let (_, last) = shared.bounds()?;
+            let gap = first.is_some_and(|f| f > last + 1);
+            shared.write_purging(gap, |txn| {
                 let mut log = txn.open_table(LOG).map_err(|e| format!("append: {e}"))?;
                 for (index, row) in &rows {
                     log.insert(*index, row.as_slice()).map_err(|e| format!("append: {e}"))?;
@@ -434,7 +512,7 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         log_id: LogId<C::NodeId>,
     ) -> Result<(), openraft::StorageError<C::NodeId>> {
         let (shared, since) = (self.shared.clone(), log_id.index);
-        blocking(move || {
+        blocking(shared.inline, move || {
             shared.write(|txn| {
                 let mut log = txn.open_table(LOG).map_err(|e| format!("truncate: {e}"))?;
                 log.retain_in(since.., |_, _| false).map_err(|e| format!("truncate: {e}"))?;
@@ -449,15 +527,27 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         &mut self,
         log_id: LogId<C::NodeId>,
     ) -> Result<(), openraft::StorageError<C::NodeId>> {
-        let (shared, row, upto) = (self.shared.clone(), encode_value(&log_id), log_id.index);
-        blocking(move || {
-            shared.write(|txn| {
-                let mut meta = txn.open_table(META).map_err(|e| format!("purge: {e}"))?;
-                meta.insert(KEY_PURGED, row.as_slice()).map_err(|e| format!("purge: {e}"))?;
-                let mut log = txn.open_table(LOG).map_err(|e| format!("purge: {e}"))?;
-                log.retain_in(..=upto, |_, _| false).map_err(|e| format!("purge: {e}"))?;
-                Ok(())
-            })
+        let shared = self.shared.clone();
+        blocking(shared.inline, move || {
+            let mut now = log_id.clone();
+            if let Some(floor) = shared.floor.get() {
+                let floor = floor().unwrap_or(0);
+                if floor < log_id.index {
+                    tracing::info!(
+                        requested = log_id.index,
+                        floor,
+                        "raft log purge held back at the state machine's durably applied index"
+                    );
+                    *shared.pending.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some((log_id.index, encode_value(&log_id)));
+                    match shared.read_entries::<C>(floor..=floor)?.first() {
+                        Some(e) if floor > 0 => now = e.get_log_id().clone(),
+                        _ => return Ok(()), // nothing to purge yet
+                    }
+                }
+            }
+            let row = encode_value(&now);
+            shared.write(|txn| purge_in(txn, now.index, &row))
         })
         .await
         .map_err(|e| StorageIOError::write_logs(AnyError::error(e)).into())

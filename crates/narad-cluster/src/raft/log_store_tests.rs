@@ -170,3 +170,63 @@ async fn a_file_of_another_format_is_refused() {
     let err = LogStore::<T>::open(&fs, &data_dir()).unwrap_err();
     assert!(err.to_string().contains("format version 9 is not supported"), "{err}");
 }
+
+/// A store whose purge floor the test moves.
+fn open_with_floor(fs: &SimFs) -> (LogStore<T>, Arc<std::sync::atomic::AtomicU64>) {
+    let floor = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let read = floor.clone();
+    let store = open(fs).with_purge_floor(Box::new(move || {
+        Some(read.load(std::sync::atomic::Ordering::SeqCst)).filter(|f| *f > 0)
+    }));
+    (store, floor)
+}
+
+#[tokio::test]
+async fn a_purge_past_the_state_machines_applied_entry_waits_for_it_even_across_a_crash() {
+    let fs = sim();
+    let (mut store, floor) = open_with_floor(&fs);
+    store.blocking_append(ents(1..=10)).await.unwrap();
+    floor.store(3, std::sync::atomic::Ordering::SeqCst);
+    // openraft asks for a purge to 8 (a snapshot being installed) while the
+    // state machine has applied 3 durably.
+    store.purge(log_id(1, 1, 8)).await.unwrap();
+    assert_eq!(indexes(&mut store).await, [4, 5, 6, 7, 8, 9, 10]);
+    drop(store);
+    fs.crash(CrashMode::DropUnsynced);
+    // A power loss before the install landed: the log still starts right
+    // after the state machine's entry.
+    let (mut store, floor) = open_with_floor(&fs);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 3)));
+
+    // Once the state machine has the entries, the next write purges them.
+    store.purge(log_id(1, 1, 8)).await.unwrap();
+    assert_eq!(indexes(&mut store).await, [4, 5, 6, 7, 8, 9, 10]);
+    floor.store(8, std::sync::atomic::Ordering::SeqCst);
+    store.save_vote(&openraft::Vote::new_committed(2, 1)).await.unwrap();
+    assert_eq!(indexes(&mut store).await, [9, 10]);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1, 8)));
+}
+
+#[tokio::test]
+async fn an_append_past_a_held_back_purge_never_leaves_a_gap_in_the_log() {
+    let fs = sim();
+    let (mut store, floor) = open_with_floor(&fs);
+    store.blocking_append(ents(1..=5)).await.unwrap();
+    floor.store(2, std::sync::atomic::Ordering::SeqCst);
+    store.purge(log_id(1, 1, 8)).await.unwrap();
+    assert_eq!(indexes(&mut store).await, [3, 4, 5]);
+    // openraft believes 1..=8 purged and appends 9: entries stay
+    // contiguous, so the held-back purge is done with it.
+    store.blocking_append(ents(9..=9)).await.unwrap();
+    assert_eq!(indexes(&mut store).await, [9]);
+    drop(store);
+    fs.crash(CrashMode::DropUnsynced);
+    let (mut store, _) = open_with_floor(&fs);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(
+        (state.last_purged_log_id, state.last_log_id),
+        (Some(log_id(1, 1, 8)), Some(log_id(1, 1, 9)))
+    );
+}

@@ -22,7 +22,7 @@ mod storage_suite;
 
 pub use control::{
     CONFIRM_BARRIER, ControlPlane, ControlPlaneConfig, LeaderInfo, LeaderTopicView, PeerEntry,
-    RaftStatus, RaftTimings, Role,
+    RaftStatus, RaftTimings, Role, confirmed_view,
 };
 pub use types::{RaftNode, TypeConfig, raft_id};
 

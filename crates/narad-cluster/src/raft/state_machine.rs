@@ -25,6 +25,7 @@ use narad_meta::MetaStore;
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{AnyError, EntryPayload, RaftSnapshotBuilder, StorageIOError};
 
+use super::log_store::PurgeFloor;
 use super::metrics::RaftMetrics;
 use super::types::{
     AppliedState, ApplyOutcome, Entry, LogId, NodeId, RaftNode, StorageError, StoredMembership,
@@ -106,6 +107,17 @@ impl StateMachine {
         }
     }
 
+    /// The log store's purge floor ([`LogStore::with_purge_floor`]): the
+    /// index of the last entry applied durably to this state machine
+    /// (its applied state is stored in the same transaction as the entry's
+    /// effects, or with an installed snapshot).
+    ///
+    /// [`LogStore::with_purge_floor`]: super::log_store::LogStore::with_purge_floor
+    pub fn purge_floor(&self) -> PurgeFloor {
+        let meta = self.shared.meta.clone();
+        Box::new(move || Self::applied(&meta).ok()?.last_applied.map(|l| l.index))
+    }
+
     /// The applied state stored with the last applied entry.
     fn applied(meta: &MetaStore) -> Result<AppliedState, String> {
         meta.raft_state().map_or(Ok(AppliedState::default()), |b| AppliedState::decode(&b))
@@ -133,16 +145,22 @@ impl StateMachine {
     }
 }
 
+/// Runs blocking metastore work off the async runtime (inline on a disk in
+/// memory, see [`narad_fs::Fs::in_memory`]).
 async fn blocking<T: Send + 'static>(
+    inline: bool,
     f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, StorageError> {
+    if inline {
+        return Ok(f()?);
+    }
     Ok(tokio::task::spawn_blocking(f).await.map_err(write)??)
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let shared = self.sm.shared.clone();
-        let built = blocking(move || {
+        let built = blocking(shared.fs.in_memory(), move || {
             let (meta, data) = StateMachine::export(&shared).map_err(read)?;
             *lock(&shared.current) = Some((meta.clone(), data.clone()));
             Ok((meta, data))
@@ -172,7 +190,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let shared = self.shared.clone();
-        blocking(move || {
+        blocking(shared.fs.in_memory(), move || {
             let _gate = lock(&shared.gate);
             let mut state = Self::applied(&shared.meta).map_err(read)?;
             let mut out = Vec::with_capacity(entries.len());
@@ -211,7 +229,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
         let (shared, meta) = (self.shared.clone(), meta.clone());
-        blocking(move || {
+        blocking(shared.fs.in_memory(), move || {
             let _gate = lock(&shared.gate);
             shared.meta.install_snapshot(&*shared.fs, &data).map_err(write)?;
             let state = Self::applied(&shared.meta).map_err(read)?;
@@ -235,7 +253,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let shared = self.shared.clone();
-        let current = blocking(move || {
+        let current = blocking(shared.fs.in_memory(), move || {
             if let Some(c) = lock(&shared.current).clone() {
                 return Ok(Some(c));
             }
