@@ -20,20 +20,33 @@
 //! bit for bit: `NARAD_SEED=S` runs one; `NARAD_SEEDS=N` runs N (default
 //! 1,000).
 //!
+//! The metadata is a replicated log of commands (members joining and
+//! marked dead, topics created, assigned, deleted) that the leader holds
+//! whole and each node's metastore replica applies later, each at its own
+//! pace; the leader deletes and recreates the `events` topic under load and
+//! marks nodes that are down dead (their partitions' records then reroute
+//! to siblings at once, as membership says) and alive again when they are
+//! back. Each node's dispatcher resolves records with the cluster's own
+//! [`ClusterResolver`]: owners and liveness from its replica, and a record
+//! of a topic or incarnation its replica does not hold is discarded only
+//! once the leader confirms it is gone (the leader's answers come through
+//! the resolver's own task, on a one-thread runtime driven after every
+//! step, and fail one time in four). The Raft group itself is simulated in
+//! `narad-cluster/tests/metastore_sim.rs`.
+//!
 //! After the run every link heals, every node restarts, the backlogs are
 //! dispatched and every partition drained on its owner. Then:
 //! * every record acked by any node (appended to its WAL with `Ok`, the 202)
-//!   was delivered at least once;
-//! * every record delivered was produced (nothing invented, nothing
-//!   half-written);
+//!   for a topic incarnation live at the end was delivered at least once
+//!   (a delete destroys the backlog of its incarnation);
+//! * every record delivered was produced, for the incarnation it was
+//!   delivered from: nothing invented, nothing half-written, nothing of a
+//!   deleted incarnation in a recreated topic;
 //! * every offset of every partition below its high watermark was delivered
 //!   (offsets dense), and an offset always carries the same record, across
-//!   owner crashes (offsets stable).
-//!
-//! Not simulated here yet: the replicated metastore (Raft; assignments are
-//! fixed and each node's metastore is created alike), topic delete and
-//! recreate across nodes, reroutes decided by membership (owners are
-//! always reported alive: reroutes come from the 3 s failure grace).
+//!   owner crashes (offsets stable);
+//! * a partition's consumer frontier never goes below what was persisted,
+//!   across owner crashes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -41,8 +54,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_broker::consume::take::take;
-use narad_broker::dispatch::core::{Core, Dest, Order, Outcome, OwnerId, Target, Topology};
-use narad_broker::dispatch::driver::Resolver;
+use narad_broker::dispatch::core::{Core, Order, Outcome, OwnerId};
+use narad_broker::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LeaderTopic, OwnerIds};
 use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
@@ -50,8 +63,11 @@ use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
 use narad_log::LogConfig;
-use narad_meta::{CreateTopicRequest, MetaStore, MetaStoreOptions, Topic, TopicDefaults};
-use narad_wal::{RecordRef, Wal, WalOptions, WalReader, WalRecord};
+use narad_meta::{
+    CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions, PartitionAssignment,
+    Topic, TopicDefaults,
+};
+use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 use prometheus_client::registry::Registry;
 
 #[path = "common/sim.rs"]
@@ -82,43 +98,108 @@ fn owner_of(p: u32, n: usize) -> usize {
     p as usize % n
 }
 
-/// Where node `me`'s dispatcher sends a record: its partition's owner, as
-/// an [`OwnerId`] (0 is this node, so its own partitions commit locally;
-/// node `n` is `n + 1` otherwise).
-struct SimResolver {
-    me: usize,
-    nodes: usize,
-    meta: Arc<MetaStore>,
+/// The member id of node `k`.
+fn member(k: usize) -> String {
+    format!("n{k}")
 }
 
-impl SimResolver {
-    fn id(&self, node: usize) -> OwnerId {
-        if node == self.me { 0 } else { node as OwnerId + 1 }
-    }
+/// The node behind owner id `owner` in node `me`'s table.
+fn node_of(ids: &OwnerIds, owner: OwnerId) -> usize {
+    let name = ids.name(owner).expect("owner ids come from the table");
+    name.trim_start_matches('n').parse().expect("member ids are n<k>")
 }
 
-fn node_of(me: usize, owner: OwnerId) -> usize {
-    if owner == 0 { me } else { owner as usize - 1 }
+/// One entry of the replicated metadata log: every node applies the same
+/// entries in the same order (each one a command that succeeds), later or
+/// sooner; the leader's replica has them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MetaCmd {
+    /// Node `k` joins (alive).
+    Join(usize),
+    /// Node `k` is marked dead (missed its heartbeats).
+    Dead(usize),
+    /// The topic is created.
+    Create(&'static str),
+    /// Its partitions are assigned: partition `p` to node `p % n`.
+    Assign(&'static str),
+    /// The topic is deleted.
+    Delete(&'static str),
 }
 
-impl Topology for SimResolver {
-    fn owner_of(&self, topic: &str, partition: u32) -> Option<(OwnerId, bool)> {
-        let t = self.meta.topic(topic)?;
-        (partition < t.partitions()).then(|| (self.id(owner_of(partition, self.nodes)), true))
-    }
-}
-
-impl Resolver for SimResolver {
-    fn resolve(&self, record: &WalRecord, topic: &Arc<str>) -> Target {
-        let Some(t) = self.meta.topic(topic) else { return Target::Wait };
-        let partitions = t.partitions();
-        let partition = record.partition % partitions;
-        Target::Commit {
-            dest: Dest { topic: topic.clone(), partition },
-            owner: self.id(owner_of(partition, self.nodes)),
-            alive: true,
-            partitions,
+/// Applies `cmd` to a replica (and, for a delete, removes the deleted
+/// incarnation's files as a node does when it applies one).
+fn apply_meta(
+    meta: &MetaStore,
+    topics: Option<&Topics>,
+    cmd: MetaCmd,
+    n: usize,
+) -> Result<(), String> {
+    let r = match cmd {
+        MetaCmd::Join(k) => meta
+            .member_join(Member {
+                id: member(k),
+                addr: format!("10.0.0.{}:7942", k + 1),
+                cluster_addr: None,
+                status: MemberStatus::Alive,
+                last_heartbeat: 1,
+            })
+            .map(drop),
+        MetaCmd::Dead(k) => meta.member_dead(&member(k)).map(drop),
+        MetaCmd::Create(name) => meta
+            .create_topic(CreateTopicRequest {
+                name: name.into(),
+                partitions: i64::from(PARTITIONS),
+                ..Default::default()
+            })
+            .map(drop),
+        MetaCmd::Assign(name) => {
+            let t = meta.topic(name).ok_or("assign: no topic")?;
+            let a = (0..PARTITIONS)
+                .map(|p| PartitionAssignment {
+                    partition: p,
+                    owner_id: member(owner_of(p, n)),
+                    target_id: None,
+                })
+                .collect();
+            meta.assign_partitions(name, t.incarnation(), a)
         }
+        MetaCmd::Delete(name) => meta.delete_topic(name).map(|t| {
+            if let Some(topics) = topics {
+                let _ = topics.remove(name, t.incarnation());
+            }
+        }),
+    };
+    r.map_err(|e| format!("{cmd:?}: {e}"))
+}
+
+/// The leader's confirmation of a topic (SPEC 7.1), answered from the
+/// leader's replica, which holds every entry; sometimes no answer (no
+/// leader, unreachable), as the real one can fail.
+#[derive(Debug)]
+struct SimLeader {
+    meta: Arc<MetaStore>,
+    rng: Arc<std::sync::Mutex<SimRng>>,
+    /// Questions asked.
+    asked: std::sync::atomic::AtomicU64,
+}
+
+impl DeleteConfirmer for SimLeader {
+    fn leader_topic(
+        &self,
+        topic: &str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<LeaderTopic, String>> + Send>>
+    {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (meta, rng, topic) = (self.meta.clone(), self.rng.clone(), topic.to_owned());
+        Box::pin(async move {
+            if rng.lock().unwrap().chance(1, 4) {
+                return Err("no leader".into());
+            }
+            Ok(match meta.topic(&topic) {
+                Some(t) => LeaderTopic::Present(t.incarnation()),
+                None => LeaderTopic::Absent,
+            })
+        })
     }
 }
 
@@ -128,7 +209,8 @@ struct Node {
     topics: Arc<Topics>,
     wal: Arc<Wal>,
     owner: LocalOwner,
-    resolver: SimResolver,
+    ids: Arc<OwnerIds>,
+    resolver: ClusterResolver,
     core: Core,
     reader: WalReader,
     rescan: WalReader,
@@ -139,7 +221,12 @@ struct Node {
     leases: Vec<(Arc<Topic>, u32, u64, u64)>,
 }
 
-fn open(me: usize, nodes: usize, fs: &SimFs, clock: &ManualClock) -> Result<Node, String> {
+fn open(
+    me: usize,
+    fs: &SimFs,
+    clock: &ManualClock,
+    leader: &Arc<SimLeader>,
+) -> Result<Node, String> {
     let data = Path::new("/data");
     let meta = Arc::new(
         MetaStore::open(
@@ -165,9 +252,14 @@ fn open(me: usize, nodes: usize, fs: &SimFs, clock: &ManualClock) -> Result<Node
     );
     let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
     let start = wal.checkpoint();
+    let ids = Arc::new(OwnerIds::new(&member(me)));
+    let confirmer: Arc<dyn DeleteConfirmer> = leader.clone();
+    let resolver =
+        ClusterResolver::new(meta.clone(), ids.clone(), confirmer, Arc::new(clock.clone()));
     Ok(Node {
         owner: LocalOwner::new(meta.clone(), topics.clone(), metrics),
-        resolver: SimResolver { me, nodes, meta: meta.clone() },
+        ids,
+        resolver,
         core: Core::new(start),
         reader: wal.reader(start),
         rescan: wal.reader(start),
@@ -222,20 +314,34 @@ struct Ledger {
     acked: HashSet<Vec<u8>>,
     delivered: HashSet<Vec<u8>>,
     deliveries: u64,
-    /// What each offset carried when delivered: (topic, partition, offset).
-    at: BTreeMap<(String, u32, u64), Vec<u8>>,
+    /// What each offset carried when delivered: (topic, incarnation,
+    /// partition, offset).
+    at: BTreeMap<(String, u64, u32, u64), Vec<u8>>,
+    /// The topic incarnation each attempted record was produced for.
+    incarnation: HashMap<Vec<u8>, u64>,
 }
 
 impl Ledger {
-    fn deliver(&mut self, seed: u64, topic: &str, p: u32, offset: u64, payload: &[u8]) {
-        if let Some(before) = self.at.get(&(topic.to_owned(), p, offset)) {
+    /// A record delivered from incarnation `inc` of `topic`: it must have
+    /// been produced for that incarnation, and an offset always carries
+    /// the same record.
+    fn deliver(&mut self, seed: u64, topic: &str, inc: u64, p: u32, offset: u64, payload: &[u8]) {
+        let produced_for = self.incarnation.get(payload).copied();
+        assert_eq!(
+            produced_for,
+            Some(inc),
+            "seed {seed}: {topic}/{p} offset {offset} of incarnation {inc} delivered a record \
+             produced for incarnation {produced_for:?}"
+        );
+        let key = (topic.to_owned(), inc, p, offset);
+        if let Some(before) = self.at.get(&key) {
             assert_eq!(
                 before.as_slice(),
                 payload,
                 "seed {seed}: {topic}/{p} offset {offset} delivered with another record than before"
             );
         } else {
-            self.at.insert((topic.to_owned(), p, offset), payload.to_vec());
+            self.at.insert(key, payload.to_vec());
         }
         self.delivered.insert(payload.to_vec());
         self.deliveries += 1;
@@ -253,6 +359,12 @@ struct Tally {
     lost_messages: u64,
     late_answers: u64,
     failed_starts: u64,
+    /// Acked records of an incarnation deleted later (a delete destroys
+    /// its backlog; they must only never appear elsewhere).
+    deleted_with_topic: u64,
+    /// Incarnations deleted, and members marked dead.
+    deletes: u64,
+    deaths: u64,
 }
 
 struct Sim {
@@ -275,29 +387,65 @@ struct Sim {
     next_id: u64,
     /// `NARAD_SIM_TRACE=1`: every fault and restart on stderr.
     trace: bool,
+    /// The replicated metadata log, and the leader that holds all of it.
+    meta_log: Vec<MetaCmd>,
+    leader: Arc<SimLeader>,
+    /// Runs the resolvers' questions to the leader (one thread, driven
+    /// after every step: deterministic).
+    rt: Arc<tokio::runtime::Runtime>,
+    /// The highest consumer frontier persisted per (topic, incarnation,
+    /// partition): what a restart must never go below.
+    frontiers: HashMap<(String, u64, u32), u64>,
 }
 
 impl Sim {
     fn new(seed: u64, n: usize) -> Sim {
         let clock = ManualClock::new(1_700_000_000_000);
+        let mut rng = SimRng::new(seed);
+        let leader_disk = SimFs::new(seed * 31 + 17);
+        let leader_meta = Arc::new(
+            MetaStore::open(
+                &leader_disk,
+                Path::new("/leader"),
+                MetaStoreOptions {
+                    defaults: TopicDefaults::default(),
+                    clock: Arc::new(clock.clone()),
+                    rng_seed: Some(7),
+                },
+            )
+            .unwrap(),
+        );
+        let leader = Arc::new(SimLeader {
+            meta: leader_meta,
+            rng: Arc::new(std::sync::Mutex::new(rng.fork())),
+            asked: Default::default(),
+        });
+        let mut meta_log: Vec<MetaCmd> = (0..n).map(MetaCmd::Join).collect();
+        for name in TOPICS {
+            meta_log.extend([MetaCmd::Create(name), MetaCmd::Assign(name)]);
+        }
+        for &cmd in &meta_log {
+            apply_meta(&leader.meta, None, cmd, n).unwrap();
+        }
         let disks: Vec<SimFs> = (0..n as u64).map(|i| SimFs::new(seed * 31 + i)).collect();
         let mut nodes = Vec::new();
         for (i, fs) in disks.iter().enumerate() {
-            let node = open(i, n, fs, &clock).unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
-            for name in TOPICS {
-                let req = CreateTopicRequest {
-                    name: name.into(),
-                    partitions: i64::from(PARTITIONS),
-                    ..Default::default()
-                };
-                node.meta.create_topic(req).unwrap();
+            let node =
+                open(i, fs, &clock, &leader).unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
+            for &cmd in &meta_log {
+                apply_meta(&node.meta, Some(&node.topics), cmd, n).unwrap();
             }
             nodes.push(Some(node));
         }
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         Sim {
             seed,
             n,
-            rng: SimRng::new(seed),
+            rng,
+            meta_log,
+            leader,
+            rt: Arc::new(rt),
+            frontiers: HashMap::new(),
             clock,
             disks,
             nodes,
@@ -391,10 +539,11 @@ impl Sim {
         let mut keys = Vec::new();
         for _ in 0..n {
             self.next_id += 1;
-            let mut p = format!("{name}:{}:{i}:", self.next_id).into_bytes();
+            let mut p = format!("{name}@{}:{}:{i}:", t.incarnation(), self.next_id).into_bytes();
             let pad = self.rng.below(200) as usize;
             p.extend((0..pad).map(|k| b'a' + (k % 26) as u8));
             self.ledger.attempted.insert(p.clone());
+            self.ledger.incarnation.insert(p.clone(), t.incarnation());
             payloads.push(p);
             keys.push(if self.rng.chance(1, 2) {
                 Some(format!("k{}", self.rng.below(20)).into_bytes())
@@ -452,7 +601,7 @@ impl Sim {
         let mut sends = Vec::new();
         for o in orders {
             let batch = CommitBatch::of(&o.dest, &o.items);
-            let to = node_of(i, o.owner);
+            let to = node_of(&node.ids, o.owner);
             if to == i {
                 let outcome = node.commit(batch);
                 node.core.finish(o.id, &o.dest, o.items, outcome, now);
@@ -485,8 +634,21 @@ impl Sim {
         let Some(t) = node.meta.topic(name) else { return };
         let Some(rt) = node.topics.get_open(name, t.incarnation()) else { return };
         let Some(part) = rt.partition_if_open(p) else { return };
+        let key = (name.to_owned(), t.incarnation(), p);
+        if let Ok(g) = part.shard()
+            && let Some(s) = g.as_ref()
+        {
+            let persisted = self.frontiers.get(&key).copied().unwrap_or(0);
+            assert!(
+                s.next() >= persisted,
+                "seed {}: the consumer frontier of {name}/{p} went back from {persisted} to {}",
+                self.seed,
+                s.next()
+            );
+        }
         for l in take(name, &part, &shard_limits(&t), now_ms, max, 1 << 20).leased {
-            self.ledger.deliver(self.seed, name, p, l.record.offset, &l.record.payload);
+            let inc = t.incarnation();
+            self.ledger.deliver(self.seed, name, inc, p, l.record.offset, &l.record.payload);
             node.leases.push((t.clone(), p, l.record.offset, l.nonce));
         }
         let n = ack.min(node.leases.len());
@@ -498,6 +660,73 @@ impl Sim {
                 let _ = s.ack(offset, nonce, now_ms, &shard_limits(&t));
             }
         }
+        // Sometimes the frontier is persisted (the background pass).
+        if self.rng.chance(1, 3) {
+            let next = part.shard().ok().and_then(|g| g.as_ref().map(|s| s.next()));
+            if let (Some(next), Ok(true)) = (next, part.persist_frontier()) {
+                let f = self.frontiers.entry(key).or_default();
+                *f = (*f).max(next);
+            }
+        }
+    }
+
+    /// The leader changes the metadata: the churned topic deleted or
+    /// created again (with its assignments); a node that is down marked
+    /// dead, one that is up alive again.
+    fn change_meta(&mut self, i: usize) {
+        let name = TOPICS[1];
+        let mut cmds = Vec::new();
+        if self.rng.chance(1, 6) {
+            match self.leader.meta.topic(name) {
+                Some(_) => {
+                    cmds.push(MetaCmd::Delete(name));
+                    self.tally.deletes += 1;
+                }
+                None => cmds.extend([MetaCmd::Create(name), MetaCmd::Assign(name)]),
+            }
+        } else {
+            let alive = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
+            match (self.nodes[i].is_some(), alive) {
+                (false, Some(MemberStatus::Alive)) => {
+                    cmds.push(MetaCmd::Dead(i));
+                    self.tally.deaths += 1;
+                }
+                (true, Some(MemberStatus::Dead)) => cmds.push(MetaCmd::Join(i)),
+                _ => {}
+            }
+        }
+        for cmd in cmds {
+            apply_meta(&self.leader.meta, None, cmd, self.n)
+                .unwrap_or_else(|e| panic!("seed {}: the leader: {e}", self.seed));
+            self.trace(format_args!("metadata: {cmd:?}"));
+            self.meta_log.push(cmd);
+        }
+    }
+
+    /// Node `i` applies up to `k` more entries of the metadata log (its
+    /// replica lags the leader by a random amount).
+    fn replicate(&mut self, i: usize, k: usize) {
+        let Some(node) = self.nodes[i].as_ref() else { return };
+        for _ in 0..k {
+            let at = node.meta.snapshot().applied_index() as usize;
+            let Some(&cmd) = self.meta_log.get(at) else { return };
+            if let Err(e) = apply_meta(&node.meta, Some(&node.topics), cmd, self.n) {
+                // A disk fault latched the replica: it applies again after
+                // a restart.
+                self.trace(format_args!("node {i}: {e}"));
+                return;
+            }
+            assert_eq!(node.meta.snapshot().applied_index() as usize, at + 1, "seed {}", self.seed);
+        }
+    }
+
+    /// Runs the resolvers' questions to the leader that are ready.
+    fn drive(&self) {
+        self.rt.block_on(async {
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        });
     }
 
     /// Node `i` loses power: whatever was not synced is gone, the last
@@ -523,7 +752,7 @@ impl Sim {
             return Ok(());
         }
         self.lives[i] += 1;
-        let node = open(i, self.n, &self.disks[i], &self.clock);
+        let node = open(i, &self.disks[i], &self.clock, &self.leader);
         self.trace(format_args!("node {i} started: {:?}", node.as_ref().err()));
         self.nodes[i] = Some(node?);
         Ok(())
@@ -551,6 +780,8 @@ impl Sim {
     }
 
     fn step(&mut self) {
+        let rt = self.rt.clone();
+        let _in_runtime = rt.enter();
         self.clock.advance(Duration::from_millis(self.rng.range(1, 40)));
         self.deliver_due();
         let i = self.rng.below(self.n as u64) as usize;
@@ -578,16 +809,32 @@ impl Sim {
                 self.disks[i].inject(at, kind);
                 self.trace(format_args!("node {i}: {kind:?} armed at disk op {at}"));
             }
+            91..=93 => self.change_meta(i),
+            94..=99 => {
+                let k = 1 + self.rng.below(3) as usize;
+                self.replicate(i, k);
+            }
             _ => {}
         }
+        self.drive();
     }
 
     /// Every link healed, every node restarted (a clean restart clears the
     /// latches of failed disks), the backlogs dispatched, every partition
     /// drained on its owner.
     fn drain(&mut self) {
+        let rt = self.rt.clone();
+        let _in_runtime = rt.enter();
         self.faulty = false;
         self.cut.clear();
+        // Every member alive again (they are all about to run).
+        for i in 0..self.n {
+            let status = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
+            if status == Some(MemberStatus::Dead) {
+                apply_meta(&self.leader.meta, None, MetaCmd::Join(i), self.n).unwrap();
+                self.meta_log.push(MetaCmd::Join(i));
+            }
+        }
         for i in 0..self.n {
             if let Some(n) = self.nodes[i].take() {
                 n.close();
@@ -607,6 +854,15 @@ impl Sim {
             if let Err(e) = started {
                 panic!("seed {}: node {i} never started again: {e}", self.seed);
             }
+            // Every replica catches up with the leader.
+            self.replicate(i, usize::MAX);
+            let node = self.nodes[i].as_ref().unwrap();
+            assert_eq!(
+                node.meta.snapshot().applied_index() as usize,
+                self.meta_log.len(),
+                "seed {}: node {i}'s replica did not catch up",
+                self.seed
+            );
         }
         let settled = |s: &Sim| {
             s.net.is_empty()
@@ -625,6 +881,7 @@ impl Sim {
             for i in 0..self.n {
                 self.dispatch(i);
             }
+            self.drive();
         }
         if !settled(self) {
             let state: Vec<String> = self
@@ -654,7 +911,9 @@ impl Sim {
         for i in 0..self.n {
             let node = self.nodes[i].as_ref().unwrap();
             for name in TOPICS {
-                let t = node.meta.topic(name).unwrap();
+                // The churned topic may end deleted.
+                let Some(t) = node.meta.topic(name) else { continue };
+                let inc = t.incarnation();
                 for p in (0..PARTITIONS).filter(|&p| owner_of(p, self.n) == i) {
                     let part = node.topics.partition(&t, p).unwrap();
                     loop {
@@ -672,6 +931,7 @@ impl Sim {
                             self.ledger.deliver(
                                 self.seed,
                                 name,
+                                inc,
                                 p,
                                 l.record.offset,
                                 &l.record.payload,
@@ -682,8 +942,10 @@ impl Sim {
                     // Offsets dense: every one below the high watermark was
                     // delivered.
                     let hw = part.log.high_watermark();
-                    let seen =
-                        self.ledger.at.range((name.to_owned(), p, 0)..(name.to_owned(), p, hw));
+                    let seen = self
+                        .ledger
+                        .at
+                        .range((name.to_owned(), inc, p, 0)..(name.to_owned(), inc, p, hw));
                     assert_eq!(
                         seen.count() as u64,
                         hw,
@@ -698,10 +960,18 @@ impl Sim {
     fn check(self) -> Tally {
         let seed = self.seed;
         let l = &self.ledger;
+        // A record is owed delivery when its incarnation is live at the end.
+        let live = |p: &Vec<u8>| {
+            let name = String::from_utf8_lossy(p.split(|b| *b == b'@').next().unwrap_or_default())
+                .into_owned();
+            let inc = self.leader.meta.topic(&name).map(|t| t.incarnation());
+            inc.is_some() && l.incarnation.get(p).copied() == inc
+        };
+        let deleted_with_topic = l.acked.iter().filter(|p| !live(p)).count() as u64;
         let lost: Vec<String> = l
             .acked
             .iter()
-            .filter(|p| !l.delivered.contains(*p))
+            .filter(|p| live(p) && !l.delivered.contains(*p))
             .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
             .collect();
         assert!(
@@ -722,6 +992,7 @@ impl Sim {
         tally.acked = l.acked.len() as u64;
         tally.delivered = l.delivered.len() as u64;
         tally.deliveries = l.deliveries;
+        tally.deleted_with_topic = deleted_with_topic;
         for n in self.nodes.into_iter().flatten() {
             n.close();
         }
@@ -767,23 +1038,33 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.lost_messages += t.lost_messages;
         total.late_answers += t.late_answers;
         total.failed_starts += t.failed_starts;
+        total.deleted_with_topic += t.deleted_with_topic;
+        total.deletes += t.deletes;
+        total.deaths += t.deaths;
     }
     eprintln!(
-        "cluster simulation: {} seeds in {:.1?}: {} acked, all delivered; {} distinct delivered, \
-         {} deliveries; {} node crashes ({} starts failed on a disk fault); {} messages, {} lost, {} answers \
-         after their commit gave up",
+        "cluster simulation: {} seeds in {:.1?}: {} acked, all delivered but {} of incarnations \
+         deleted later; {} distinct delivered, {} deliveries; {} deletes of the churned topic, {} \
+         members marked dead; {} node crashes ({} starts failed on a disk fault); {} messages, {} \
+         lost, {} answers after their commit gave up",
         seeds.len(),
         started.elapsed(),
         total.acked,
+        total.deleted_with_topic,
         total.delivered,
         total.deliveries,
+        total.deletes,
+        total.deaths,
         total.crashes,
         total.failed_starts,
         total.messages,
         total.lost_messages,
         total.late_answers
     );
-    assert!(total.acked > 0 && total.late_answers > 0, "the faults never bit: {total:?}");
+    assert!(
+        total.acked > 0 && total.late_answers > 0 && total.deletes > 0 && total.deaths > 0,
+        "the faults never bit: {total:?}"
+    );
 }
 
 #[test]
