@@ -45,9 +45,14 @@
 //!   without an operator. The rest of such a purge is pending (in memory)
 //!   and done in the first write after the floor reaches it, or in an
 //!   append that would otherwise leave a gap below its entries (openraft
-//!   believes them purged), so entries stay contiguous. Found by the
-//!   metastore simulation (`tests/metastore_sim.rs`, seed 21: the install
-//!   failed on a full disk after the purge landed).
+//!   believes them purged), so entries stay contiguous. That last case
+//!   purges before the floor, as openraft would have: if such an append
+//!   came before the install landed and the node then lost power, the old
+//!   window would be back (not seen in the simulation: openraft answers an
+//!   install only once it is installed, and the leader that sent it appends
+//!   after the answer; only another leader's append could come first). Found
+//!   by the metastore simulation (`tests/metastore_sim.rs`, seed 21: the
+//!   install failed on a full disk after the purge landed).
 
 use std::fmt::Debug;
 use std::io;
