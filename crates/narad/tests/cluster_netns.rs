@@ -162,16 +162,9 @@ fn an_owner_cut_off_under_produce_load_reroutes_and_loses_nothing_after_the_heal
     assert!(want.len() > 100, "the load barely ran: {} acked", want.len());
     c.wait_all_alive(Duration::from_secs(40));
     let got = drain(&c, "cut", &want, Duration::from_secs(60));
-    let lost: Vec<&u64> = want.difference(&got).collect();
-    eprintln!("owner cut off: {} acked, {} delivered, {} lost", want.len(), got.len(), lost.len());
-    assert!(
-        lost.is_empty(),
-        "{} of {} acked records lost, e.g. {:?}\n{}",
-        lost.len(),
-        want.len(),
-        &lost[..lost.len().min(10)],
-        c.describe()
-    );
+    let lost = want.difference(&got).count();
+    eprintln!("owner cut off: {} acked, {} delivered, {} lost", want.len(), got.len(), lost);
+    assert_none_lost(&c, "acked records", &want, &got);
 }
 
 /// The leader is cut off: the two others elect a leader among themselves
@@ -222,20 +215,12 @@ fn a_cut_off_leader_loses_to_the_majority_and_its_accepted_records_commit_after_
     c.lab().heal(old);
     c.wait_all_alive(Duration::from_secs(40));
     let got = drain(&c, "lead", &acked, Duration::from_secs(60));
-    let lost: Vec<&u64> = acked.difference(&got).collect();
     eprintln!(
         "leader cut off: {} acked through the cut-off node, {} delivered after the heal",
         acked.len(),
         got.len()
     );
-    assert!(
-        lost.is_empty(),
-        "{} of {} records accepted by the cut-off leader lost, e.g. {:?}\n{}",
-        lost.len(),
-        acked.len(),
-        &lost[..lost.len().min(10)],
-        c.describe()
-    );
+    assert_none_lost(&c, "the cut-off leader's records", &acked, &got);
     // It follows the new leader, and sees what the majority wrote meanwhile.
     wait_for(
         Duration::from_secs(20),
@@ -291,16 +276,23 @@ fn flapping_links_under_produce_load_lose_nothing() {
     assert!(want.len() > 100, "the load barely ran: {} acked", want.len());
     c.wait_all_alive(Duration::from_secs(40));
     let got = drain(&c, "flap", &want, Duration::from_secs(90));
-    let lost: Vec<&u64> = want.difference(&got).collect();
+    let lost = want.difference(&got).count();
     eprintln!(
         "flapping links (seed {seed}): {cuts} cuts in {flapping:?}, {} acked, {} delivered, {} lost",
         want.len(),
         got.len(),
-        lost.len()
+        lost
     );
+    assert_none_lost(&c, "acked records", &want, &got);
+}
+
+/// Asserts every acked record of `want` is in `got`, naming some lost ones
+/// and the cluster's state otherwise.
+fn assert_none_lost(c: &Cluster, what: &str, want: &BTreeSet<u64>, got: &BTreeSet<u64>) {
+    let lost: Vec<&u64> = want.difference(got).collect();
     assert!(
         lost.is_empty(),
-        "{} of {} acked records lost, e.g. {:?}\n{}",
+        "{} of {} {what} lost, e.g. {:?}\n{}",
         lost.len(),
         want.len(),
         &lost[..lost.len().min(10)],
@@ -337,7 +329,7 @@ fn check_nothing_lost(
     c.wait_all_alive(Duration::from_secs(40));
     let started = Instant::now();
     let (got, deliveries) = drain_counted(c, topic, &want, Duration::from_secs(90));
-    let lost: Vec<&u64> = want.difference(&got).collect();
+    let lost = want.difference(&got).count();
     eprintln!(
         "{what}: {} acked in {elapsed:.1?}, {} delivered ({deliveries} deliveries: {} duplicate) \
          in {:.1?} after the heal, {} lost",
@@ -345,16 +337,9 @@ fn check_nothing_lost(
         got.len(),
         deliveries - got.len() as u64,
         started.elapsed(),
-        lost.len()
+        lost
     );
-    assert!(
-        lost.is_empty(),
-        "{} of {} acked records lost, e.g. {:?}\n{}",
-        lost.len(),
-        want.len(),
-        &lost[..lost.len().min(10)],
-        c.describe()
-    );
+    assert_none_lost(c, "acked records", &want, &got);
 }
 
 /// A one-way cut between the two followers: owner `o` hears node `s`, but
