@@ -495,9 +495,10 @@ impl<C: RaftTypeConfig> RaftLogStorage<C> for LogStore<C> {
         let result = blocking(shared.inline, move || {
             // openraft appends after what it believes purged: a purge still
             // pending below the new entries is done now, or they would
-            // leave a gap.
-            let (_, last) = shared.bounds()?;
-            let gap = first.is_some_and(|f| f > last + 1);
+            // leave a gap. (The bounds are read only while one is pending.)
+            let pending = shared.pending.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            let gap =
+                pending && first.is_some_and(|f| shared.bounds().is_ok_and(|(_, l)| f > l + 1));
             shared.write_purging(gap, |txn| {
                 let mut log = txn.open_table(LOG).map_err(|e| format!("append: {e}"))?;
                 for (index, row) in &rows {
