@@ -1,5 +1,6 @@
 //! The fuzz checks of the cluster's decoders (crates/narad-cluster and the
-//! control plane's files): node RPC's `NRS1` frame, the request
+//! control plane's files): the connection handshake an unauthenticated
+//! peer speaks (`NRH2`), node RPC's `NRS1` frame, the request
 //! encodings, the reply encoding and the JSON payloads of the control
 //! plane's ops (29-32); the values of the Raft log `raft.redb` (`NRAF`
 //! records around openraft's JSON); the metastore snapshot (`NMSNAP01`)
@@ -19,6 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use narad_cluster::frame::{Frame, FrameType, Header};
+use narad_cluster::handshake::{self, HandshakeError, Kind};
 use narad_cluster::limits::{FRAME_HEADER_LEN, FRAME_MAX_PAYLOAD};
 use narad_cluster::raft::TypeConfig;
 use narad_cluster::raft::log_store::{
@@ -36,6 +38,7 @@ pub type Check = fn(&[u8]);
 
 /// Every check, by target name.
 pub const CHECKS: &[(&str, Check)] = &[
+    ("node_rpc_handshake", node_rpc_handshake),
     ("node_rpc_frame", node_rpc_frame),
     ("node_rpc_request", node_rpc_request),
     ("node_rpc_reply", node_rpc_reply),
@@ -43,6 +46,45 @@ pub const CHECKS: &[(&str, Check)] = &[
     ("raft_log_value", raft_log_value),
     ("meta_snapshot", meta_snapshot),
 ];
+
+/// Polls a future over in-memory input once: a reader of a byte slice is
+/// always ready, so it finishes at once.
+fn ready<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => v,
+        std::task::Poll::Pending => panic!("a reader of a byte slice returned Pending"),
+    }
+}
+
+/// The handshake readers of `handshake.rs`, the ones that read what a peer
+/// sends before it has authenticated: the first byte picks the message
+/// (Hello, ServerProof, ClientProof, Welcome), the rest is what the peer
+/// sent. A message decodes only from exactly its bytes (re-encoded, they
+/// are what was consumed), and nothing else panics or reads past the
+/// message's bound (171 bytes).
+pub fn node_rpc_handshake(data: &[u8]) {
+    let Some((&pick, sent)) = data.split_first() else { return };
+    let mut rest = sent;
+    let result: Result<Vec<u8>, HandshakeError> = match pick % 4 {
+        0 => ready(handshake::read_hello(&mut rest)).map(|n| handshake::encode_hello(&n)),
+        1 => ready(handshake::read_proof(&mut rest, Kind::ServerProof))
+            .map(|p| handshake::encode_proof(Kind::ServerProof, &p)),
+        2 => ready(handshake::read_proof(&mut rest, Kind::ClientProof))
+            .map(|p| handshake::encode_proof(Kind::ClientProof, &p)),
+        _ => {
+            ready(handshake::read_welcome(&mut rest)).map(|()| handshake::encode_welcome().to_vec())
+        }
+    };
+    let used = sent.len() - rest.len();
+    assert!(used <= 171, "a handshake reader took {used} bytes");
+    match result {
+        Ok(encoded) => assert_eq!(encoded, &sent[..used]),
+        Err(HandshakeError::Malformed(_) | HandshakeError::Io(_)) => {}
+        Err(e) => panic!("a reader failed with {e}"),
+    }
+}
 
 /// An `NRS1` frame (and an Error frame's message): the header's checks
 /// agree with the frame decoder's, nothing longer than the limit decodes,

@@ -1,25 +1,20 @@
-//! How a peer proves it belongs to the cluster: with a cluster secret,
-//! every stream opens with an Auth frame carrying
-//! HMAC-SHA256(secret, `narad-cluster-auth-v1`), compared in constant
-//! time; with cluster TLS files, mutual TLS against the cluster CA.
+//! How nodes authenticate each other: with a cluster secret, the
+//! connection handshake of `handshake.rs` (mutual HMAC proofs bound to the
+//! TLS session, once per connection, the server first); with cluster TLS
+//! files, mutual TLS against the cluster CA; both when both are set.
 
 use crate::error::{Error, Result};
-use crate::limits::{AUTH_TAG_LEN, AUTH_WARN_INTERVAL};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use crate::handshake::derive_key;
+use crate::limits::{AUTH_WARN_INTERVAL, MIN_SECRET_CHARS};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use subtle::ConstantTimeEq;
 
-/// The message the HMAC is taken over.
-pub const AUTH_CONTEXT: &[u8] = b"narad-cluster-auth-v1";
-
-/// The shared cluster secret (`NARAD_CLUSTER_SECRET`). Its Debug never
-/// shows it.
+/// A cluster secret (`NARAD_CLUSTER_SECRET`), kept only as the key derived
+/// from it. Its Debug never shows it.
 #[derive(Clone)]
 pub struct ClusterSecret {
-    tag: [u8; AUTH_TAG_LEN],
+    key: [u8; 32],
 }
 
 impl std::fmt::Debug for ClusterSecret {
@@ -29,25 +24,22 @@ impl std::fmt::Debug for ClusterSecret {
 }
 
 impl ClusterSecret {
-    /// A secret; an empty one is refused.
+    /// A secret of at least [`MIN_SECRET_CHARS`] characters; a shorter one
+    /// is refused with the rule and how to make a good one.
     pub fn new(secret: &[u8]) -> Result<ClusterSecret> {
-        if secret.is_empty() {
-            return Err(Error::Config("the cluster secret is empty".into()));
+        let chars = String::from_utf8_lossy(secret).chars().count();
+        if chars < MIN_SECRET_CHARS {
+            return Err(Error::Config(format!(
+                "the cluster secret has {chars} characters; it must have at least \
+                 {MIN_SECRET_CHARS} (generate one with `openssl rand -hex 32`)"
+            )));
         }
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret)
-            .map_err(|e| Error::Config(format!("cluster secret: {e}")))?;
-        mac.update(AUTH_CONTEXT);
-        Ok(ClusterSecret { tag: mac.finalize().into_bytes().into() })
+        Ok(ClusterSecret { key: derive_key(secret) })
     }
 
-    /// The Auth frame's payload.
-    pub fn tag(&self) -> [u8; AUTH_TAG_LEN] {
-        self.tag
-    }
-
-    /// Whether `presented` is this secret's tag (constant time).
-    pub fn verify(&self, presented: &[u8]) -> bool {
-        presented.len() == AUTH_TAG_LEN && bool::from(self.tag.ct_eq(presented))
+    /// The key proofs are made with (HMAC-SHA256(secret, `narad-cluster-key-v2`)).
+    pub(crate) fn key(&self) -> [u8; 32] {
+        self.key
     }
 }
 
@@ -88,14 +80,27 @@ impl TlsFiles {
     }
 }
 
-/// How nodes authenticate each other.
+/// How nodes authenticate each other, and the id this node proves itself as.
 #[derive(Debug, Clone, Default)]
 pub struct ClusterAuth {
-    /// The HMAC secret every stream must present first.
+    /// The secret this node proves with and requires of its peers.
     pub secret: Option<ClusterSecret>,
+    /// During a rotation, the secret being replaced: accepted from peers
+    /// and proved with as well (`NARAD_CLUSTER_SECRET_PREVIOUS`).
+    pub previous_secret: Option<ClusterSecret>,
     /// Mutual TLS against a cluster CA (else an ephemeral self-signed
-    /// server certificate that clients do not verify).
+    /// certificate, and the secret authenticates).
     pub tls: Option<TlsFiles>,
+    /// This node's id, sent (and, with a secret, proved) in the handshake;
+    /// empty is sent as `-`.
+    pub node_id: String,
+}
+
+impl ClusterAuth {
+    /// The id this node presents in the handshake.
+    pub(crate) fn presented_id(&self) -> &str {
+        if self.node_id.is_empty() { "-" } else { &self.node_id }
+    }
 }
 
 /// One WARN per interval ([`AUTH_WARN_INTERVAL`] by default); the ones in
@@ -141,29 +146,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_tag_is_hmac_sha256_of_the_context_and_verifies_in_constant_time() {
-        // HMAC-SHA256(key "secret", "narad-cluster-auth-v1"), checked-in.
-        let s = ClusterSecret::new(b"secret").unwrap();
-        let golden: [u8; 32] = GOLDEN_TAG;
-        assert_eq!(s.tag(), golden);
-        assert!(s.verify(&golden));
-        let mut wrong = golden;
-        wrong[31] ^= 1;
-        assert!(!s.verify(&wrong));
-        assert!(!s.verify(&golden[..31]));
-        assert!(!s.verify(&[]));
-        assert!(!ClusterSecret::new(b"other").unwrap().verify(&golden));
+    fn a_secret_shorter_than_32_characters_is_refused_naming_the_rule() {
+        let e = ClusterSecret::new(b"a").unwrap_err().to_string();
+        assert!(e.contains("1 characters") && e.contains("at least 32"), "{e}");
+        assert!(e.contains("openssl rand -hex 32"), "{e}");
+        assert!(ClusterSecret::new(&[b'x'; 31]).is_err());
         assert!(ClusterSecret::new(b"").is_err());
+        let s = ClusterSecret::new(&[b'x'; 32]).unwrap();
         assert_eq!(format!("{s:?}"), "ClusterSecret(..)");
+        // 32 characters, not bytes: 31 two-byte characters are too few.
+        assert!(ClusterSecret::new("é".repeat(31).as_bytes()).is_err());
     }
-
-    /// Computed independently (Python's hmac module).
-    const GOLDEN_TAG: [u8; 32] = [
-        0x00, 0xe7, 0x38, 0xdd, 0x84, 0x99, 0x20, 0x06, 0xfd, 0x78, 0x17, 0xdd, 0xbc, 0x75, 0x00,
-        0xc3, //
-        0xf2, 0x8d, 0x4b, 0x38, 0xd2, 0x68, 0xff, 0x7b, 0xef, 0xb7, 0xae, 0xd6, 0xac, 0xd0, 0xdf,
-        0x91,
-    ];
 
     #[test]
     fn tls_files_are_all_or_none() {

@@ -6,7 +6,7 @@
 //!      0    4 magic        "NRS1"
 //!      4    1 version      1
 //!      5    1 type         3 Error | 4 Ping | 5 Pong | 8 NodeRequest |
-//!                          9 NodeReply | 10 Auth
+//!                          9 NodeReply
 //!      6    2 reserved     0
 //!      8    8 request id   u64, big-endian
 //!     16    4 len          u32, big-endian, <= 16 MiB
@@ -16,16 +16,17 @@
 //! Invariants:
 //! - every integer is big-endian; the header is exactly 20 bytes;
 //! - `len` is checked against [`FRAME_MAX_PAYLOAD`] on write (nothing is
-//!   written) and on read right after the header, before the payload
-//!   buffer is allocated; a peer announcing more gets an error, never an
-//!   allocation;
+//!   written) and on read right after the header; the reader's buffer then
+//!   grows only as payload bytes arrive (by at most [`READ_CHUNK`] beyond
+//!   what has arrived), never to a length a peer merely announced;
 //! - magic, version, type and the reserved bytes are all checked: a header
 //!   that breaks any of them is refused whole;
 //! - an Error frame's payload is a u16 length and that many bytes of UTF-8;
-//!   an Auth frame's is a 32-byte HMAC-SHA256 tag; Ping and Pong carry
-//!   whatever the sender put in (echoed back);
+//!   Ping and Pong carry whatever the sender put in (echoed back);
 //! - the request id pairs a NodeReply (or Error) with its NodeRequest on
-//!   the same stream; the Auth frame uses id 0.
+//!   the same stream;
+//! - type 10 (the per-stream Auth frame of `narad-cluster-quic-v1`) is gone:
+//!   a connection authenticates once, before any frame (`handshake.rs`).
 
 use crate::error::{Error, Result};
 use crate::limits::{FRAME_HEADER_LEN, FRAME_MAX_PAYLOAD};
@@ -51,8 +52,6 @@ pub enum FrameType {
     NodeRequest = 8,
     /// An encoded [`crate::rpc::Reply`].
     NodeReply = 9,
-    /// The stream's first frame when a cluster secret is set.
-    Auth = 10,
 }
 
 impl FrameType {
@@ -64,7 +63,6 @@ impl FrameType {
             5 => FrameType::Pong,
             8 => FrameType::NodeRequest,
             9 => FrameType::NodeReply,
-            10 => FrameType::Auth,
             other => return Err(Error::BadFrameType(other)),
         })
     }
@@ -218,9 +216,14 @@ impl Frame {
     }
 }
 
+/// How much a frame reader's buffer may grow ahead of the payload bytes
+/// that have arrived.
+pub const READ_CHUNK: usize = 64 << 10;
+
 /// Reads one frame. `Ok(None)` is a clean end of stream at a frame
 /// boundary; an end inside a frame is [`Error::Truncated`]. The payload
-/// buffer is allocated only after the header passed every check.
+/// buffer grows as its bytes arrive, [`READ_CHUNK`] at a time: a header
+/// announcing 16 MiB followed by nothing costs 64 KiB, not 16 MiB.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>> {
     let mut h = [0u8; FRAME_HEADER_LEN];
     let mut got = 0;
@@ -239,20 +242,21 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
         got += n;
     }
     let header = Header::decode(&h)?;
-    let mut payload = vec![0u8; header.len as usize];
-    let mut got = 0;
-    while got < payload.len() {
-        let n = r.read(&mut payload[got..]).await?;
+    let len = header.len as usize;
+    let mut payload = bytes::BytesMut::new();
+    while payload.len() < len {
+        let want = (len - payload.len()).min(READ_CHUNK);
+        payload.reserve(want);
+        let n = (&mut *r).take(want as u64).read_buf(&mut payload).await?;
         if n == 0 {
             return Err(Error::Truncated {
                 what: "frame payload",
                 need: header.len as u64,
-                have: got,
+                have: payload.len(),
             });
         }
-        got += n;
     }
-    Ok(Some(Frame::new(header.kind, header.request_id, payload)))
+    Ok(Some(Frame::new(header.kind, header.request_id, payload.freeze())))
 }
 
 /// Writes one frame as a single write; an oversized payload writes nothing.

@@ -54,7 +54,8 @@ fn golden_bytes_decode_to_the_frames() {
 
 #[test]
 fn every_frame_type_round_trips_and_no_other_byte_is_a_type() {
-    let known = [3u8, 4, 5, 8, 9, 10];
+    // 10, the per-stream Auth frame of narad-cluster-quic-v1, is no type now.
+    let known = [3u8, 4, 5, 8, 9];
     for b in 0..=255u8 {
         match FrameType::from_u8(b) {
             Ok(t) => {

@@ -1,7 +1,7 @@
 //! Node RPC for a narad cluster: the `NRS1` frame, the op codes and their
 //! request/reply encodings, and the QUIC transport (quinn, ALPN
-//! `narad-cluster-quic-v1`) with HMAC-secret or mutual-TLS authentication
-//! between nodes; membership (every node's heartbeat, and the controller the
+//! `narad-cluster-quic-v2`) with mutual authentication between nodes once
+//! per connection (HMAC proofs bound to the TLS session, and/or mutual TLS); membership (every node's heartbeat, and the controller the
 //! leader runs: dead-marking and placing unassigned partitions). The broker
 //! never depends on this crate; the server wires it in (DESIGN §6b).
 
@@ -10,6 +10,8 @@ mod codec;
 pub mod controller;
 pub mod error;
 pub mod frame;
+mod gate;
+pub mod handshake;
 pub mod limits;
 pub mod members;
 pub mod metrics;
@@ -21,6 +23,7 @@ pub mod transport;
 pub use auth::{ClusterAuth, ClusterSecret, TlsFiles};
 pub use controller::plan;
 pub use error::{Error, Result};
+pub use handshake::PeerIdentity;
 pub use members::{LeaderView, Membership};
 pub use metrics::RpcMetrics;
 pub use rpc::{Lane, Op, Reply, Request};

@@ -8,8 +8,8 @@ use std::time::Duration;
 pub const FRAME_HEADER_LEN: usize = 20;
 /// The largest frame payload, checked on write and before allocating on read.
 pub const FRAME_MAX_PAYLOAD: usize = 16 << 20;
-/// Bytes of the Auth frame's payload: an HMAC-SHA256 tag.
-pub const AUTH_TAG_LEN: usize = 32;
+/// The shortest cluster secret a node starts with.
+pub const MIN_SECRET_CHARS: usize = 32;
 
 /// A dial (QUIC handshake included) gives up after this.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -37,11 +37,37 @@ pub const PURGE_TIMEOUT: Duration = Duration::from_secs(17);
 pub const LONG_POLL_SLACK: Duration = Duration::from_secs(2);
 /// The owner clamps a consume's wait to this.
 pub const CONSUME_MAX_WAIT: Duration = Duration::from_secs(30);
-/// How long a server waits for a new stream's Auth frame.
+/// A server closes a connection whose QUIC handshake and authentication
+/// (`handshake.rs`) have not both finished this long after its first packet.
 pub const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most one `cluster stream rejected` warning per this interval (the
-/// rest are counted and reported with the next one).
+/// A dialling node gives up on a peer whose authentication exchange has not
+/// finished this long after the QUIC handshake.
+pub const CLIENT_AUTH_TIMEOUT: Duration = Duration::from_secs(1);
+/// At most one `cluster connection rejected` warning per this interval
+/// (the rest are counted and reported with the next one).
 pub const AUTH_WARN_INTERVAL: Duration = Duration::from_secs(10);
+/// Connections not yet authenticated (handshaking, or in the
+/// authentication exchange) from one source address at once; more are
+/// refused in the QUIC handshake.
+pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 8;
+/// Connections not yet authenticated, from all sources, at once.
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// Above this many connections not yet authenticated, a source whose
+/// address QUIC has not validated gets a Retry first (a spoofed source
+/// never answers it).
+pub const RETRY_ABOVE_UNAUTHENTICATED: usize = MAX_UNAUTHENTICATED / 4;
+/// Failed proofs a source may make before it is refused (a bucket that
+/// refills one failure per [`AUTH_FAILURE_REFILL`]).
+pub const AUTH_FAILURE_BURST: u32 = 10;
+/// One failed proof is forgiven this often.
+pub const AUTH_FAILURE_REFILL: Duration = Duration::from_secs(6);
+/// Sources whose failure budget is tracked at once (the oldest full
+/// budgets are forgotten first).
+pub const AUTH_SOURCES_TRACKED: usize = 4096;
+/// The connection-level receive window before the peer has authenticated:
+/// what an unauthenticated peer can make this node buffer, over every
+/// stream (the handshake needs at most 171 bytes).
+pub const PRE_AUTH_RECEIVE_WINDOW: u32 = 4096;
 
 /// Pooled streams of each data lane (produce, consume, ack).
 pub const DATA_LANE_STREAMS: usize = 16;
@@ -71,7 +97,8 @@ pub const MEMBERSHIP_WARN_INTERVAL: Duration = Duration::from_secs(30);
 
 const _: () = {
     assert!(FRAME_MAX_PAYLOAD <= u32::MAX as usize);
-    assert!(AUTH_TAG_LEN <= FRAME_MAX_PAYLOAD);
+    assert!(MAX_UNAUTHENTICATED_PER_SOURCE <= MAX_UNAUTHENTICATED);
+    assert!(CLIENT_AUTH_TIMEOUT.as_millis() < AUTH_TIMEOUT.as_millis());
     assert!(KEEP_ALIVE_INTERVAL.as_millis() < IDLE_TIMEOUT.as_millis());
     assert!(DIAL_TIMEOUT.as_millis() < REPLY_TIMEOUT.as_millis());
     assert!(REPLY_TIMEOUT.as_millis() <= COMMIT_TIMEOUT.as_millis());

@@ -1,11 +1,13 @@
 //! Node RPC metrics: request counts, latency and errors by op, on both
-//! sides of a call, and streams refused before any request. Created
+//! sides of a call; connections refused or not authenticated, and the
+//! ones still authenticating; streams closed on a bad frame. Created
 //! unregistered; the server adds them to its registry (which carries the
 //! `narad` prefix; prometheus-client appends `_total` to counters).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -33,7 +35,21 @@ pub struct OpErrorLabels {
 /// `{reason}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
-    /// `auth`, `auth_timeout`, `malformed`, `too_large`.
+    /// `malformed`, `too_large`.
+    pub reason: String,
+}
+
+/// `{side, reason}` of a connection that was not served.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnRejectLabels {
+    /// `server` (this node refused a connection it was offered) or
+    /// `client` (the node it dialled did not prove the secret).
+    pub side: String,
+    /// `auth` (a wrong or missing proof), `auth_timeout`, `malformed`
+    /// (bytes that are not the handshake), `version` (an older protocol),
+    /// `handshake` (QUIC/TLS failed), `connection` (closed mid-way),
+    /// `busy` (too many connections not yet authenticated), `backoff` (the
+    /// source spent its failure budget).
     pub reason: String,
 }
 
@@ -68,6 +84,10 @@ pub struct RpcMetrics {
     pub streams_rejected: Family<RejectLabels, Counter>,
     /// `node_rpc_liveness_probes_total{trigger,outcome}`.
     pub probes: Family<ProbeLabels, Counter>,
+    /// `node_rpc_connections_rejected_total{side,reason}`.
+    pub connections_rejected: Family<ConnRejectLabels, Counter>,
+    /// `node_rpc_unauthenticated_connections`.
+    pub unauthenticated: Gauge,
 }
 
 impl Default for RpcMetrics {
@@ -78,6 +98,8 @@ impl Default for RpcMetrics {
             errors: Family::default(),
             streams_rejected: Family::default(),
             probes: Family::default(),
+            connections_rejected: Family::default(),
+            unauthenticated: Gauge::default(),
         }
     }
 }
@@ -102,8 +124,18 @@ impl RpcMetrics {
         );
         registry.register(
             "node_rpc_streams_rejected",
-            "Node RPC streams closed before serving (bad auth, malformed or oversized frames)",
+            "Node RPC streams closed on a malformed or oversized frame",
             self.streams_rejected.clone(),
+        );
+        registry.register(
+            "node_rpc_connections_rejected",
+            "Node RPC connections refused or closed before they authenticated, by side and reason",
+            self.connections_rejected.clone(),
+        );
+        registry.register(
+            "node_rpc_unauthenticated_connections",
+            "Node RPC connections in the QUIC handshake or the authentication exchange",
+            self.unauthenticated.clone(),
         );
         registry.register(
             "node_rpc_liveness_probes",
@@ -134,6 +166,16 @@ impl RpcMetrics {
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    pub(crate) fn connection_rejected(&self, side: &str, reason: &str) {
+        self.connections_rejected
+            .get_or_create(&ConnRejectLabels { side: side.to_owned(), reason: reason.to_owned() })
+            .inc();
+    }
+
+    pub(crate) fn set_unauthenticated(&self, n: usize) {
+        self.unauthenticated.set(n as i64);
     }
 
     pub(crate) fn rejected(&self, reason: &str) {

@@ -1,7 +1,10 @@
 //! rustls configurations of the QUIC endpoint (ring provider, TLS 1.3,
-//! ALPN `narad-cluster-quic-v1`): an ephemeral self-signed server
-//! certificate that clients do not verify (the HMAC secret authenticates),
-//! or mutual TLS against the cluster CA.
+//! ALPN `narad-cluster-quic-v2`): an ephemeral self-signed server
+//! certificate that clients do not verify (the handshake's proofs, bound to
+//! this TLS session, authenticate both ends: `handshake.rs`), or mutual TLS
+//! against the cluster CA. A server also offers the old
+//! `narad-cluster-quic-v1` so that an old node's dial completes far enough
+//! to be told, by name, which version it must speak (it is then closed).
 
 use crate::auth::TlsFiles;
 use crate::error::{Error, Result};
@@ -13,7 +16,10 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use std::sync::Arc;
 
 /// The ALPN every node RPC connection negotiates.
-pub const ALPN: &[u8] = b"narad-cluster-quic-v1";
+pub const ALPN: &[u8] = b"narad-cluster-quic-v2";
+/// The ALPN of the per-stream static tag (before 2026-12-04): offered by a
+/// server only to refuse it by name.
+pub const ALPN_V1: &[u8] = b"narad-cluster-quic-v1";
 /// The server name clients present when no cluster TLS is configured.
 pub const DEFAULT_SERVER_NAME: &str = "narad-cluster";
 
@@ -80,7 +86,7 @@ pub(crate) fn server_config(tls: Option<&TlsFiles>) -> Result<rustls::ServerConf
                 .map_err(tls_err("self-signed cert"))?
         }
     };
-    cfg.alpn_protocols = vec![ALPN.to_vec()];
+    cfg.alpn_protocols = vec![ALPN.to_vec(), ALPN_V1.to_vec()];
     Ok(cfg)
 }
 
@@ -106,9 +112,10 @@ pub(crate) fn client_config(tls: Option<&TlsFiles>) -> Result<rustls::ClientConf
     Ok(cfg)
 }
 
-/// Accepts any server certificate (SPEC §7.4: the server's certificate is
-/// ephemeral; the cluster secret is what authenticates), but still checks
-/// the handshake signature against it.
+/// Accepts any server certificate (the server's certificate is ephemeral;
+/// the handshake's proof, bound to this TLS session's exporter value, is
+/// what authenticates the server: an impostor with its own certificate
+/// cannot make one), but still checks the handshake signature against it.
 #[derive(Debug)]
 struct AnyServerCert(Arc<CryptoProvider>);
 

@@ -2,27 +2,37 @@
 //! pooled streams per lane, requests multiplexed over a stream by request
 //! id; a server side that answers NodeRequests through a [`Handler`].
 //!
-//! Stream protocol: with a cluster secret, the client's first frame on
-//! every stream is Auth (id 0, the HMAC tag); the server waits at most
-//! [`AUTH_TIMEOUT`] for it and, when it is missing, late or wrong, stops
-//! and resets the stream without reading anything else from it: the peer
-//! gets no reply, no error frame, and nothing reaches the handler. After
-//! that the client sends NodeRequest and Ping frames with fresh ids; the
-//! server answers each with NodeReply (or Error) and Pong under the same
-//! id, in whatever order the handler finishes. A malformed or oversized
-//! frame ends the stream with one Error frame (id 0) naming the fault.
+//! Connection protocol: every connection authenticates once, before
+//! anything else, with the handshake of `handshake.rs` on its first stream
+//! (the server proves first; the proofs are bound to the TLS session). Until
+//! then the server allows that one stream and a
+//! [`PRE_AUTH_RECEIVE_WINDOW`]-byte receive window, and the client allows
+//! the server no stream at all; a server admits connections not yet
+//! authenticated through its [`Gate`] (caps per source and overall, a
+//! failure budget per source) and closes one that has not authenticated
+//! within [`AUTH_TIMEOUT`]. A failed proof closes the connection.
+//!
+//! Stream protocol, once authenticated: the client sends NodeRequest and
+//! Ping frames with fresh ids; the server answers each with NodeReply (or
+//! Error) and Pong under the same id, in whatever order the handler
+//! finishes. A malformed or oversized frame ends the stream with one Error
+//! frame (id 0) naming the fault.
 
-use crate::auth::{ClusterAuth, ClusterSecret, WarnLimiter};
+use crate::auth::{ClusterAuth, WarnLimiter};
 use crate::error::{Error, Result};
 use crate::frame::{Frame, FrameType, read_frame, write_frame, write_frame_chunks};
+use crate::gate::{Admission, Gate};
+use crate::handshake::{self, EXPORTER_LABEL, EXPORTER_LEN, HandshakeError, PeerIdentity};
 use crate::limits::{
-    AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD, IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL,
-    LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM, MAX_STREAMS_PER_CONNECTION, REPLY_TIMEOUT,
+    AUTH_TIMEOUT, CLIENT_AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD, IDLE_TIMEOUT,
+    KEEP_ALIVE_INTERVAL, LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM,
+    MAX_STREAMS_PER_CONNECTION, PRE_AUTH_RECEIVE_WINDOW, REPLY_TIMEOUT,
 };
 use crate::metrics::{RpcMetrics, status_kind};
 use crate::rpc::{Lane, Op, Reply, Request};
 use crate::tls;
 use bytes::Bytes;
+use quinn::VarInt;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 use std::collections::HashMap;
 use std::future::Future;
@@ -34,9 +44,26 @@ use tokio::sync::{Semaphore, oneshot};
 
 /// What serves the requests a node receives.
 pub trait Handler: Send + Sync + 'static {
-    /// Answers one decoded request. Requests that fail to decode never
-    /// reach the handler (the transport answers them with 400).
-    fn handle(&self, request: Request) -> impl Future<Output = Reply> + Send;
+    /// Answers one decoded request from the authenticated peer `from`.
+    /// Requests that fail to decode never reach the handler (the transport
+    /// answers them with 400).
+    fn handle(
+        &self,
+        from: Arc<PeerIdentity>,
+        request: Request,
+    ) -> impl Future<Output = Reply> + Send;
+}
+
+/// The application close codes of a node-RPC connection.
+pub mod close_code {
+    /// The node is shutting down.
+    pub const SHUTDOWN: u32 = 0;
+    /// The peer's connection did not authenticate (no hint why).
+    pub const AUTH_FAILED: u32 = 0x4e01;
+    /// The peer negotiated a protocol version this node no longer serves.
+    pub const VERSION: u32 = 0x4e02;
+    /// The peer did not authenticate within the deadline.
+    pub const AUTH_TIMEOUT: u32 = 0x4e03;
 }
 
 /// The UDP socket's receive and send buffers: a remote commit of up to
@@ -48,13 +75,32 @@ pub trait Handler: Send + Sync + 'static {
 /// `wmem_max` (docs/CLUSTER.md).
 const UDP_SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
-fn transport_config() -> Arc<quinn::TransportConfig> {
+/// The transport parameters a connection starts with, before it has
+/// authenticated: a [`PRE_AUTH_RECEIVE_WINDOW`]-byte connection receive
+/// window, no datagrams, no unidirectional streams, and `bidi` streams the
+/// peer may open (the server: 1, the handshake's; the client: none). After
+/// the handshake [`open_up`] raises the window (and, on the server, the
+/// stream limit). Only the dialling side sends keep-alives: a server never
+/// keeps a connection open on its own.
+fn transport_config(bidi: u32, keep_alive: bool) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.max_idle_timeout(Some(IDLE_TIMEOUT.try_into().expect("30 s fits a QUIC idle timeout")));
-    t.keep_alive_interval(Some(KEEP_ALIVE_INTERVAL));
-    t.max_concurrent_bidi_streams(MAX_STREAMS_PER_CONNECTION.into());
+    t.keep_alive_interval(keep_alive.then_some(KEEP_ALIVE_INTERVAL));
+    t.max_concurrent_bidi_streams(bidi.into());
     t.max_concurrent_uni_streams(0u32.into());
+    t.receive_window(PRE_AUTH_RECEIVE_WINDOW.into());
+    t.datagram_receive_buffer_size(None);
     Arc::new(t)
+}
+
+/// An authenticated connection's limits: the receive window QUIC's default
+/// gives (unbounded at the connection level; each stream keeps its own
+/// window) and, on the server, [`MAX_STREAMS_PER_CONNECTION`] streams.
+fn open_up(conn: &quinn::Connection, server: bool) {
+    conn.set_receive_window(VarInt::MAX);
+    if server {
+        conn.set_max_concurrent_bi_streams(MAX_STREAMS_PER_CONNECTION.into());
+    }
 }
 
 fn client_config(auth: &ClusterAuth) -> Result<quinn::ClientConfig> {
@@ -62,7 +108,7 @@ fn client_config(auth: &ClusterAuth) -> Result<quinn::ClientConfig> {
     let quic = QuicClientConfig::try_from(crypto)
         .map_err(|e| Error::Config(format!("quic client: {e}")))?;
     let mut c = quinn::ClientConfig::new(Arc::new(quic));
-    c.transport_config(transport_config());
+    c.transport_config(transport_config(0, true));
     Ok(c)
 }
 
@@ -71,8 +117,52 @@ fn server_config(auth: &ClusterAuth) -> Result<quinn::ServerConfig> {
     let quic = QuicServerConfig::try_from(crypto)
         .map_err(|e| Error::Config(format!("quic server: {e}")))?;
     let mut s = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    s.transport_config(transport_config());
+    s.transport_config(transport_config(1, false));
     Ok(s)
+}
+
+/// The connection's TLS exporter value (the handshake's session binding).
+fn exporter(conn: &quinn::Connection) -> std::result::Result<[u8; EXPORTER_LEN], HandshakeError> {
+    let mut out = [0u8; EXPORTER_LEN];
+    conn.export_keying_material(&mut out, EXPORTER_LABEL, b"").map_err(|_| {
+        HandshakeError::Exporter("the TLS session exports no keying material".into())
+    })?;
+    Ok(out)
+}
+
+/// The ALPN the connection negotiated.
+fn negotiated_alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {
+    conn.handshake_data()?.downcast::<quinn::crypto::rustls::HandshakeData>().ok()?.protocol
+}
+
+/// Why a dial failed, for the operator: names a peer that speaks another
+/// protocol version, or refused the authentication.
+fn dial_failure(e: &quinn::ConnectionError) -> String {
+    match e {
+        // TLS alert 120, no_application_protocol: the peer offered none of ours.
+        quinn::ConnectionError::ConnectionClosed(c)
+            if c.error_code == quinn::TransportErrorCode::crypto(120) =>
+        {
+            format!(
+                "the peer does not speak {} (it may run an older narad: every node needs the \
+                 same version): {e}",
+                String::from_utf8_lossy(tls::ALPN)
+            )
+        }
+        quinn::ConnectionError::ApplicationClosed(c)
+            if c.error_code == VarInt::from_u32(close_code::AUTH_FAILED) =>
+        {
+            "the peer refused this node's cluster authentication (is NARAD_CLUSTER_SECRET the \
+             same on both nodes?)"
+                .to_owned()
+        }
+        quinn::ConnectionError::ApplicationClosed(c)
+            if c.error_code == VarInt::from_u32(close_code::VERSION) =>
+        {
+            format!("the peer refused this node's protocol: {}", String::from_utf8_lossy(&c.reason))
+        }
+        other => other.to_string(),
+    }
 }
 
 /// A QUIC endpoint on `addr` (serving with `server` when given) with
@@ -99,9 +189,14 @@ fn conn_err(e: impl std::fmt::Display) -> Error {
 pub struct Transport {
     endpoint: quinn::Endpoint,
     client: quinn::ClientConfig,
-    auth: ClusterAuth,
+    /// The keys this node proves with and accepts (current secret first).
+    keys: Arc<Vec<[u8; 32]>>,
+    /// The id this node presents.
+    node_id: Arc<str>,
     metrics: RpcMetrics,
     peers: PeerTable,
+    /// Rate-limits the warnings about peers that fail to authenticate.
+    warn: Arc<WarnLimiter>,
 }
 
 /// The peers this node dials, by address and server name.
@@ -139,11 +234,13 @@ impl Transport {
         let endpoint = endpoint(addr, Some(server_config(&auth)?))?;
         let peers = PeerTable::default();
         let server = Arc::new(Server {
-            auth: auth.clone(),
+            keys: handshake::keys(&auth),
+            node_id: auth.presented_id().to_owned(),
             metrics: metrics.clone(),
             handler,
             warn: WarnLimiter::default(),
             peers: peers.clone(),
+            gate: Arc::new(Gate::default()),
         });
         tokio::spawn(server.accept(endpoint.clone()));
         Transport::with_endpoint(endpoint, auth, metrics, peers)
@@ -166,7 +263,16 @@ impl Transport {
         peers: PeerTable,
     ) -> Result<Transport> {
         let client = client_config(&auth)?;
-        Ok(Transport { endpoint, client, auth, metrics, peers })
+        let keys = Arc::new(handshake::keys(&auth));
+        Ok(Transport {
+            endpoint,
+            client,
+            keys,
+            node_id: auth.presented_id().into(),
+            metrics,
+            peers,
+            warn: Arc::new(WarnLimiter::default()),
+        })
     }
 
     /// The bound address.
@@ -189,7 +295,10 @@ impl Transport {
                     client: self.client.clone(),
                     addr,
                     server_name: server_name.to_owned(),
-                    secret: self.auth.secret.clone(),
+                    keys: self.keys.clone(),
+                    node_id: self.node_id.clone(),
+                    identity: Mutex::new(None),
+                    warn: self.warn.clone(),
                     metrics: self.metrics.clone(),
                     conn: tokio::sync::Mutex::new(None),
                     lanes: Lane::ALL.map(|_| tokio::sync::Mutex::new(Pool::default())),
@@ -201,7 +310,7 @@ impl Transport {
 
     /// Closes every connection and stops serving.
     pub async fn close(&self) {
-        self.endpoint.close(0u32.into(), b"shutdown");
+        self.endpoint.close(close_code::SHUTDOWN.into(), b"shutdown");
         self.endpoint.wait_idle().await;
     }
 }
@@ -218,8 +327,13 @@ pub struct Peer {
     client: quinn::ClientConfig,
     addr: SocketAddr,
     server_name: String,
-    secret: Option<ClusterSecret>,
+    keys: Arc<Vec<[u8; 32]>>,
+    node_id: Arc<str>,
+    /// The node id the peer proved in its connection's handshake.
+    identity: Mutex<Option<String>>,
+    warn: Arc<WarnLimiter>,
     metrics: RpcMetrics,
+    /// An authenticated connection, once dialled.
     conn: tokio::sync::Mutex<Option<quinn::Connection>>,
     lanes: [tokio::sync::Mutex<Pool>; 4],
     next_id: AtomicU64,
@@ -452,10 +566,7 @@ impl Peer {
 
     async fn open_stream(&self) -> Result<Arc<ClientStream>> {
         let conn = self.connection().await?;
-        let (mut send, recv) = conn.open_bi().await.map_err(conn_err)?;
-        if let Some(secret) = &self.secret {
-            write_frame(&mut send, &Frame::new(FrameType::Auth, 0, secret.tag().to_vec())).await?;
-        }
+        let (send, recv) = conn.open_bi().await.map_err(conn_err)?;
         let pending = Arc::new(Mutex::new(Pending::default()));
         tokio::spawn(read_replies(recv, pending.clone()));
         Ok(Arc::new(ClientStream { send: tokio::sync::Mutex::new(send), pending }))
@@ -474,39 +585,171 @@ impl Peer {
         let c = tokio::time::timeout(DIAL_TIMEOUT, connecting)
             .await
             .map_err(|_| dial(format!("no handshake within {DIAL_TIMEOUT:?}")))?
-            .map_err(|e| dial(e.to_string()))?;
+            .map_err(|e| dial(dial_failure(&e)))?;
+        let peer_id = match tokio::time::timeout(CLIENT_AUTH_TIMEOUT, self.authenticate(&c)).await {
+            Ok(Ok(id)) => id,
+            failed => {
+                let e = match failed {
+                    Ok(Err(e)) => e,
+                    _ => HandshakeError::Timeout(CLIENT_AUTH_TIMEOUT),
+                };
+                // A peer that closed the connection on our proof says why.
+                let why = match c.close_reason() {
+                    Some(closed) => dial_failure(&closed),
+                    None => e.to_string(),
+                };
+                c.close(close_code::AUTH_FAILED.into(), b"authentication failed");
+                self.metrics.connection_rejected("client", e.reason());
+                if e.is_failed_proof()
+                    && let Some(suppressed) = self.warn.allow()
+                {
+                    tracing::warn!(
+                        peer = %self.addr, error = %why, suppressed,
+                        "the node at this cluster address did not prove the cluster secret: \
+                         nothing was sent to it (an impostor, or a node with another secret)"
+                    );
+                }
+                return Err(dial(format!("authentication: {why}")));
+            }
+        };
+        open_up(&c, false);
+        *self.identity.lock().unwrap_or_else(|p| p.into_inner()) = Some(peer_id);
         *conn = Some(c.clone());
         Ok(c)
+    }
+
+    /// The client's side of the handshake on a new connection's first
+    /// stream: the server's node id.
+    async fn authenticate(
+        &self,
+        conn: &quinn::Connection,
+    ) -> std::result::Result<String, HandshakeError> {
+        let binding = exporter(conn)?;
+        let (mut send, mut recv) = conn
+            .open_bi()
+            .await
+            .map_err(|e| HandshakeError::Io(std::io::Error::other(dial_failure(&e))))?;
+        let id =
+            handshake::client(&mut send, &mut recv, binding, &self.keys, &self.node_id).await?;
+        let _ = send.finish();
+        Ok(id)
+    }
+
+    /// The node id this peer proved, once connected.
+    pub fn node_id(&self) -> Option<String> {
+        self.identity.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 
 /// The serving half.
 struct Server<H> {
-    auth: ClusterAuth,
+    /// The keys this node proves with and accepts.
+    keys: Vec<[u8; 32]>,
+    /// The id this node presents.
+    node_id: String,
     metrics: RpcMetrics,
     handler: Arc<H>,
     warn: WarnLimiter,
     /// The dialling side's peers, probed when one connects anew.
     peers: PeerTable,
+    /// Admission of connections not yet authenticated.
+    gate: Arc<Gate>,
 }
 
 impl<H: Handler> Server<H> {
     async fn accept(self: Arc<Self>, endpoint: quinn::Endpoint) {
         while let Some(incoming) = endpoint.accept().await {
+            let remote = incoming.remote_address();
+            let ticket = match self.gate.admit(remote, incoming.remote_address_validated()) {
+                Admission::Admit(ticket) => ticket,
+                Admission::Retry => {
+                    if let Err(e) = incoming.retry() {
+                        e.into_incoming().refuse();
+                    }
+                    continue;
+                }
+                Admission::Refuse(reason) => {
+                    self.reject(remote, "server", reason, &reason);
+                    incoming.refuse();
+                    continue;
+                }
+            };
+            self.metrics.set_unauthenticated(self.gate.unauthenticated());
             let server = self.clone();
             tokio::spawn(async move {
-                let remote = incoming.remote_address();
-                match incoming.await {
-                    Ok(conn) => {
-                        server.probe_peers_at(remote);
-                        server.serve_connection(conn).await
+                let deadline = tokio::time::Instant::now() + AUTH_TIMEOUT;
+                let served = match server.authenticate(incoming, deadline).await {
+                    Ok((conn, identity)) => {
+                        ticket.succeeded();
+                        Some((conn, identity))
                     }
-                    Err(e) => {
-                        tracing::debug!(%remote, error = %e, "cluster connection handshake failed")
+                    Err((conn, e)) => {
+                        ticket.failed();
+                        if let Some(conn) = conn {
+                            conn.close(e.close_code().into(), e.close_reason().as_bytes());
+                        }
+                        server.reject(remote, "server", e.reason(), &e);
+                        None
                     }
+                };
+                server.metrics.set_unauthenticated(server.gate.unauthenticated());
+                if let Some((conn, identity)) = served {
+                    open_up(&conn, true);
+                    server.probe_peers_at(remote);
+                    tracing::debug!(%remote, peer = %identity.node_id, "cluster peer authenticated");
+                    server.serve_connection(conn, Arc::new(identity)).await;
                 }
             });
         }
+    }
+
+    /// Counts and (rate-limited) logs a connection that was refused or did
+    /// not authenticate.
+    fn reject(&self, remote: SocketAddr, side: &str, reason: &str, why: &dyn std::fmt::Display) {
+        self.metrics.connection_rejected(side, reason);
+        if let Some(suppressed) = self.warn.allow() {
+            tracing::warn!(%remote, reason, error = %why, suppressed, "cluster connection rejected");
+        }
+    }
+
+    /// The QUIC handshake, the protocol version, and the authentication
+    /// exchange of one incoming connection, all by `deadline`.
+    async fn authenticate(
+        &self,
+        incoming: quinn::Incoming,
+        deadline: tokio::time::Instant,
+    ) -> std::result::Result<(quinn::Connection, PeerIdentity), (Option<quinn::Connection>, Refusal)>
+    {
+        let remote = incoming.remote_address();
+        let connecting =
+            incoming.accept().map_err(|e| (None, Refusal::Handshake(e.to_string())))?;
+        let conn = match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => return Err((None, Refusal::Handshake(e.to_string()))),
+            Err(_) => return Err((None, Refusal::Timeout)),
+        };
+        match tokio::time::timeout_at(deadline, self.exchange(&conn)).await {
+            Ok(Ok(node_id)) => Ok((conn, PeerIdentity { node_id, addr: remote })),
+            Ok(Err(e)) => Err((Some(conn), e)),
+            Err(_) => Err((Some(conn), Refusal::Timeout)),
+        }
+    }
+
+    /// The protocol version and the authentication exchange: the client's
+    /// node id.
+    async fn exchange(&self, conn: &quinn::Connection) -> std::result::Result<String, Refusal> {
+        let alpn = negotiated_alpn(conn).unwrap_or_default();
+        if alpn != tls::ALPN {
+            return Err(Refusal::Version(String::from_utf8_lossy(&alpn).into_owned()));
+        }
+        let binding = exporter(conn).map_err(Refusal::Auth)?;
+        let (mut send, mut recv) =
+            conn.accept_bi().await.map_err(|e| Refusal::Handshake(e.to_string()))?;
+        let node_id = handshake::server(&mut send, &mut recv, binding, &self.keys, &self.node_id)
+            .await
+            .map_err(Refusal::Auth)?;
+        let _ = send.finish();
+        Ok(node_id)
     }
 
     /// A node at `remote` connected anew: probe this node's own
@@ -525,12 +768,12 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    async fn serve_connection(self: Arc<Self>, conn: quinn::Connection) {
+    async fn serve_connection(self: Arc<Self>, conn: quinn::Connection, from: Arc<PeerIdentity>) {
         let remote = conn.remote_address();
         loop {
             match conn.accept_bi().await {
                 Ok((send, recv)) => {
-                    tokio::spawn(self.clone().serve_stream(remote, send, recv));
+                    tokio::spawn(self.clone().serve_stream(from.clone(), send, recv));
                 }
                 Err(e) => {
                     tracing::debug!(%remote, error = %e, "cluster connection ended");
@@ -540,41 +783,15 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    /// Refuses a stream: nothing is answered, nothing more is read.
-    fn refuse(
-        &self,
-        remote: SocketAddr,
-        reason: &str,
-        mut send: quinn::SendStream,
-        mut recv: quinn::RecvStream,
-    ) {
-        self.metrics.rejected(reason);
-        if let Some(suppressed) = self.warn.allow() {
-            tracing::warn!(%remote, reason, suppressed, "cluster stream rejected: invalid auth");
-        }
-        let _ = recv.stop(0u32.into());
-        let _ = send.reset(0u32.into());
-    }
-
     async fn serve_stream(
         self: Arc<Self>,
-        remote: SocketAddr,
+        from: Arc<PeerIdentity>,
         send: quinn::SendStream,
         mut recv: quinn::RecvStream,
     ) {
-        if let Some(secret) = &self.auth.secret {
-            let reason = match tokio::time::timeout(AUTH_TIMEOUT, read_frame(&mut recv)).await {
-                Ok(Ok(Some(f))) if f.kind == FrameType::Auth && secret.verify(&f.payload) => None,
-                Ok(_) => Some("auth"),
-                Err(_) => Some("auth_timeout"),
-            };
-            if let Some(reason) = reason {
-                return self.refuse(remote, reason, send, recv);
-            }
-        }
+        let remote = from.addr;
         let send = Arc::new(tokio::sync::Mutex::new(send));
         let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_STREAM));
-        let mut first = true;
         let fault = loop {
             let Ok(permit) = in_flight.clone().acquire_owned().await else { break None };
             let frame = match read_frame(&mut recv).await {
@@ -584,9 +801,9 @@ impl<H: Handler> Server<H> {
             };
             match frame.kind {
                 FrameType::NodeRequest => {
-                    let (server, send) = (self.clone(), send.clone());
+                    let (server, send, from) = (self.clone(), send.clone(), from.clone());
                     tokio::spawn(async move {
-                        server.answer(frame, &send).await;
+                        server.answer(from, frame, &send).await;
                         drop(permit);
                     });
                 }
@@ -596,15 +813,12 @@ impl<H: Handler> Server<H> {
                         break None;
                     }
                 }
-                // A client with a secret talking to a server without one.
-                FrameType::Auth if first && self.auth.secret.is_none() => {}
                 other => {
                     break Some(Error::Protocol(format!(
                         "unexpected {other:?} frame from a client"
                     )));
                 }
             }
-            first = false;
         };
         if let Some(e) = fault {
             self.metrics.rejected(e.kind());
@@ -617,11 +831,16 @@ impl<H: Handler> Server<H> {
         let _ = send.lock().await.finish();
     }
 
-    async fn answer(&self, frame: Frame, send: &tokio::sync::Mutex<quinn::SendStream>) {
+    async fn answer(
+        &self,
+        from: Arc<PeerIdentity>,
+        frame: Frame,
+        send: &tokio::sync::Mutex<quinn::SendStream>,
+    ) {
         let start = Instant::now();
         let op = frame.payload.first().and_then(|c| Op::from_u8(*c)).map_or("unknown", Op::name);
         let reply = match Request::decode(&frame.payload) {
-            Ok(request) => self.handler.handle(request).await,
+            Ok(request) => self.handler.handle(from, request).await,
             Err(e) => Reply::for_decode_error(&e),
         };
         let chunks = reply.encode_chunks();
@@ -646,6 +865,66 @@ impl<H: Handler> Server<H> {
             (Ok(()), false) => status_kind(reply.status),
         };
         self.metrics.observe(op, "server", start.elapsed().as_secs_f64(), kind);
+    }
+}
+
+/// Why an incoming connection was not served.
+#[derive(Debug)]
+enum Refusal {
+    /// The QUIC/TLS handshake failed.
+    Handshake(String),
+    /// The peer negotiated an ALPN this node no longer serves.
+    Version(String),
+    /// The authentication exchange failed.
+    Auth(HandshakeError),
+    /// Not authenticated by the deadline.
+    Timeout,
+}
+
+impl Refusal {
+    fn reason(&self) -> &'static str {
+        match self {
+            Refusal::Handshake(_) => "handshake",
+            Refusal::Version(_) => "version",
+            Refusal::Auth(e) => e.reason(),
+            Refusal::Timeout => "auth_timeout",
+        }
+    }
+
+    fn close_code(&self) -> u32 {
+        match self {
+            Refusal::Version(_) => close_code::VERSION,
+            Refusal::Timeout => close_code::AUTH_TIMEOUT,
+            _ => close_code::AUTH_FAILED,
+        }
+    }
+
+    /// What the peer is told: the version it should speak, or nothing
+    /// about why its authentication failed.
+    fn close_reason(&self) -> String {
+        match self {
+            Refusal::Version(v) => format!(
+                "{v} is no longer served: this node speaks {} (upgrade every node of the cluster)",
+                String::from_utf8_lossy(tls::ALPN)
+            ),
+            Refusal::Timeout => format!("not authenticated within {AUTH_TIMEOUT:?}"),
+            _ => "authentication failed".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Handshake(e) => write!(f, "quic handshake: {e}"),
+            Refusal::Version(v) => write!(
+                f,
+                "the peer speaks {v:?}, not {} (it runs an older narad: upgrade it)",
+                String::from_utf8_lossy(tls::ALPN)
+            ),
+            Refusal::Auth(e) => e.fmt(f),
+            Refusal::Timeout => write!(f, "not authenticated within {AUTH_TIMEOUT:?}"),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! 127.0.0.1, port 0.
 
 use super::*;
-use crate::auth::TlsFiles;
+use crate::auth::{ClusterSecret, TlsFiles};
 use crate::frame::FrameType;
 use crate::limits::FRAME_HEADER_LEN;
 use crate::rpc::{CommitRecord, TopicBody};
@@ -19,7 +19,7 @@ struct Echo {
 }
 
 impl Handler for Echo {
-    async fn handle(&self, request: Request) -> Reply {
+    async fn handle(&self, _from: Arc<PeerIdentity>, request: Request) -> Reply {
         self.seen.fetch_add(1, Ordering::SeqCst);
         match request {
             Request::GetTopic(t) if t == "slow" => {
@@ -40,8 +40,19 @@ fn localhost() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// A ClusterAuth with a secret made of `s` (padded to the 32-character
+/// minimum).
 fn secret(s: &str) -> ClusterAuth {
-    ClusterAuth { secret: Some(ClusterSecret::new(s.as_bytes()).unwrap()), tls: None }
+    let long = format!("{s}-0123456789abcdef0123456789abcdef");
+    ClusterAuth {
+        secret: Some(ClusterSecret::new(long.as_bytes()).unwrap()),
+        node_id: format!("node-{s}"),
+        ..ClusterAuth::default()
+    }
+}
+
+fn tls_only(files: TlsFiles) -> ClusterAuth {
+    ClusterAuth { tls: Some(files), ..ClusterAuth::default() }
 }
 
 fn server(auth: ClusterAuth) -> (Transport, Arc<Echo>, RpcMetrics) {
@@ -80,11 +91,9 @@ async fn a_request_gets_its_reply_and_a_ping_its_pong() {
     );
     let reply = peer.call(&Request::DeleteTopic("x".into())).await.unwrap();
     assert_eq!(reply.status, 404);
-    // A body made of our own frame headers is only bytes.
-    let mut own =
-        Frame::new(FrameType::Auth, 0, ClusterSecret::new(b"s3cret").unwrap().tag().to_vec())
-            .encode()
-            .unwrap();
+    // A body made of our own handshake and frame headers is only bytes.
+    let mut own = crate::handshake::encode_hello(&[7; 32]);
+    own.extend(crate::handshake::encode_welcome());
     own.extend(Frame::new(FrameType::NodeRequest, 1, get("x").encode()).encode().unwrap());
     own.extend(&own[..FRAME_HEADER_LEN + 3].to_vec());
     let reply = peer
@@ -167,40 +176,71 @@ async fn a_dial_to_nobody_fails_within_the_dial_timeout() {
 async fn a_wrong_or_missing_secret_gets_nothing_and_reaches_no_handler() {
     let (srv, echo, metrics) = server(secret("right"));
     let addr = srv.local_addr().unwrap();
-    for auth in [secret("wrong"), ClusterAuth::default()] {
-        let (cli, _) = client(auth);
+    for (auth, side) in [(secret("wrong"), "client"), (ClusterAuth::default(), "server")] {
+        let (cli, cli_metrics) = client(auth);
         let peer = cli.peer(addr, tls::DEFAULT_SERVER_NAME);
         let e = peer
             .call(&Request::CreateTopic(TopicBody { topic: "".into(), body: "{}".into() }))
             .await
             .unwrap_err();
-        assert!(matches!(e, Error::Connection(_)), "{e}");
+        // The request never left: a dial failure, safe to send elsewhere.
+        assert!(
+            matches!(e, Error::Dial { ref reason, .. } if reason.contains("authentication")),
+            "{e}"
+        );
         assert!(peer.ping().await.is_err());
+        assert!(peer.conn.lock().await.is_none(), "an unauthenticated connection was kept");
+        if side == "client" {
+            // The wrong secret's node refused the server's proof itself.
+            let c = exposition(&cli_metrics);
+            assert!(
+                c.contains(
+                    r#"narad_node_rpc_connections_rejected_total{side="client",reason="auth"}"#
+                ),
+                "{c}"
+            );
+        }
     }
-    assert_eq!(echo.seen.load(Ordering::SeqCst), 0, "a refused stream reached the handler");
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0, "an unauthenticated peer reached the handler");
     let m = exposition(&metrics);
-    assert!(m.contains(r#"narad_node_rpc_streams_rejected_total{reason="auth"}"#), "{m}");
+    assert!(
+        m.contains(r#"narad_node_rpc_connections_rejected_total{side="server",reason="auth"}"#),
+        "{m}"
+    );
     assert!(!m.contains("narad_node_rpc_requests_total"), "{m}");
     // The right secret still gets in.
     let (cli, _) = client(secret("right"));
     assert_eq!(cli.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap().status, 200);
 }
 
-/// A raw stream to `addr`, for peers that lie.
-async fn raw_stream(
+/// A raw QUIC connection to `addr` (nothing sent on it yet).
+async fn raw_connection(
     addr: SocketAddr,
     auth: &ClusterAuth,
-) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+) -> (quinn::Endpoint, quinn::Connection) {
     let ep = quinn::Endpoint::client(localhost()).unwrap();
     let conn = ep
         .connect_with(client_config(auth).unwrap(), addr, tls::DEFAULT_SERVER_NAME)
         .unwrap()
         .await
         .unwrap();
-    let (mut send, recv) = conn.open_bi().await.unwrap();
-    if let Some(s) = &auth.secret {
-        write_frame(&mut send, &Frame::new(FrameType::Auth, 0, s.tag().to_vec())).await.unwrap();
-    }
+    (ep, conn)
+}
+
+/// A raw stream to `addr` on a connection that authenticated, for peers
+/// that know the secret and then lie.
+async fn raw_stream(
+    addr: SocketAddr,
+    auth: &ClusterAuth,
+) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+    let (ep, conn) = raw_connection(addr, auth).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let keys = crate::handshake::keys(auth);
+    let binding = exporter(&conn).unwrap();
+    crate::handshake::client(&mut send, &mut recv, binding, &keys, "liar").await.unwrap();
+    send.finish().unwrap();
+    open_up(&conn, false);
+    let (send, recv) = conn.open_bi().await.unwrap();
     (ep, send, recv)
 }
 
@@ -236,7 +276,7 @@ async fn a_peer_that_lies_gets_an_error_frame_and_reaches_no_handler() {
     send.write_all(&header).await.unwrap();
     expect_error_frame(&mut recv, "exceeds the 16777216-byte limit").await;
 
-    // Garbage after a good Auth frame.
+    // Garbage on an authenticated connection.
     let (_ep, mut send, mut recv) = raw_stream(addr, &auth).await;
     send.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     expect_error_frame(&mut recv, "bad frame magic").await;
@@ -289,21 +329,26 @@ async fn a_peer_that_lies_gets_an_error_frame_and_reaches_no_handler() {
 }
 
 #[tokio::test]
-async fn a_stream_without_auth_within_five_seconds_is_reset() {
+async fn a_connection_that_does_not_authenticate_within_five_seconds_is_closed() {
     let auth = secret("s");
     let (srv, echo, metrics) = server(auth);
-    // Half an Auth frame, then silence.
-    let (_ep, mut send, mut recv) =
-        raw_stream(srv.local_addr().unwrap(), &ClusterAuth::default()).await;
-    send.write_all(&Frame::new(FrameType::Auth, 0, vec![0u8; 32]).encode().unwrap()[..10])
-        .await
-        .unwrap();
+    // Half a Hello, then silence (the client's own keep-alives would keep
+    // the connection open forever).
+    let (_ep, conn) = raw_connection(srv.local_addr().unwrap(), &ClusterAuth::default()).await;
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    send.write_all(&crate::handshake::encode_hello(&[1; 32])[..10]).await.unwrap();
     let start = Instant::now();
-    let (bytes, reset) = drain(&mut recv).await;
-    assert!(bytes.is_empty() && reset, "{bytes:?} reset={reset}");
+    let closed = tokio::time::timeout(AUTH_TIMEOUT * 3, conn.closed()).await.unwrap();
+    assert!(
+        matches!(closed, quinn::ConnectionError::ApplicationClosed(ref c)
+            if c.error_code == VarInt::from_u32(close_code::AUTH_TIMEOUT)),
+        "{closed}"
+    );
     assert!(start.elapsed() >= AUTH_TIMEOUT - Duration::from_millis(500), "{:?}", start.elapsed());
     assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
-    assert!(exposition(&metrics).contains(r#"reason="auth_timeout"} 1"#));
+    let m = exposition(&metrics);
+    assert!(m.contains(r#"side="server",reason="auth_timeout"} 1"#), "{m}");
+    assert!(m.contains("narad_node_rpc_unauthenticated_connections 0"), "{m}");
 }
 
 #[tokio::test]
@@ -371,9 +416,9 @@ fn mtls_files(dir: &std::path::Path) -> (TlsFiles, TlsFiles) {
 async fn mutual_tls_admits_nodes_of_the_cluster_ca_only() {
     let dir = std::env::temp_dir().join(format!("narad-cluster-mtls-{}", std::process::id()));
     let (a, b) = mtls_files(&dir);
-    let (srv, echo, _) = server(ClusterAuth { secret: None, tls: Some(a) });
+    let (srv, echo, _) = server(tls_only(a));
     let addr = srv.local_addr().unwrap();
-    let (cli, _) = client(ClusterAuth { secret: None, tls: Some(b) });
+    let (cli, _) = client(tls_only(b));
     assert_eq!(cli.peer(addr, "localhost").call(&get("t")).await.unwrap().status, 200);
     // A node with no client certificate does not get through the handshake.
     let (stranger, _) = client(ClusterAuth::default());
@@ -392,12 +437,8 @@ fn unreadable_tls_files_are_a_config_error() {
     };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let e = Transport::client_only(
-            localhost(),
-            ClusterAuth { secret: None, tls: Some(files) },
-            RpcMetrics::default(),
-        )
-        .unwrap_err();
+        let e = Transport::client_only(localhost(), tls_only(files), RpcMetrics::default())
+            .unwrap_err();
         assert!(matches!(e, Error::Config(ref m) if m.contains("/nonexistent/c")), "{e}");
     });
 }
@@ -474,4 +515,221 @@ async fn a_peer_that_connects_anew_gets_its_stale_connection_replaced_before_the
     to_c.ping().await.unwrap();
     c.peer(a.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME).ping().await.unwrap();
     probe_counted(&a_metrics, "alive").await;
+}
+
+/// A QUIC server that is not a node: its own self-signed certificate, the
+/// ALPNs given, and whatever `serve` does with each connection.
+fn impostor_endpoint(alpns: &[&[u8]]) -> quinn::Endpoint {
+    let ck = rcgen::generate_simple_self_signed(vec![tls::DEFAULT_SERVER_NAME.to_owned()]).unwrap();
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![ck.cert.der().clone()], key.into())
+    .unwrap();
+    cfg.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
+    let quic = QuicServerConfig::try_from(cfg).unwrap();
+    quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), localhost()).unwrap()
+}
+
+#[tokio::test]
+async fn an_impostor_relaying_a_real_nodes_proof_gets_nothing_from_the_dialling_node() {
+    // A real node with the secret, and an impostor (no secret) that relays
+    // the handshake between the dialling node and the real one.
+    let auth = secret("s");
+    let (real, real_echo, _) = server(auth.clone());
+    let real_addr = real.local_addr().unwrap();
+    let impostor = impostor_endpoint(&[tls::ALPN]);
+    let imp_addr = impostor.local_addr().unwrap();
+    let relay_auth = ClusterAuth::default();
+    let seen_after_hello = Arc::new(Mutex::new(None::<Vec<u8>>));
+    let seen = seen_after_hello.clone();
+    let task = tokio::spawn(async move {
+        let conn = impostor.accept().await.unwrap().await.unwrap();
+        let (mut to_victim, mut from_victim) = conn.accept_bi().await.unwrap();
+        let mut hello = [0u8; 40];
+        from_victim.read_exact(&mut hello).await.unwrap();
+        // The impostor's own connection to the real node.
+        let (_ep, up) = raw_connection(real_addr, &relay_auth).await;
+        let (mut up_send, mut up_recv) = up.open_bi().await.unwrap();
+        up_send.write_all(&hello).await.unwrap();
+        let proof = crate::handshake::read_proof(&mut up_recv, crate::handshake::Kind::ServerProof)
+            .await
+            .unwrap();
+        let relayed = crate::handshake::encode_proof(crate::handshake::Kind::ServerProof, &proof);
+        to_victim.write_all(&relayed).await.unwrap();
+        // Whatever the victim sends now, until it gives up.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(3),
+            AsyncReadExt::read_to_end(&mut from_victim, &mut rest),
+        )
+        .await;
+        *seen.lock().unwrap() = Some(rest);
+    });
+    let (victim, metrics) = client(auth.clone());
+    let e = victim.peer(imp_addr, tls::DEFAULT_SERVER_NAME).call(&get("secret")).await.unwrap_err();
+    assert!(
+        matches!(e, Error::Dial { ref reason, .. } if reason.contains("authentication")),
+        "{e}"
+    );
+    task.await.unwrap();
+    let rest = seen_after_hello.lock().unwrap().clone().unwrap();
+    assert!(rest.is_empty(), "the dialling node sent {} bytes to an impostor", rest.len());
+    assert_eq!(real_echo.seen.load(Ordering::SeqCst), 0);
+    assert!(exposition(&metrics).contains(r#"side="client",reason="auth"} 1"#));
+}
+
+#[tokio::test]
+async fn an_impostor_answering_with_its_own_proof_gets_no_request() {
+    let impostor = impostor_endpoint(&[tls::ALPN]);
+    let addr = impostor.local_addr().unwrap();
+    let got = tokio::spawn(async move {
+        let conn = impostor.accept().await.unwrap().await.unwrap();
+        let (mut send, mut recv) = conn.accept_bi().await.unwrap();
+        let _hello = crate::handshake::read_hello(&mut recv).await.unwrap();
+        let fake = crate::handshake::Proof {
+            nonce: Some([9; 32]),
+            macs: vec![[0x42; 32]],
+            node_id: "n3".into(),
+        };
+        send.write_all(&crate::handshake::encode_proof(crate::handshake::Kind::ServerProof, &fake))
+            .await
+            .unwrap();
+        // Any stream or byte the node would send next.
+        let next = tokio::time::timeout(Duration::from_secs(3), conn.accept_bi()).await;
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            AsyncReadExt::read_to_end(&mut recv, &mut rest),
+        )
+        .await;
+        (matches!(next, Ok(Ok(_))), rest)
+    });
+    let (node, _) = client(secret("s"));
+    let e = node.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap_err();
+    assert!(matches!(e, Error::Dial { .. }), "{e}");
+    let (opened_stream, rest) = got.await.unwrap();
+    assert!(!opened_stream, "a request stream was opened to an impostor");
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[tokio::test]
+async fn an_old_node_is_refused_naming_the_version_and_a_new_one_says_the_peer_is_older() {
+    let (srv, echo, metrics) = server(secret("s"));
+    // A v1 node dials: the handshake completes, the connection is closed
+    // with the version it must speak.
+    let mut crypto = tls::client_config(None).unwrap();
+    crypto.alpn_protocols = vec![tls::ALPN_V1.to_vec()];
+    let v1 = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(crypto).unwrap()));
+    let ep = quinn::Endpoint::client(localhost()).unwrap();
+    let conn = ep
+        .connect_with(v1, srv.local_addr().unwrap(), tls::DEFAULT_SERVER_NAME)
+        .unwrap()
+        .await
+        .unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.unwrap() {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, VarInt::from_u32(close_code::VERSION));
+            let reason = String::from_utf8_lossy(&c.reason).into_owned();
+            assert!(
+                reason.contains("narad-cluster-quic-v1 is no longer served")
+                    && reason.contains("narad-cluster-quic-v2"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(exposition(&metrics).contains(r#"side="server",reason="version"} 1"#));
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
+    // A v2 node dials a v1-only peer.
+    let old = impostor_endpoint(&[tls::ALPN_V1]);
+    let old_addr = old.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Some(incoming) = old.accept().await {
+            let _ = incoming.await;
+        }
+    });
+    let (cli, _) = client(secret("s"));
+    let e = cli.peer(old_addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap_err();
+    assert!(e.to_string().contains("does not speak narad-cluster-quic-v2"), "{e}");
+}
+
+#[tokio::test]
+async fn before_authenticating_a_peer_gets_one_stream_and_a_header_flood_is_eight_bad_bytes() {
+    let (srv, echo, metrics) = server(secret("s"));
+    let addr = srv.local_addr().unwrap();
+    let (_ep, conn) = raw_connection(addr, &ClusterAuth::default()).await;
+    let (mut first, _r1) = conn.open_bi().await.unwrap();
+    // The server grants no second stream before authentication.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), conn.open_bi()).await.is_err(),
+        "a second stream opened before authentication"
+    );
+    // A frame header announcing 16 MiB where the Hello is due.
+    let mut flood = Frame::new(FrameType::NodeRequest, 1, Bytes::new()).encode().unwrap();
+    flood[16..20].copy_from_slice(&(FRAME_MAX_PAYLOAD as u32).to_be_bytes());
+    flood.extend([0u8; 20]);
+    first.write_all(&flood).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(5), conn.closed()).await.unwrap() {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, VarInt::from_u32(close_code::AUTH_FAILED));
+            assert_eq!(&c.reason[..], b"authentication failed", "no hint of what was wrong");
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 0);
+    assert!(exposition(&metrics).contains(r#"side="server",reason="malformed"} 1"#));
+}
+
+#[tokio::test]
+async fn a_source_that_keeps_failing_is_refused_while_a_node_that_authenticated_before_gets_in() {
+    let (srv, echo, metrics) = server(secret("right"));
+    let addr = srv.local_addr().unwrap();
+    let (good, _) = client(secret("right"));
+    let to_srv = good.peer(addr, tls::DEFAULT_SERVER_NAME);
+    assert_eq!(to_srv.call(&get("t")).await.unwrap().status, 200);
+    // Guesses from other ports of the same address spend its budget.
+    for _ in 0..crate::limits::AUTH_FAILURE_BURST {
+        let (guess, _) = client(ClusterAuth::default());
+        assert!(guess.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.is_err());
+    }
+    let (late, _) = client(secret("right"));
+    let e = late.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap_err();
+    assert!(matches!(e, Error::Dial { .. }), "{e}");
+    let m = exposition(&metrics);
+    assert!(m.contains(r#"side="server",reason="backoff"} 1"#), "{m}");
+    // The node that authenticated before reconnects from its address.
+    if let Some(c) = to_srv.conn.lock().await.take() {
+        c.close(0u32.into(), b"test");
+    }
+    assert_eq!(to_srv.call(&get("again")).await.unwrap().status, 200);
+    assert_eq!(echo.seen.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn connections_not_yet_authenticated_are_capped_per_source() {
+    let (srv, _, metrics) = server(secret("s"));
+    let addr = srv.local_addr().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..crate::limits::MAX_UNAUTHENTICATED_PER_SOURCE {
+        let (ep, conn) = raw_connection(addr, &ClusterAuth::default()).await;
+        held.push((ep, conn));
+    }
+    let ep = quinn::Endpoint::client(localhost()).unwrap();
+    let refused = ep
+        .connect_with(
+            client_config(&ClusterAuth::default()).unwrap(),
+            addr,
+            tls::DEFAULT_SERVER_NAME,
+        )
+        .unwrap()
+        .await;
+    assert!(refused.is_err(), "a ninth unauthenticated connection was accepted");
+    let m = exposition(&metrics);
+    assert!(m.contains(r#"side="server",reason="busy"} 1"#), "{m}");
+    assert!(m.contains("narad_node_rpc_unauthenticated_connections 8"), "{m}");
 }

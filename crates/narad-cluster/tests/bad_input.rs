@@ -25,6 +25,11 @@ fn survives_corpus_and_mutations(target: &str) {
 }
 
 #[test]
+fn the_handshake_an_unauthenticated_peer_speaks_is_read_within_its_bounds_and_round_trips() {
+    survives_corpus_and_mutations("node_rpc_handshake");
+}
+
+#[test]
 fn node_rpc_frame_decoding_never_panics_and_round_trips() {
     survives_corpus_and_mutations("node_rpc_frame");
 }
@@ -95,6 +100,7 @@ mod seeds {
 
     pub fn all() -> Vec<(&'static str, Seeds)> {
         vec![
+            ("node_rpc_handshake", handshake_messages()),
             ("node_rpc_frame", frames()),
             ("node_rpc_request", requests()),
             ("node_rpc_reply", replies()),
@@ -542,7 +548,30 @@ mod seeds {
         s.push(("error".into(), Frame::error(7, "no").encode().unwrap()));
         s.push(("ping".into(), f(FrameType::Ping, 1, 42u64.to_be_bytes().to_vec())));
         s.push(("pong".into(), f(FrameType::Pong, 1, 42u64.to_be_bytes().to_vec())));
-        s.push(("auth".into(), f(FrameType::Auth, 0, (0..32).collect())));
         s
+    }
+
+    /// Every handshake message (the first byte picks the reader), and the
+    /// v1 Auth frame and a 16 MiB frame header sent where a Hello is due.
+    fn handshake_messages() -> Seeds {
+        use narad_cluster::handshake::{self as h, Kind, Proof};
+        let server =
+            Proof { nonce: Some([3; 32]), macs: vec![[5; 32], [6; 32]], node_id: "n1".into() };
+        let client = Proof { nonce: None, macs: vec![[7; 32]], node_id: "node-2.x_y".into() };
+        let dev = Proof { nonce: None, macs: vec![], node_id: "-".into() };
+        let with = |pick: u8, bytes: Vec<u8>| [vec![pick], bytes].concat();
+        let mut v1_auth = Frame::new(FrameType::Ping, 0, vec![0xee; 32]).encode().unwrap();
+        v1_auth[5] = 10;
+        let mut flood = Frame::new(FrameType::NodeRequest, 1, Vec::new()).encode().unwrap();
+        flood[16..20].copy_from_slice(&(16u32 << 20).to_be_bytes());
+        vec![
+            ("hello".into(), with(0, h::encode_hello(&[2; 32]))),
+            ("server_proof".into(), with(1, h::encode_proof(Kind::ServerProof, &server))),
+            ("client_proof".into(), with(2, h::encode_proof(Kind::ClientProof, &client))),
+            ("client_proof_dev".into(), with(2, h::encode_proof(Kind::ClientProof, &dev))),
+            ("welcome".into(), with(3, h::encode_welcome().to_vec())),
+            ("v1_auth_as_hello".into(), with(0, v1_auth)),
+            ("frame_flood_as_hello".into(), with(0, flood)),
+        ]
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use narad_clock::ManualClock;
 use narad_cluster::raft::{ControlPlane, ControlPlaneConfig, PeerEntry, RaftTimings, Role};
-use narad_cluster::{ClusterAuth, Handler, Reply, Request, RpcMetrics, Transport};
+use narad_cluster::{ClusterAuth, Handler, PeerIdentity, Reply, Request, RpcMetrics, Transport};
 use narad_fs::RealFs;
 use narad_meta::{CreateTopicRequest, MetaError, MetaStore, MetaStoreOptions, TopicDefaults};
 use prometheus_client::registry::Registry;
@@ -29,12 +29,12 @@ impl Serve {
 }
 
 impl Handler for Serve {
-    async fn handle(&self, request: Request) -> Reply {
+    async fn handle(&self, from: Arc<PeerIdentity>, request: Request) -> Reply {
         let plane = self.plane.read().unwrap().clone();
         let Some(plane) = plane else {
             return Reply::error(503, "node stopped");
         };
-        match plane.handle(&request).await {
+        match plane.handle(&from, &request).await {
             Some(reply) => reply,
             None => Reply::error(400, &format!("unsupported rpc operation {}", request.op() as u8)),
         }

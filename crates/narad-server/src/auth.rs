@@ -27,7 +27,15 @@
 //! correct credential is accepted without a token, so guessing never locks
 //! out a client already signed in; and because the per-username budget is
 //! per address, a stranger guessing from elsewhere cannot lock anyone out.
-//! IPv6 clients are keyed by their /64. Usernames that cannot exist (over
+//! IPv6 clients are keyed by their /64.
+//!
+//! In a cluster every node keeps its own buckets, and an attacker can ask
+//! every node: so each node's budget (burst and refill) is the budget
+//! above divided by the number of members of the cluster (the metastore's
+//! member list, dead members included), and the whole cluster allows
+//! about what one node alone would: with 3 nodes, 5/3 failures per
+//! username and address in a burst and one per 36 s on each node, one per
+//! 12 s in all. Usernames that cannot exist (over
 //! 64 bytes, or outside `[A-Za-z0-9._-]`) and passwords over 72 bytes
 //! (bcrypt's limit) fail without a verify and take only the address token.
 //! The self-service `current_password` check ([`Authenticator::check_password`])
@@ -140,11 +148,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// (rate per second, burst) of a throttle bucket.
-fn budget(key: &FailKey) -> (f64, f64) {
+/// (rate per second, burst) of a throttle bucket on one of `nodes` nodes:
+/// the cluster's budget, shared out.
+fn budget(key: &FailKey, nodes: usize) -> (f64, f64) {
+    let n = nodes.max(1) as f64;
     match key.1 {
-        Some(_) => (1.0 / FAIL_REFILL.as_secs_f64(), FAIL_BURST),
-        None => (1.0 / ADDR_FAIL_REFILL.as_secs_f64(), ADDR_FAIL_BURST),
+        Some(_) => (1.0 / FAIL_REFILL.as_secs_f64() / n, FAIL_BURST / n),
+        None => (1.0 / ADDR_FAIL_REFILL.as_secs_f64() / n, ADDR_FAIL_BURST / n),
     }
 }
 
@@ -388,6 +398,12 @@ impl Authenticator {
         })
     }
 
+    /// The nodes the failed-password budget is shared by: the cluster's
+    /// members (1 for a single node).
+    fn nodes(&self) -> usize {
+        self.meta.snapshot().members().count().max(1)
+    }
+
     /// Takes a token from the address's bucket and, with a username, from
     /// the (address, username) bucket: both or neither.
     fn reserve(
@@ -396,10 +412,11 @@ impl Authenticator {
         username: Option<&str>,
         now: Instant,
     ) -> Result<(), AuthError> {
+        let nodes = self.nodes();
         let mut failures = lock(&self.failures);
         if failures.len() >= CACHE_SOFT_MAX {
             failures.retain(|k, b| {
-                let (rate, burst) = budget(k);
+                let (rate, burst) = budget(k, nodes);
                 !b.is_full(rate, burst, now)
             });
         }
@@ -408,7 +425,7 @@ impl Authenticator {
             keys.push((client, Some(name.to_owned())));
         }
         for key in &keys {
-            let (rate, burst) = budget(key);
+            let (rate, burst) = budget(key, nodes);
             if let Some(bucket) = failures.get_mut(key)
                 && let Err(wait) = bucket.peek(rate, burst, now)
             {
@@ -417,7 +434,7 @@ impl Authenticator {
             }
         }
         for key in keys {
-            let (rate, burst) = budget(&key);
+            let (rate, burst) = budget(&key, nodes);
             let bucket = failures.entry(key).or_insert_with(|| TokenBucket::full(burst, now));
             let _ = bucket.take(rate, burst, now);
         }
@@ -427,9 +444,10 @@ impl Authenticator {
     /// Gives back the tokens [`Self::reserve`] took for a verify that
     /// succeeded (or did not run).
     fn refund(&self, client: IpAddr, username: &str) {
+        let nodes = self.nodes();
         let mut failures = lock(&self.failures);
         for key in [(client, None), (client, Some(username.to_owned()))] {
-            let (_, burst) = budget(&key);
+            let (_, burst) = budget(&key, nodes);
             if let Some(bucket) = failures.get_mut(&key) {
                 bucket.refund(burst);
             }

@@ -27,7 +27,7 @@ use narad_cluster::raft::{
     ControlPlane, ControlPlaneConfig, LeaderTopicView, PeerEntry, RaftTimings, Role,
 };
 use narad_cluster::rpc::{self, PartitionStatsRequest, Reply, Request};
-use narad_cluster::{Handler, Membership, RpcMetrics, Transport};
+use narad_cluster::{Handler, Membership, PeerIdentity, RpcMetrics, Transport};
 use narad_fs::FsRef;
 use narad_meta::{Member, MetaStore};
 use prometheus_client::metrics::counter::Counter;
@@ -71,7 +71,7 @@ struct NodeHandler {
 }
 
 impl Handler for NodeHandler {
-    async fn handle(&self, request: Request) -> Reply {
+    async fn handle(&self, from: Arc<PeerIdentity>, request: Request) -> Reply {
         let Some(control) = self.control.get() else {
             return starting();
         };
@@ -89,7 +89,7 @@ impl Handler for NodeHandler {
                 Some(broker) => self.data_plane(broker, request).await,
                 None => starting(),
             },
-            request => match control.handle(&request).await {
+            request => match control.handle(&from, &request).await {
                 Some(reply) => reply,
                 None => unsupported(&request),
             },

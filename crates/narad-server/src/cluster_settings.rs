@@ -32,6 +32,8 @@ use crate::config::Config;
 /// The environment variable of the cluster secret (a secret: never a file
 /// key, masked when printed).
 pub const CLUSTER_SECRET_ENV: &str = "NARAD_CLUSTER_SECRET";
+/// The environment variable of the secret being rotated out.
+pub const CLUSTER_SECRET_PREVIOUS_ENV: &str = "NARAD_CLUSTER_SECRET_PREVIOUS";
 /// `cluster.addr` of a non-dev start.
 pub const DEFAULT_CLUSTER_ADDR: &str = "0.0.0.0:7943";
 /// `cluster.addr` of a `--dev` start.
@@ -272,7 +274,23 @@ pub fn resolve(c: &Config) -> Result<Option<ClusterSettings>, String> {
         }
     }
     let secret = match c.security.cluster_secret.as_deref() {
-        Some(s) => Some(ClusterSecret::new(s.as_bytes()).map_err(|e| format!("{e}"))?),
+        Some(s) => Some(
+            ClusterSecret::new(s.as_bytes()).map_err(|e| format!("{CLUSTER_SECRET_ENV}: {e}"))?,
+        ),
+        None => None,
+    };
+    let previous_secret = match c.security.cluster_secret_previous.as_deref() {
+        Some(_) if secret.is_none() => {
+            return Err(format!(
+                "{CLUSTER_SECRET_PREVIOUS_ENV} is set without {CLUSTER_SECRET_ENV}: the previous \
+                 secret is only accepted beside the current one (docs/CLUSTER.md, \
+                 \"Rotating the secret\")"
+            ));
+        }
+        Some(s) => Some(
+            ClusterSecret::new(s.as_bytes())
+                .map_err(|e| format!("{CLUSTER_SECRET_PREVIOUS_ENV}: {e}"))?,
+        ),
         None => None,
     };
     if !dev && secret.is_none() && tls.is_none() {
@@ -289,13 +307,16 @@ pub fn resolve(c: &Config) -> Result<Option<ClusterSettings>, String> {
         advertised_addr,
         peers,
         initial_members: cl.initial_members.clone(),
-        auth: ClusterAuth { secret, tls },
+        auth: ClusterAuth { secret, previous_secret, tls, node_id: cl.node_id.clone() },
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret of the minimum length.
+    const LONG_SECRET: &str = "0123456789abcdef0123456789abcdef";
     use crate::config::Sources;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -341,7 +362,7 @@ mod tests {
                 ("NARAD_CLUSTER_ADDR", "127.0.0.1:7944"),
                 ("NARAD_CLUSTER_PEERS", THREE),
                 ("NARAD_CLUSTER_INITIAL_MEMBERS", "n1, n2"),
-                (CLUSTER_SECRET_ENV, "s3cret"),
+                (CLUSTER_SECRET_ENV, LONG_SECRET),
             ],
             false,
         )
@@ -493,6 +514,27 @@ mod tests {
                 base(&[("NARAD_CLUSTER_PEERS", THREE)]),
                 false,
             ),
+            (
+                "NARAD_CLUSTER_SECRET: cluster transport config: the cluster secret has 1 \
+                 characters; it must have at least 32 (generate one with `openssl rand -hex 32`)",
+                base(&[("NARAD_CLUSTER_PEERS", THREE), (CLUSTER_SECRET_ENV, "a")]),
+                false,
+            ),
+            (
+                "NARAD_CLUSTER_SECRET_PREVIOUS: cluster transport config: the cluster secret has \
+                 5 characters",
+                base(&[
+                    ("NARAD_CLUSTER_PEERS", THREE),
+                    (CLUSTER_SECRET_ENV, LONG_SECRET),
+                    (CLUSTER_SECRET_PREVIOUS_ENV, "short"),
+                ]),
+                false,
+            ),
+            (
+                "NARAD_CLUSTER_SECRET_PREVIOUS is set without NARAD_CLUSTER_SECRET",
+                base(&[("NARAD_CLUSTER_PEERS", THREE), (CLUSTER_SECRET_PREVIOUS_ENV, LONG_SECRET)]),
+                true,
+            ),
         ];
         for (needle, pairs, dev) in cases {
             let e = match load(&pairs, dev) {
@@ -502,8 +544,17 @@ mod tests {
             assert!(e.contains(needle), "want {needle:?} in: {e}");
         }
         // The same secured config is accepted with the secret, or with TLS.
-        let ok = base(&[("NARAD_CLUSTER_PEERS", THREE), (CLUSTER_SECRET_ENV, "s")]);
+        let ok = base(&[("NARAD_CLUSTER_PEERS", THREE), (CLUSTER_SECRET_ENV, LONG_SECRET)]);
         assert!(load(&ok, false).is_ok());
+        // A rotation: the current and the previous secret.
+        let rotating = base(&[
+            ("NARAD_CLUSTER_PEERS", THREE),
+            (CLUSTER_SECRET_ENV, LONG_SECRET),
+            (CLUSTER_SECRET_PREVIOUS_ENV, "fedcba9876543210fedcba9876543210"),
+        ]);
+        let s = resolve(&load(&rotating, false).unwrap()).unwrap().unwrap();
+        assert!(s.auth.secret.is_some() && s.auth.previous_secret.is_some());
+        assert_eq!(s.auth.node_id, "n1");
         let tls = base(&[
             ("NARAD_CLUSTER_PEERS", THREE),
             ("NARAD_CLUSTER_TLS_CERT_FILE", "c"),

@@ -21,7 +21,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use crate::cluster_settings::{
-    CLUSTER_SECRET_ENV, ClusterSettings, DEFAULT_CLUSTER_ADDR, DEFAULT_DEV_CLUSTER_ADDR, PeerSpec,
+    CLUSTER_SECRET_ENV, CLUSTER_SECRET_PREVIOUS_ENV, ClusterSettings, DEFAULT_CLUSTER_ADDR,
+    DEFAULT_DEV_CLUSTER_ADDR, PeerSpec,
 };
 use crate::conn::{ConnConfig, MIN_HEADER_BYTES};
 use crate::duration::parse_go_duration;
@@ -175,9 +176,14 @@ pub struct SecurityConfig {
     /// The root user's password at first start (`NARAD_ADMIN_PASSWORD`).
     #[serde(skip_deserializing)]
     pub admin_password: Option<String>,
-    /// The secret every node-RPC stream presents (`NARAD_CLUSTER_SECRET`).
+    /// The secret nodes prove to each other once per node-RPC connection
+    /// (`NARAD_CLUSTER_SECRET`, at least 32 characters).
     #[serde(skip_deserializing)]
     pub cluster_secret: Option<String>,
+    /// During a rotation, the secret being replaced, still proved with and
+    /// accepted (`NARAD_CLUSTER_SECRET_PREVIOUS`).
+    #[serde(skip_deserializing)]
+    pub cluster_secret_previous: Option<String>,
     /// This node's certificate chain for cluster mutual TLS (PEM).
     pub cluster_tls_cert_file: String,
     /// Its private key (PEM).
@@ -278,6 +284,7 @@ impl Default for SecurityConfig {
             enabled: true,
             admin_password: None,
             cluster_secret: None,
+            cluster_secret_previous: None,
             cluster_tls_cert_file: String::new(),
             cluster_tls_key_file: String::new(),
             cluster_tls_ca_file: String::new(),
@@ -413,6 +420,8 @@ impl Config {
             env.get(ADMIN_PASSWORD_ENV).map(|s| (*s).to_owned()).filter(|s| !s.is_empty());
         config.security.cluster_secret =
             env.get(CLUSTER_SECRET_ENV).map(|s| (*s).to_owned()).filter(|s| !s.is_empty());
+        config.security.cluster_secret_previous =
+            env.get(CLUSTER_SECRET_PREVIOUS_ENV).map(|s| (*s).to_owned()).filter(|s| !s.is_empty());
         config.validate(sources.dev)?;
         Ok(config)
     }
@@ -545,6 +554,9 @@ impl Config {
         }
         if shown.security.cluster_secret.is_some() {
             shown.security.cluster_secret = Some(MASK.to_owned());
+        }
+        if shown.security.cluster_secret_previous.is_some() {
+            shown.security.cluster_secret_previous = Some(MASK.to_owned());
         }
         serde_json::to_string_pretty(&shown).expect("the config serializes")
     }

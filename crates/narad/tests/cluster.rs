@@ -210,7 +210,7 @@ fn a_topic_created_altered_and_deleted_through_a_follower_looks_the_same_on_ever
 
 #[test]
 fn a_user_created_through_a_follower_logs_in_on_every_node_of_a_secured_cluster() {
-    let c = Cluster::start(3, ClusterOpts::secure("s3cret-cluster"));
+    let c = Cluster::start(3, ClusterOpts::secure("s3cret-cluster-0123456789abcdef0123"));
     let leader = c.leader(Duration::from_secs(15));
     let f = follower(&c, leader);
     let body = json!({"username": "bob", "password": "bob-pw", "grants": []});
@@ -439,9 +439,9 @@ fn a_node_paused_over_thirty_seconds_is_marked_dead_and_alive_again_after_sigcon
 fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_the_cluster() {
     // n1..n3 bootstrap with the secret; n4 presents a wrong one, n5 runs
     // --dev without any: both are join-only.
-    let opts = ClusterOpts::secure("the-right-secret")
+    let opts = ClusterOpts::secure("the-right-secret-0123456789abcdef")
         .initial_members(&["n1", "n2", "n3"])
-        .node_env(3, "NARAD_CLUSTER_SECRET", "a-wrong-secret")
+        .node_env(3, "NARAD_CLUSTER_SECRET", "a-wrong-secret-0123456789abcdef00")
         .dev_node(4);
     let mut c = Cluster::prepare(5, opts);
     c.start_first(3);
@@ -451,10 +451,10 @@ fn nodes_with_a_wrong_or_missing_cluster_secret_are_refused_and_see_nothing_of_t
     c.spawn(4);
     wait_for(
         Duration::from_secs(20),
-        "the secured nodes log rejected streams from both outsiders",
+        "the secured nodes log rejected connections from both outsiders",
         || {
             let n = (0..3)
-                .map(|i| c.node(i).log().matches("cluster stream rejected: invalid auth").count())
+                .map(|i| c.node(i).log().matches("cluster connection rejected").count())
                 .sum::<usize>();
             (n >= 2).then_some(())
         },

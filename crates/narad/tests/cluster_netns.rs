@@ -27,7 +27,10 @@ fn lab_cluster(test: &str, topic: &str, partitions: u32) -> Option<(Cluster, Vec
     }
     // Security on: a `--dev` node serves loopback only, and the nodes talk
     // over the bridge.
-    let c = Cluster::start(3, ClusterOpts::secure("netns-lab-secret").in_network_namespaces());
+    let c = Cluster::start(
+        3,
+        ClusterOpts::secure("netns-lab-secret-0123456789abcdef").in_network_namespaces(),
+    );
     c.wait_all_alive(Duration::from_secs(30));
     let r = c
         .request(0, Method::POST, "/v1/topics")

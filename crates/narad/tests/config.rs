@@ -142,10 +142,20 @@ fn an_impossible_cluster_config_stops_the_start_naming_the_key() {
     let dir = temp_dir("config-cluster-bad");
     let peers = "n1@127.0.0.1:7001,n2@127.0.0.1:7002";
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
-    let cases: [Case; 6] = [
+    let cases: [Case; 7] = [
         (
             "set NARAD_CLUSTER_SECRET",
             &[("NARAD_CLUSTER_PEERS", peers), ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001")],
+            &["--node-id", "n1"],
+        ),
+        (
+            "the cluster secret has 1 characters; it must have at least 32 (generate one with \
+             `openssl rand -hex 32`)",
+            &[
+                ("NARAD_CLUSTER_PEERS", peers),
+                ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001"),
+                ("NARAD_CLUSTER_SECRET", "a"),
+            ],
             &["--node-id", "n1"],
         ),
         (

@@ -45,6 +45,7 @@ use super::metrics::RaftMetrics;
 use super::network::{ControlPayload, Network, SNAPSHOT_CHUNK_BYTES, peer_of};
 use super::state_machine::StateMachine;
 use super::types::{NodeId, Raft, RaftNode, TypeConfig, raft_id};
+use crate::handshake::PeerIdentity;
 use crate::limits::{CREATE_FORWARD_TIMEOUT, DELETE_FORWARD_TIMEOUT, REPLY_TIMEOUT};
 use crate::rpc::{JoinCluster, Reply, Request};
 use crate::transport::Transport;
@@ -271,6 +272,49 @@ pub async fn confirmed_view(
 struct TopicPresence {
     name: String,
     incarnation: u64,
+}
+
+/// The audit event of a forwarded command that changes users, grants or
+/// topics: (event, target, the user who asked where the command names it).
+fn audit_event(command: &Command) -> Option<(&'static str, String, Option<String>)> {
+    Some(match command {
+        Command::CreateTopic(c) => {
+            ("topic.create", c.name.clone(), (!c.owner.is_empty()).then(|| c.owner.clone()))
+        }
+        Command::AlterTopic(c) => ("topic.alter", c.name.clone(), None),
+        Command::DeleteTopic(c) => ("topic.delete", c.name.clone(), None),
+        Command::AttachChild(c) => ("topic.attach", format!("{}/{}", c.parent, c.child), None),
+        Command::DetachChild(c) => ("topic.detach", format!("{}/{}", c.parent, c.child), None),
+        Command::CreateUser(c) => ("user.create", c.user.username.clone(), None),
+        Command::UpdateUser(c) => {
+            let event = match (&c.grants, &c.password_hash) {
+                (Some(_), Some(_)) => "user.grants_and_password",
+                (Some(_), None) => "user.grants",
+                (None, _) => "user.password",
+            };
+            (event, c.username.clone(), None)
+        }
+        Command::DeleteUser(c) => ("user.delete", c.username.clone(), None),
+        Command::SeedRootUser(c) => ("user.seed_root", c.user.username.clone(), None),
+        Command::AssignPartitions(_) | Command::MemberJoin(_) | Command::MemberDead(_) => {
+            return None;
+        }
+    })
+}
+
+/// A response as it may leave the leader: user records without their
+/// password hash (the asking node reads its own replica for anything more).
+fn without_secrets(response: Response) -> Response {
+    let redact = |u: Arc<narad_meta::User>| {
+        let mut u = (*u).clone();
+        u.password_hash = String::new();
+        Arc::new(u)
+    };
+    match response {
+        Response::User(u) => Response::User(redact(u)),
+        Response::UserDeleted(u) => Response::UserDeleted(redact(u)),
+        other => other,
+    }
 }
 
 /// The reply body of a ProposeCommand the leader applied.
@@ -539,8 +583,9 @@ impl ControlPlane {
         }
     }
 
-    /// Serves ops 21 and 29-33 (`None`: not an op of the control plane).
-    pub async fn handle(&self, request: &Request) -> Option<Reply> {
+    /// Serves ops 21 and 29-33 for the authenticated peer `from` (`None`:
+    /// not an op of the control plane).
+    pub async fn handle(&self, from: &PeerIdentity, request: &Request) -> Option<Reply> {
         match request {
             Request::JoinCluster(j) => return Some(self.handle_join(j).await),
             Request::RaftCampaign => return Some(self.handle_campaign().await),
@@ -557,7 +602,7 @@ impl ControlPlane {
             }
         };
         Some(match payload {
-            ControlPayload::Propose(command) => self.handle_propose(command).await,
+            ControlPayload::Propose(command) => self.handle_propose(from, command).await,
             ControlPayload::AppendEntries(rpc) => {
                 let result = self.raft.append_entries(rpc).await;
                 if matches!(&result, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
@@ -713,14 +758,29 @@ impl ControlPlane {
         }
     }
 
-    /// ProposeCommand on the leader.
-    async fn handle_propose(&self, command: Command) -> Reply {
+    /// ProposeCommand on the leader: the write, an audit line for what it
+    /// changed of users, grants and topics, and the response without any
+    /// password hash.
+    async fn handle_propose(&self, from: &PeerIdentity, command: Command) -> Reply {
         if !self.is_leader() {
             return self.not_leader();
         }
+        let audited = audit_event(&command);
         match self.write_local(command).await {
             LocalWrite::Written(log_index, Ok(response)) => {
-                json_reply(&Proposed { log_index, response })
+                if let Some((event, target, actor)) = audited {
+                    tracing::info!(
+                        component = "audit",
+                        event,
+                        target = %target,
+                        actor = actor.as_deref().unwrap_or("unknown"),
+                        from_node = %from.node_id,
+                        from_addr = %from.addr,
+                        log_index,
+                        "audit: metadata write forwarded by a peer"
+                    );
+                }
+                json_reply(&Proposed { log_index, response: without_secrets(response) })
             }
             LocalWrite::Written(_, Err(e)) | LocalWrite::Failed(e) => {
                 let (status, text) = e.to_wire();

@@ -17,6 +17,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod impostor;
 pub mod netns;
 
 use std::net::{TcpListener, UdpSocket};
@@ -34,7 +35,7 @@ static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 pub const ADMIN_PASSWORD: &str = "admin-secret";
 
 /// The cluster secret of secured servers in replicated mode.
-pub const REPLICATED_SECRET: &str = "replicated-test-secret";
+pub const REPLICATED_SECRET: &str = "replicated-test-secret-0123456789abcdef";
 
 /// Whether `NARAD_TEST_REPLICATED=1`: every [`Server`] is a one-voter
 /// Raft group.
