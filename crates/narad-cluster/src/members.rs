@@ -256,7 +256,9 @@ fn controller_tick(ctx: &Ctx, stop: &watch::Receiver<bool>) -> Result<(), MetaEr
             return Ok(());
         }
         match &command {
-            Command::MemberDead(d) => tracing::info!(
+            // An operator should look: a node has been silent for 30 s
+            // (openraft's own RPC failures to it are logged at DEBUG).
+            Command::MemberDead(d) => tracing::warn!(
                 member = %d.id,
                 silent_over_s = MEMBER_DEAD_AFTER.as_secs(),
                 "marking cluster member dead: no heartbeat"

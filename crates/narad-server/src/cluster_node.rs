@@ -615,24 +615,26 @@ impl ClusterNode {
     /// (or [`READY_CATCH_UP_WAIT`] after a leader became visible), and,
     /// with `needs_root` (security on), once the replicated state holds the
     /// root user: a single node seeds it before it listens, so a ready
-    /// node never answers the root's credentials with 401.
+    /// node never answers the root's credentials with 401. `ready` is told
+    /// whether the replica caught up (false: the wait ran out).
     pub fn mark_ready_when_caught_up(
         self: &Arc<Self>,
         needs_root: bool,
-        ready: impl Fn() + Send + 'static,
+        ready: impl Fn(bool) + Send + 'static,
     ) {
         let me = self.clone();
         tokio::spawn(async move {
             me.control.wait_for_leader().await;
             let deadline = tokio::time::Instant::now() + READY_CATCH_UP_WAIT;
-            while !me.control.applied_caught_up() && tokio::time::Instant::now() < deadline {
+            let mut caught_up = me.control.applied_caught_up();
+            while !caught_up && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                caught_up = me.control.applied_caught_up();
             }
             while needs_root && !me.meta.snapshot().has_root() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            info!(node_id = %me.node_id, caught_up = me.control.applied_caught_up(), "ready: a leader is visible");
-            ready();
+            ready(caught_up);
         });
     }
 
@@ -658,12 +660,26 @@ impl ClusterNode {
                 match seeded {
                     Ok(Ok(_)) => return,
                     Ok(Err(_)) if me.meta.snapshot().has_root() => return,
+                    // Another node's proposal won (this replica has not
+                    // applied it yet): the expected outcome of every node
+                    // trying, not a failure.
+                    Ok(Err(e)) if e.contains("a root user already exists") => {
+                        tracing::debug!(error = %e, "root user seeded by another node");
+                        return;
+                    }
                     Ok(Err(e)) => warn!(error = %e, "root user not seeded yet; retrying"),
                     Err(e) => warn!(error = %e, "root user seeding task failed; retrying"),
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
+    }
+
+    /// Shutdown began (before HTTP drains): this node no longer campaigns
+    /// for a leader that hands over, so nodes stopping together do not wait
+    /// for each other.
+    pub fn begin_leaving(&self) {
+        self.control.begin_leaving();
     }
 
     /// Stops membership, hands leadership over and stops consensus, then

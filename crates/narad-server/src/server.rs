@@ -329,9 +329,15 @@ pub async fn run(
     });
     if let Some(node) = &cluster {
         let st = Arc::downgrade(&state);
-        node.mark_ready_when_caught_up(config.security_enabled, move || {
+        node.mark_ready_when_caught_up(config.security_enabled, move |caught_up| {
             if let Some(st) = st.upgrade() {
                 st.ready.store(true, Ordering::Release);
+                let why = if caught_up {
+                    "a leader is visible and this replica caught up"
+                } else {
+                    "a leader is visible; this replica is still catching up"
+                };
+                log_ready(boot_started.elapsed(), why);
             }
         });
     }
@@ -344,13 +350,20 @@ pub async fn run(
         max_connections = limit.max(),
         "narad listening"
     );
+    if cluster.is_none() {
+        log_ready(boot_started.elapsed(), "single node");
+    }
     let st = state.clone();
     let b = broker.clone();
+    let leaving = cluster.clone();
     let drain = async move {
         shutdown.await;
         info!("shutdown requested: draining in-flight requests");
         st.shutting_down.store(true, Ordering::Release);
         b.begin_drain();
+        if let Some(node) = leaving {
+            node.begin_leaving();
+        }
     };
     let app = router(state.clone());
     let (conn, grace) = (config.conn, config.shutdown_grace);
@@ -380,6 +393,16 @@ pub async fn run(
     stopped.map_err(ServerError::Shutdown)?;
     info!("narad stopped");
     Ok(())
+}
+
+/// The one line that says the node is ready (`/readyz` 200) and how long
+/// its start took, from the start of [`run`].
+fn log_ready(took: Duration, why: &str) {
+    info!(
+        startup_ms = took.as_millis() as u64,
+        "narad ready ({why}) after {:.2} s",
+        took.as_secs_f64()
+    );
 }
 
 /// The connection limit: `configured`, or with 0 half the open-file limit

@@ -4,8 +4,10 @@
 //! command line and dispatches. Exit codes: 0 ok, 1 runtime failure, 2 usage
 //! error (clap's own).
 
+mod banner;
 mod bench;
 mod cli;
+mod logging;
 mod report;
 mod serve;
 

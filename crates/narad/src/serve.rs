@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use narad_server::config::{Config, LogFormat, Sources};
+use narad_server::config::{Config, Sources};
 use narad_server::server::{ServerConfig, run, shutdown_signal};
 use serde_json::Value;
 
@@ -68,21 +68,6 @@ pub struct ServeArgs {
     /// http.tls_client_ca_file).
     #[arg(long, value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
-}
-
-fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .map_err(|e| format!("invalid log level {level:?}: {e}"))?;
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    let result = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    result.map_err(|e| format!("cannot set up logging: {e}"))
 }
 
 fn host_name() -> String {
@@ -154,7 +139,10 @@ pub fn run_serve(a: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", config.to_printable_json());
         return Ok(());
     }
-    init_logging(&config.log.level, config.log.format)?;
+    let names = crate::logging::NodeNames::of(config.cluster.peers.iter().map(|p| p.id.as_str()));
+    crate::logging::init(&config.log.level, config.log.format, names)?;
+    crate::banner::log_start(&config);
+    crate::banner::warn_ignored_env(std::env::vars());
     raise_open_file_limit();
     let server = ServerConfig::from_config(&config, host_name)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

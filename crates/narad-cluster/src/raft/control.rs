@@ -21,12 +21,16 @@
 //!   `MetaError::Upstream` (502).
 //! * Shutdown: a leader stops heartbeating, asks the most up-to-date voter
 //!   to campaign (33) as soon as its leader lease lapses, and waits up to
-//!   [`HANDOVER_WAIT`] for another leader before Raft stops.
+//!   [`HANDOVER_WAIT`] for another leader before Raft stops. A voter that
+//!   is stopping too (from the moment its shutdown began,
+//!   [`ControlPlane::begin_leaving`]) or cannot be reached refuses, and the
+//!   next is asked; when none takes it the leader stops at once (a whole
+//!   cluster stopping together waits for nobody).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,6 +62,10 @@ pub const LEADER_WAIT: Duration = Duration::from_secs(2);
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a leader that shuts down waits for another leader.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
+
+/// How often a leader handing over checks that the voter campaigning for
+/// it is still there.
+const HANDOVER_CHECK: Duration = Duration::from_millis(250);
 /// Leader contact older than this makes a follower's state stale
 /// (SPEC §7.1 AppliedCaughtUp).
 pub const LEADER_CONTACT_FRESH: Duration = Duration::from_secs(5);
@@ -344,13 +352,18 @@ pub struct ControlPlane {
     timings: RaftTimings,
     runtime: tokio::runtime::Handle,
     metrics: RaftMetrics,
-    /// The committed index, refreshed by the monitor task.
-    committed: AtomicU64,
+    /// The committed and the applied index, refreshed together by the
+    /// monitor task: the applied index read first, so it is never above
+    /// the committed one (as in Raft itself).
+    indices: Mutex<(u64, u64)>,
     /// When an AppendEntries from a leader last arrived.
     leader_contact: Mutex<Option<Instant>>,
     /// Membership changes run one at a time.
     join_lock: tokio::sync::Mutex<()>,
     stopping: AtomicBool,
+    /// Set when this node's shutdown began (before its HTTP drains): it
+    /// refuses to campaign for a leader that hands over.
+    leaving: AtomicBool,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -448,10 +461,11 @@ impl ControlPlane {
             timings: cfg.timings.clone(),
             runtime: tokio::runtime::Handle::current(),
             metrics,
-            committed: AtomicU64::new(0),
+            indices: Mutex::new((0, 0)),
             leader_contact: Mutex::new(None),
             join_lock: tokio::sync::Mutex::new(()),
             stopping: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
 
@@ -494,7 +508,6 @@ impl ControlPlane {
         }
         tracing::info!(
             node_id = %plane.me.id,
-            raft_id = plane.raft_id,
             bootstraps,
             initialized,
             "control plane started"
@@ -518,7 +531,10 @@ impl ControlPlane {
                     Ok(c) => c,
                     Err(_) => break,
                 };
-            self.committed.store(committed, Ordering::Relaxed);
+            // `m` was read before the committed index: what it says was
+            // applied was committed by then.
+            let applied = m.last_applied.map_or(0, |l| l.index);
+            *lock(&self.indices) = (committed, applied);
             self.metrics.term.set(m.current_term as i64);
             self.metrics.leader.set(i64::from(m.state == ServerState::Leader));
             self.metrics.commit_index.set(committed as i64);
@@ -793,6 +809,9 @@ impl ControlPlane {
     /// RaftCampaign: start an election as soon as this node's leader lease
     /// has lapsed (before that, the other voters would refuse to vote).
     async fn handle_campaign(&self) -> Reply {
+        if self.leaving.load(Ordering::Relaxed) || self.stopping.load(Ordering::Relaxed) {
+            return Reply::error(503, "this node is stopping: it does not campaign");
+        }
         let lease = self.timings.election_max;
         let since = self
             .raft
@@ -807,8 +826,14 @@ impl ControlPlane {
         let raft = self.raft.clone();
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
-            if let Err(e) = raft.trigger().elect().await {
-                tracing::warn!(error = %e, "campaign failed");
+            match raft.trigger().elect().await {
+                Ok(()) => {}
+                // This node stopped meanwhile: the leader sees nobody
+                // campaigning and stops waiting (see `hand_over`).
+                Err(openraft::error::Fatal::Stopped) => {
+                    tracing::debug!("campaign dropped: this node stopped")
+                }
+                Err(e) => tracing::warn!(error = %e, "campaign failed"),
             }
         });
         tracing::info!(after = ?wait, "campaign requested: starting an election");
@@ -1000,6 +1025,9 @@ impl ControlPlane {
             ServerState::Learner => Role::Learner,
             ServerState::Shutdown => Role::Shutdown,
         };
+        // Both from one refresh: an applied index read now could be above a
+        // committed index refreshed up to 100 ms ago.
+        let (commit_index, last_applied) = *lock(&self.indices);
         let millis_since_leader_contact = if role == Role::Leader {
             Some(0)
         } else {
@@ -1009,8 +1037,8 @@ impl ControlPlane {
             role,
             term: m.current_term,
             leader: m.current_leader.map(name),
-            commit_index: self.committed.load(Ordering::Relaxed),
-            last_applied: m.last_applied.map_or(0, |l| l.index),
+            commit_index,
+            last_applied,
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
             millis_since_leader_contact,
@@ -1044,10 +1072,18 @@ impl ControlPlane {
         }
     }
 
+    /// This node's shutdown began: from now on it refuses to campaign
+    /// (op 33), so a leader stopping at the same time does not wait for it.
+    pub fn begin_leaving(&self) {
+        self.leaving.store(true, Ordering::SeqCst);
+    }
+
     /// Graceful stop: a leader hands leadership to the most up-to-date
-    /// voter (op 33) and waits up to [`HANDOVER_WAIT`] for another leader;
-    /// then Raft shuts down. Idempotent.
+    /// voter that agrees to campaign (op 33) and waits up to
+    /// [`HANDOVER_WAIT`] for another leader; then Raft shuts down.
+    /// Idempotent.
     pub async fn shutdown(&self) {
+        self.begin_leaving();
         if self.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -1069,40 +1105,87 @@ impl ControlPlane {
         let matched = |id: &NodeId| {
             m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |l| l.index)
         };
-        let Some((_, node)) = membership
+        // The most up-to-date first.
+        let mut voters: Vec<(u64, RaftNode)> = membership
             .voter_ids()
             .filter(|id| *id != self.raft_id)
-            .filter_map(|id| membership.get_node(&id).map(|n| (id, n.clone())))
-            .max_by_key(|(id, _)| matched(id))
-        else {
+            .filter_map(|id| membership.get_node(&id).map(|n| (matched(&id), n.clone())))
+            .collect();
+        if voters.is_empty() {
             return;
-        };
+        }
+        voters.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
         // No more heartbeats: the other voters' leader lease lapses.
         self.raft.runtime_config().heartbeat(false);
         self.raft.runtime_config().elect(false);
-        let asked = match peer_of(&self.transport, &node) {
-            Ok(peer) => {
-                peer.call_with_timeout(&Request::RaftCampaign, Duration::from_secs(1)).await
+        let mut refused = Vec::new();
+        let mut taken = None;
+        for (_, node) in voters {
+            let answer = match peer_of(&self.transport, &node) {
+                Ok(peer) => peer
+                    .call_with_timeout(&Request::RaftCampaign, Duration::from_secs(1))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| match r.status {
+                        200 => Ok(()),
+                        status => Err(format!("{status} {}", String::from_utf8_lossy(&r.body))),
+                    }),
+                Err(e) => Err(e.to_string()),
+            };
+            match answer {
+                Ok(()) => {
+                    taken = Some(node);
+                    break;
+                }
+                Err(why) => refused.push(format!("{}: {why}", node.id)),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "leadership handover: no address");
+        }
+        let Some(node) = taken else {
+            // Every other voter is stopping or out of reach: nobody can
+            // take over, so waiting would only delay this stop.
+            tracing::info!(
+                refused = %refused.join("; "),
+                "leadership not handed over: no other voter can campaign"
+            );
+            return;
+        };
+        let me = self.raft_id;
+        let deadline = Instant::now() + HANDOVER_WAIT;
+        let peer = peer_of(&self.transport, &node).ok();
+        loop {
+            let slice = HANDOVER_CHECK.min(deadline.saturating_duration_since(Instant::now()));
+            let handed = self
+                .raft
+                .wait(Some(slice))
+                .metrics(move |m| m.current_leader.is_some_and(|l| l != me), "another leader")
+                .await;
+            if handed.is_ok() {
+                tracing::info!(to = %node.id, "leadership handed over");
                 return;
             }
-        };
-        if let Err(e) = &asked {
-            tracing::warn!(target = %node.id, error = %e, "leadership handover: campaign request failed");
-        }
-        let me = self.raft_id;
-        let handed = self
-            .raft
-            .wait(Some(HANDOVER_WAIT))
-            .metrics(move |m| m.current_leader.is_some_and(|l| l != me), "another leader")
-            .await;
-        match handed {
-            Ok(m) => {
-                tracing::info!(leader = ?m.current_leader, to = %node.id, "leadership handed over")
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    to = %node.id,
+                    waited = ?HANDOVER_WAIT,
+                    "leadership handover: no other leader in time"
+                );
+                return;
             }
-            Err(e) => tracing::warn!(error = %e, "leadership handover: no other leader in time"),
+            // The voter agreed and then stopped (its own shutdown began
+            // just after): nobody is campaigning any more.
+            let gone = match &peer {
+                Some(p) => {
+                    !matches!(tokio::time::timeout(HANDOVER_CHECK, p.ping()).await, Ok(Ok(_)))
+                }
+                None => true,
+            };
+            if gone {
+                tracing::info!(
+                    to = %node.id,
+                    "leadership not handed over: the voter that agreed to campaign stopped"
+                );
+                return;
+            }
         }
     }
 }

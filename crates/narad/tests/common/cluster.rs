@@ -448,6 +448,46 @@ impl Cluster {
         }
     }
 
+    /// SIGTERM every running node at once (paused ones resumed first), then
+    /// waits for each to exit: the whole cluster stopping together. Returns
+    /// the exit statuses by node; SIGKILL and a panic if one takes over
+    /// 30 s.
+    pub fn terminate_all(&mut self) -> Vec<Option<ExitStatus>> {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].paused {
+                self.cont(i);
+            }
+        }
+        for node in self.nodes.iter().filter(|n| n.child.is_some()) {
+            signal(node.pid().expect("running"), "-TERM");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        for node in &mut self.nodes {
+            let Some(mut c) = node.child.take() else {
+                out.push(None);
+                continue;
+            };
+            loop {
+                if let Some(st) = c.try_wait().unwrap() {
+                    out.push(Some(st));
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!(
+                        "{} did not stop within 30 s of SIGTERM; log:\n{}",
+                        node.id,
+                        node.log_tail()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        out
+    }
+
     /// Pauses node `i` (SIGSTOP) and waits (≤ 10 s) until every thread of
     /// it is stopped: it holds its ports and answers nothing.
     pub fn stop(&mut self, i: usize) {
