@@ -1,6 +1,8 @@
 //! Errors at the HTTP edge: every failure becomes a status and a body in
-//! one place. JSON errors are `{"error":"<msg>"}\n`; a few are plain text,
-//! as in Narad (unknown route, wrong method).
+//! one place. JSON errors are `{"error":"<msg>"}\n`; two are plain text,
+//! as in Narad and Go's `net/http` (an unknown route 404, a wrong method
+//! 405). Every 503 carries `Retry-After` ([`RETRY_AFTER_SECS`]): the
+//! refusal is temporary (an election, an owner restarting, a full queue).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,6 +77,16 @@ fn control_plane_warn_due() -> bool {
             .is_ok()
 }
 
+/// The `Retry-After` of a 503: one second, as the password-verify queue's.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
+/// Adds `Retry-After` to a 503 (unless it has one).
+pub fn add_retry_after(r: &mut Response) {
+    if !r.headers().contains_key(header::RETRY_AFTER) {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+}
+
 /// The JSON error body.
 pub fn error_body(message: &str) -> String {
     let mut s = serde_json::json!({ "error": message }).to_string();
@@ -132,6 +144,9 @@ impl IntoResponse for ApiError {
                     // unusable: tell the client not to reuse it.
                     r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
                 }
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    add_retry_after(&mut r);
+                }
                 r
             }
             ApiError::Text { status, body } => {
@@ -142,6 +157,9 @@ impl IntoResponse for ApiError {
                 );
                 r.headers_mut()
                     .insert("X-Content-Type-Options", HeaderValue::from_static("nosniff"));
+                if status == StatusCode::SERVICE_UNAVAILABLE {
+                    add_retry_after(&mut r);
+                }
                 r
             }
         }
@@ -154,5 +172,35 @@ pub fn json_response(status: StatusCode, body: String) -> Response {
     body.push('\n');
     let mut r = (status, body).into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        add_retry_after(&mut r);
+    }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_503_says_when_to_retry_and_other_errors_do_not() {
+        let busy = ApiError::Json { status: StatusCode::SERVICE_UNAVAILABLE, message: "x".into() };
+        assert_eq!(busy.into_response().headers()[header::RETRY_AFTER], "1");
+        let text = ApiError::Text { status: StatusCode::SERVICE_UNAVAILABLE, body: "x" };
+        assert_eq!(text.into_response().headers()[header::RETRY_AFTER], "1");
+        let ready =
+            json_response(StatusCode::SERVICE_UNAVAILABLE, r#"{"error":"not ready"}"#.into());
+        assert_eq!(ready.headers()[header::RETRY_AFTER], "1");
+        let failed =
+            ApiError::Json { status: StatusCode::INTERNAL_SERVER_ERROR, message: "x".into() };
+        assert!(failed.into_response().headers().get(header::RETRY_AFTER).is_none());
+        assert!(
+            json_response(StatusCode::OK, "{}".into()).headers().get(header::RETRY_AFTER).is_none()
+        );
+        // A 503 that set its own keeps it.
+        let mut r = (StatusCode::SERVICE_UNAVAILABLE, "").into_response();
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(7u64));
+        add_retry_after(&mut r);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+    }
 }

@@ -7,7 +7,7 @@
 //! |---|---|
 //! | this node | served here |
 //! | another alive member | forwarded (consume: op 2, waiting `wait + 2 s`; ack: 3, 18, 19) |
-//! | a dead member | 503 `partition owner is down; retry later` (text) |
+//! | a dead member | 503 `partition owner is down; retry later: ...` naming it |
 //! | none assigned yet | 421 `this node does not own the requested partition` |
 //!
 //! A queue-mode consume takes from this node's own partitions first, then
@@ -35,11 +35,17 @@ pub enum PartitionRoute {
     Unassigned,
 }
 
-/// SPEC's plain-text 503 for a dead owner's partition.
-pub fn owner_down() -> ApiError {
-    ApiError::Text {
+/// The 503 for a partition whose owner is not alive: SPEC's text
+/// (`partition owner is down; retry later`), as JSON like every other error
+/// (Narad sends it as plain text; a client that reads the text finds it at
+/// the start of the `error`), naming the owner.
+pub fn owner_down(topic: &str, partition: u32, owner: &str) -> ApiError {
+    ApiError::Json {
         status: StatusCode::SERVICE_UNAVAILABLE,
-        body: "partition owner is down; retry later",
+        message: format!(
+            "partition owner is down; retry later: {topic}/{partition} is owned by {owner}, \
+             which is not alive"
+        ),
     }
 }
 
@@ -51,9 +57,16 @@ pub fn not_owner() -> ApiError {
     }
 }
 
-/// SPEC's plain-text 502 for a peer RPC that failed in transport.
-pub fn peer_failed() -> ApiError {
-    ApiError::Text { status: StatusCode::BAD_GATEWAY, body: "peer rpc failed" }
+/// The 502 for a forward to an alive owner that failed in transport:
+/// SPEC's text (`peer rpc failed`), as JSON, naming the owner and the
+/// cause.
+pub fn peer_failed(topic: &str, partition: u32, owner: &str, why: &str) -> ApiError {
+    ApiError::Json {
+        status: StatusCode::BAD_GATEWAY,
+        message: format!(
+            "peer rpc failed: {topic}/{partition} is owned by {owner}, which did not answer: {why}"
+        ),
+    }
 }
 
 /// The HTTP answer an owner's reply stands for.
@@ -77,6 +90,9 @@ pub fn relay(reply: Reply) -> Response {
         && !reply.content_type.is_empty()
     {
         r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        crate::error::add_retry_after(&mut r);
     }
     r
 }
@@ -114,13 +130,20 @@ mod tests {
         assert_eq!(&body[..], b"{\"offset\":1}\n", "JSON ends in a newline, as a local answer");
         let r = relay(Reply { status: 204, content_type: String::new(), body: Default::default() });
         assert_eq!(r.status(), 204);
-        let down = reply_of(owner_down());
+        let down = reply_of(owner_down("t", 2, "n3"));
         assert_eq!(
             (down.status, reply_message(&down).as_str()),
-            (503, "partition owner is down; retry later")
+            (503, "partition owner is down; retry later: t/2 is owned by n3, which is not alive")
         );
         let r = relay(down);
-        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/plain; charset=utf-8");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1", "every 503 says when to retry");
+        let failed = reply_of(peer_failed("t", 0, "n2", "no handshake within 1s"));
+        assert_eq!(failed.status, 502);
+        assert_eq!(
+            reply_message(&failed),
+            "peer rpc failed: t/0 is owned by n2, which did not answer: no handshake within 1s"
+        );
         let gone = reply_of(ApiError::Json { status: StatusCode::GONE, message: "stale".into() });
         assert_eq!((gone.status, reply_message(&gone).as_str()), (410, "stale"));
         assert_eq!(relay(Reply::error(1000, "x")).status(), 502, "no HTTP status: a bad gateway");

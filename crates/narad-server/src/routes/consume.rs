@@ -206,11 +206,11 @@ pub async fn consume(
                 Ok(reply) => Ok(relay(as_batch_if(reply, q.max == Some(1)))),
                 Err(why) => {
                     tracing::warn!(topic, partition = p, owner, why, "forwarded consume failed");
-                    Err(forward::peer_failed())
+                    Err(forward::peer_failed(&topic, p, &owner, &why))
                 }
             }
         }
-        PartitionRoute::OwnerDown(_) => Err(forward::owner_down()),
+        PartitionRoute::OwnerDown(owner) => Err(forward::owner_down(&topic, p, &owner)),
         PartitionRoute::Unassigned => Err(forward::not_owner()),
     }
 }
@@ -487,7 +487,7 @@ enum Resolved {
 
 /// Acks, extends or nacks `handle` where its partition is served: here,
 /// or at its owner (node RPC 3, 18, 19); a dead owner's partition answers
-/// 503 (text).
+/// 503 naming the owner.
 async fn resolve_anywhere(
     s: &Shared,
     topic: &str,
@@ -502,7 +502,9 @@ async fn resolve_anywhere(
         PartitionRoute::Local | PartitionRoute::Unassigned => {
             s.broker.resolve(topic, handle, action).map_err(|e| Resolved::Here(e.into()))
         }
-        PartitionRoute::OwnerDown(_) => Err(Resolved::Here(forward::owner_down())),
+        PartitionRoute::OwnerDown(owner) => {
+            Err(Resolved::Here(forward::owner_down(topic, p, &owner)))
+        }
         PartitionRoute::Remote(owner) => {
             let receipt = rpc::Receipt {
                 topic: topic.to_owned(),
@@ -521,7 +523,7 @@ async fn resolve_anywhere(
                 Ok(reply) => Err(Resolved::Owner(reply)),
                 Err(why) => {
                     tracing::warn!(topic, partition = p, owner, why, "forwarded ack failed");
-                    Err(Resolved::Here(forward::peer_failed()))
+                    Err(Resolved::Here(forward::peer_failed(topic, p, &owner, &why)))
                 }
             }
         }

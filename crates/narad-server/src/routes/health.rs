@@ -81,8 +81,11 @@ pub async fn metrics(State(s): State<Shared>) -> Response {
     s.broker.poll_cheap_gauges();
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &s.registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, format!("metrics encoding failed: {e}\n"))
-            .into_response();
+        return crate::error::ApiError::Json {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("metrics encoding failed: {e}"),
+        }
+        .into_response();
     }
     let mut r = (StatusCode::OK, out).into_response();
     r.headers_mut().insert(
