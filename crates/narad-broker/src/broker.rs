@@ -607,6 +607,9 @@ impl Broker {
         })
         .await?;
         self.fanout.reconcile_now(&links).await;
+        // The other owners start their cursors before the attach answers,
+        // so the child's lag is complete from the first read on.
+        self.settle_other_owners(&parent, LinkChange::Attached).await;
         Ok(parent)
     }
 
@@ -686,15 +689,15 @@ impl Broker {
             let (fanout, child, parent) = (self.fanout.clone(), child.to_owned(), parent.clone());
             blocking(move || Ok(fanout.remove_link_files(&parent, &child, epoch))).await?;
         }
-        self.settle_other_owners(&parent).await;
+        self.settle_other_owners(&parent, LinkChange::Detached).await;
         Ok(())
     }
 
     /// After a link change this node has applied: each other owner of
-    /// `parent`'s partitions applies it too and stops the cursors it ends
-    /// before this returns (at most [`LINK_PEER_TIMEOUT`] each; one that
+    /// `parent`'s partitions applies it too and starts the cursors it adds
+    /// or stops the ones it ends before this returns (at most [`LINK_PEER_TIMEOUT`] each; one that
     /// does not answer stops them within a second of applying it).
-    async fn settle_other_owners(&self, parent: &Topic) {
+    async fn settle_other_owners(&self, parent: &Topic, change: LinkChange) {
         let Some(peers) = &self.links else { return };
         let applied = self.meta.snapshot().applied_index();
         let asks = self.other_owners(parent).into_iter().map(|(member, _)| {
@@ -702,13 +705,19 @@ impl Broker {
             async move { (member, tokio::time::timeout(LINK_PEER_TIMEOUT, ask).await) }
         });
         for (member, answer) in futures_util::future::join_all(asks).await {
-            match answer {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
+            match (answer, change) {
+                (Ok(Ok(())), _) => {}
+                (Ok(Err(e)), LinkChange::Detached) => {
                     warn!(parent = parent.name(), peer = %member, error = %e, "an owner did not confirm it stopped a dissolved link's cursors; it stops them when it applies the change")
                 }
-                Err(_) => {
+                (Err(_), LinkChange::Detached) => {
                     warn!(parent = parent.name(), peer = %member, "an owner did not confirm in time that it stopped a dissolved link's cursors; it stops them when it applies the change")
+                }
+                (Ok(Err(e)), LinkChange::Attached) => {
+                    warn!(parent = parent.name(), peer = %member, error = %e, "an owner did not confirm it started a new link's cursors; it starts them when it applies the change")
+                }
+                (Err(_), LinkChange::Attached) => {
+                    warn!(parent = parent.name(), peer = %member, "an owner did not confirm in time that it started a new link's cursors; it starts them when it applies the change")
                 }
             }
         }
@@ -1789,6 +1798,14 @@ fn unix_seconds(clock: &dyn narad_clock::Clock) -> i64 {
 fn parse_epoch(hex: &str) -> Result<u64, BrokerError> {
     cursor_file::parse_epoch(hex)
         .ok_or_else(|| BrokerError::internal("attach", format!("bad attach epoch {hex:?}")))
+}
+
+/// Which link change [`Broker::settle_other_owners`] settles (for its
+/// warnings).
+#[derive(Debug, Clone, Copy)]
+enum LinkChange {
+    Attached,
+    Detached,
 }
 
 async fn every<F, Fut>(period: Duration, mut stop: tokio::sync::watch::Receiver<bool>, mut f: F)

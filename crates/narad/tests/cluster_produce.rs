@@ -747,6 +747,10 @@ fn attach_lag_and_detach_reach_every_owner_of_the_parents_partitions() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().unwrap());
+    // The attach answers once every owner started its cursors: the very
+    // first read of the lag is complete.
+    let (status, v) = c.get_json(handler, "/v1/topics/fp/children").expect("children answer");
+    assert_eq!((status, &v["children"][0]["lag_complete"]), (200, &json!(true)), "{v}");
     for (p, owner) in owners.iter().enumerate() {
         let dir = c.node(handler).data_dir.join(format!("topics/fp/p{p:05}"));
         assert!(

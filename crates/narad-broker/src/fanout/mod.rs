@@ -650,9 +650,11 @@ impl FanoutRunner {
                         child: child.name().to_owned(),
                         epoch,
                     };
+                    // A cursor the reconciler has not started yet (a link
+                    // just applied) has not stopped: its file is exact.
                     let (pos, alive) = match self.running().get(&key) {
                         Some(r) => (r.shared.position.load(Ordering::Acquire), !r.ended()),
-                        None => (NO_POSITION, false),
+                        None => (NO_POSITION, true),
                     };
                     let pos = (pos != NO_POSITION).then_some(pos).or_else(|| {
                         // Not started (or never got going): its file says.
