@@ -222,3 +222,48 @@ fn bad_options_fail_before_any_load() {
         assert!(!out.stderr.is_empty(), "{args:?}");
     }
 }
+
+#[test]
+fn bench_takes_the_common_connection_flags_and_the_servers_partition_default() {
+    let s = Server::start_secure("bench-flags");
+    let host_port = s.base.trim_start_matches("http://").to_owned();
+    let cfg = common::temp_dir("bench-flags-cfg");
+    // -s (host:port, no scheme), -u/-p and -o json, as every client command.
+    let out = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["bench", "produce", "-s", &host_port, "-u", "admin", "-p", common::ADMIN_PASSWORD])
+        .args(["--topic", "flags", "--count", "30", "-c", "2", "-o", "json"])
+        .env_remove("NARAD_ADDR")
+        .env_remove("NARAD_URL")
+        .env("NARAD_CONFIG_DIR", &cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!((n(&v, "messages"), n(&v, "errors")), (30.0, 0.0), "{v}");
+    let topic = s.as_admin(reqwest::Method::GET, "/v1/topics/flags").send().unwrap();
+    let topic: Value = serde_json::from_str(&topic.text().unwrap()).unwrap();
+    assert_eq!(topic["partitions"], 3, "the server's default partition count");
+    // The older names still work: NARAD_URL, and NARAD_USER/NARAD_PASSWORD.
+    let out = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["bench", "produce", "--topic", "flags", "--count", "10", "-c", "1", "--json"])
+        .env_remove("NARAD_ADDR")
+        .env("NARAD_URL", &s.base)
+        .env("NARAD_USER", "admin")
+        .env("NARAD_PASSWORD", common::ADMIN_PASSWORD)
+        .env("NARAD_CONFIG_DIR", &cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(n(&v, "messages"), 10.0, "{v}");
+    assert!(
+        out.stderr.is_empty(),
+        "nothing on stderr off a terminal (no progress line): {:?}",
+        out.stderr
+    );
+    let _ = std::fs::remove_dir_all(&cfg);
+}

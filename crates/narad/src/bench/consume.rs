@@ -300,7 +300,7 @@ pub fn run(
             let fill_args = LoadArgs { batch: prefill_batch, rate: None, ..a.clone() };
             let ctx = Arc::new(ProduceCtx::new(&fill_args, targets.clone(), false)?);
             let run = Arc::new(Run::new(Some(n), None, Duration::ZERO));
-            let progress = Progress::start("prefill", run.clone());
+            let progress = Progress::start("prefill", run.clone(), !a.json());
             let tally = produce_all(ctx, run.clone(), a.concurrency).await;
             progress.finish();
             let tally = tally?;
@@ -324,7 +324,7 @@ pub fn run(
             true,
         ));
         let ctrl_c = stop_on_ctrl_c(vec![run.clone()]);
-        let progress = Progress::start("consume", run.clone());
+        let progress = Progress::start("consume", run.clone(), !a.json());
         let cpu0 = cpu_seconds();
         let tally = consume_all(ctx, run.clone(), a.concurrency).await;
         let cpu = cpu_seconds() - cpu0;

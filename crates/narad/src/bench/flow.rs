@@ -52,7 +52,7 @@ pub fn run(
         let prun = Arc::new(Run::new(a.count, a.duration, a.warmup));
         let crun = Arc::new(prun.sibling(a.count));
         let ctrl_c = stop_on_ctrl_c(vec![prun.clone(), crun.clone()]);
-        let progress = Progress::start("flow", prun.clone());
+        let progress = Progress::start("flow", prun.clone(), !a.json());
         let cpu0 = cpu_seconds();
         let consumed = tokio::spawn(consume_all(cctx, crun.clone(), consumers));
         let produced = produce_all(pctx, prun.clone(), a.concurrency).await;

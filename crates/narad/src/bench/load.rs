@@ -29,15 +29,28 @@ pub enum Keys {
 /// Options shared by `narad bench produce|consume|flow`.
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
-    /// The server (plain HTTP); several, comma-separated, spread the
-    /// clients over the nodes of a cluster in turn.
-    #[arg(long, env = "NARAD_URL", default_value = "http://127.0.0.1:7942")]
+    /// The server, plain HTTP (URL or host:port); several, comma-separated,
+    /// spread the clients over the nodes of a cluster in turn [default:
+    /// the context's, else http://127.0.0.1:7942; `--url` and `NARAD_URL`
+    /// are older names].
+    #[arg(
+        short = 's',
+        long = "server",
+        alias = "url",
+        env = "NARAD_ADDR",
+        value_name = "URL[,URL...]"
+    )]
+    pub server: Option<String>,
+    /// Where the load goes: `--server`, else `NARAD_URL`, else the
+    /// context's, else the default (set by [`LoadArgs::resolve`]).
+    #[arg(skip)]
     pub url: String,
     /// The topic; created with --partitions if it does not exist.
     #[arg(long, default_value = "narad-bench")]
     pub topic: String,
-    /// Partitions of the topic when this run creates it.
-    #[arg(long, default_value_t = 8)]
+    /// Partitions of the topic when this run creates it (the server's
+    /// default).
+    #[arg(long, default_value_t = 3)]
     pub partitions: u32,
     /// Concurrent clients (one HTTP/1.1 connection each); in `flow`, the
     /// producers.
@@ -73,17 +86,23 @@ pub struct LoadArgs {
     #[arg(long)]
     pub partition: Option<u32>,
     /// User for HTTP Basic authentication.
-    #[arg(long, env = "NARAD_USER")]
+    #[arg(short = 'u', long, env = "NARAD_USER")]
     pub user: Option<String>,
     /// Password for HTTP Basic authentication.
-    #[arg(long, env = "NARAD_PASSWORD", hide_env_values = true)]
+    #[arg(short = 'p', long, env = "NARAD_PASSWORD", hide_env_values = true)]
     pub password: Option<String>,
+    /// Use this context instead of the selected one (`narad ctx`).
+    #[arg(long, env = "NARAD_CONTEXT")]
+    pub context: Option<String>,
     /// Threads of the load generator (it shares the machine with what it
     /// measures when both run on one host).
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
+    /// Output format: a table, or one JSON object (no progress line).
+    #[arg(short = 'o', long, value_enum, default_value_t = crate::cli::Output::Table)]
+    pub output: crate::cli::Output,
+    /// The older name of `-o json`.
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -145,6 +164,35 @@ impl LoadArgs {
             return Err("--user and --password go together".into());
         }
         Ok(())
+    }
+
+    /// Fills [`LoadArgs::url`] and the credentials as every client command
+    /// does: flags, then the environment (`NARAD_ADDR`, then the older
+    /// `NARAD_URL`), then the context, then the default server.
+    pub fn resolve(&mut self) -> Result<(), String> {
+        let mut conn = crate::cli::Conn::for_bench(
+            self.server.clone().or_else(|| std::env::var("NARAD_URL").ok()),
+            self.user.clone(),
+            self.password.clone(),
+            self.context.clone(),
+        );
+        crate::cli::ctx::fill_from_context(&mut conn).map_err(|e| e.to_string())?;
+        let server = conn.server.unwrap_or_else(|| crate::cli::DEFAULT_SERVER.to_owned());
+        self.url = server
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| if s.contains("://") { s.to_owned() } else { format!("http://{s}") })
+            .collect::<Vec<_>>()
+            .join(",");
+        self.user = conn.user;
+        self.password = conn.password;
+        Ok(())
+    }
+
+    /// Whether the figures are printed as JSON.
+    pub fn json(&self) -> bool {
+        self.json || self.output == crate::cli::Output::Json
     }
 
     /// The credentials, when given.
@@ -631,27 +679,52 @@ pub fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// The live progress line on stderr (hidden when stderr is no terminal).
+/// The live progress line on stderr: shown once a run has lasted
+/// [`PROGRESS_AFTER`], only when stderr is a terminal and the figures are
+/// not printed as JSON.
 #[derive(Debug)]
 pub struct Progress {
     bar: ProgressBar,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How long a run goes before its progress line appears (a short run
+/// prints its figures only).
+pub const PROGRESS_AFTER: Duration = Duration::from_secs(2);
+
+/// A spinner on stderr, hidden until [`PROGRESS_AFTER`] (see
+/// [`reveal_when_due`]).
+pub fn spinner() -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::hidden());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar
+}
+
+/// Shows `bar` on stderr once `started` is [`PROGRESS_AFTER`] ago, when
+/// `shown` (stderr a terminal, no JSON output); indicatif draws nothing
+/// when stderr is no terminal.
+pub fn reveal_when_due(bar: &ProgressBar, started: Instant, shown: bool) {
+    if shown && bar.is_hidden() && started.elapsed() >= PROGRESS_AFTER {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    }
+}
+
 impl Progress {
-    /// Starts ticking every half second: current rates and errors.
-    pub fn start(label: &'static str, run: Arc<Run>) -> Progress {
-        let bar = ProgressBar::new_spinner();
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
+    /// Starts ticking every half second: current rates and errors; `shown`
+    /// false (JSON output) keeps it hidden.
+    pub fn start(label: &'static str, run: Arc<Run>, shown: bool) -> Progress {
+        let bar = spinner();
         let b = bar.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
+            let started = Instant::now();
             let mut last = (Instant::now(), 0u64, 0u64);
             loop {
                 tick.tick().await;
+                reveal_when_due(&b, started, shown);
                 let now = Instant::now();
                 let p = run.live.produced.load(Ordering::Relaxed);
                 let c = run.live.consumed.load(Ordering::Relaxed);

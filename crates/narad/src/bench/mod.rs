@@ -25,7 +25,7 @@ pub enum BenchCommand {
     /// from concurrent committers, against the serial fdatasync rate of the
     /// same disk; then a sequential read of what was written.
     Log(LogArgs),
-    /// Produce load against a running server (--url): msgs/s, MB/s and
+    /// Produce load against a running server (-s): msgs/s, MB/s and
     /// latency of durable produces, single (--batch 1) or batch.
     Produce(ProduceArgs),
     /// Consume + ack throughput on a pre-filled topic (--prefill N fills it
@@ -77,7 +77,7 @@ pub struct FlowArgs {
     #[arg(long, value_parser = load::parse_duration, default_value = "1s")]
     wait: Duration,
     /// Where the consumers connect (comma-separated, spread in turn;
-    /// default: --url). With a cluster, producers on one node and consumers
+    /// default: --server). With a cluster, producers on one node and consumers
     /// on the partition's owner measure produce → consumable through a
     /// remote commit.
     #[arg(long)]
@@ -114,9 +114,8 @@ pub struct LogArgs {
     /// appends).
     #[arg(long, default_value_t = narad_log::limits::DEFAULT_RUNWAY_BYTES)]
     pub runway_bytes: u64,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 /// Options of `narad bench disk`.
@@ -150,9 +149,51 @@ pub struct DiskArgs {
     /// appends).
     #[arg(long, default_value_t = narad_wal::limits::RUNWAY_BYTES)]
     pub runway_bytes: u64,
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// `-o` of the disk and log benches (and the older `--json`).
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Output format: a table, or one JSON object (no progress line).
+    #[arg(short = 'o', long, value_enum, default_value_t = crate::cli::Output::Table)]
+    pub output: crate::cli::Output,
+    /// The older name of `-o json`.
+    #[arg(long, hide = true)]
     pub json: bool,
+}
+
+impl OutputArgs {
+    /// Whether the figures are printed as JSON.
+    pub fn json(&self) -> bool {
+        self.json || self.output == crate::cli::Output::Json
+    }
+}
+
+/// Runs `measure` with a progress line on stderr (after
+/// [`load::PROGRESS_AFTER`], on a terminal, without JSON output) saying
+/// what is measured and about how long it takes.
+fn with_progress<T>(label: &str, about_secs: f64, json: bool, measure: impl FnOnce() -> T) -> T {
+    let bar = load::spinner();
+    bar.set_message(format!("{label}: measuring (about {about_secs:.0} s in all)"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = {
+        let (bar, stop) = (bar.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                load::reveal_when_due(&bar, started, !json);
+                bar.tick();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    let out = measure();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = ticker.join();
+    bar.finish_and_clear();
+    out
 }
 
 /// `--driver` of `narad bench disk`.
@@ -175,7 +216,9 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
             if a.appenders == 0 || a.seconds <= 0.0 || a.probe_seconds <= 0.0 {
                 return Err("--appenders, --seconds and --probe-seconds must be positive".into());
             }
-            let report = narad_wal::bench::run(&narad_wal::bench::DiskBenchOptions {
+            let about = a.seconds + 2.0 * a.probe_seconds;
+            let json = a.output.json();
+            let options = narad_wal::bench::DiskBenchOptions {
                 dir: a.dir,
                 appenders: a.appenders,
                 record_bytes: a.record_bytes,
@@ -187,12 +230,16 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                 },
                 prealloc: a.prealloc,
                 runway_bytes: a.runway_bytes,
-            })?;
-            print_figures("narad bench disk", &report.fields(), a.json);
+            };
+            let report =
+                with_progress("narad bench disk", about, json, || narad_wal::bench::run(&options))?;
+            print_figures("narad bench disk", &report.fields(), json);
             Ok(())
         }
         BenchCommand::Log(a) => {
-            let report = narad_log::bench::run(&narad_log::bench::BenchOptions {
+            let about = a.seconds + a.probe_seconds;
+            let json = a.output.json();
+            let options = narad_log::bench::BenchOptions {
                 dir: a.dir,
                 committers: a.committers,
                 batch: a.batch,
@@ -204,27 +251,32 @@ pub fn run(cmd: BenchCommand) -> Result<(), Box<dyn std::error::Error>> {
                     .map_or(narad_log::Codec::None, |level| narad_log::Codec::Zstd { level }),
                 runway_bytes: a.runway_bytes,
                 ..narad_log::bench::BenchOptions::default()
-            })?;
-            print_figures("narad bench log", &report.fields(), a.json);
+            };
+            let report =
+                with_progress("narad bench log", about, json, || narad_log::bench::run(&options))?;
+            print_figures("narad bench log", &report.fields(), json);
             Ok(())
         }
-        BenchCommand::Produce(a) => {
+        BenchCommand::Produce(mut a) => {
+            a.load.resolve()?;
             let fields = produce::run(&a.load).map_err(unsend)?;
-            print_figures("narad bench produce", &fields, a.load.json);
+            print_figures("narad bench produce", &fields, a.load.json());
             Ok(())
         }
-        BenchCommand::Consume(a) => {
+        BenchCommand::Consume(mut a) => {
+            a.load.resolve()?;
             let fields =
                 consume::run(&a.load, a.prefill, a.prefill_batch, a.wait).map_err(unsend)?;
-            print_figures("narad bench consume", &fields, a.load.json);
+            print_figures("narad bench consume", &fields, a.load.json());
             Ok(())
         }
-        BenchCommand::Flow(a) => {
+        BenchCommand::Flow(mut a) => {
+            a.load.resolve()?;
             let consumers = a.consumers.unwrap_or(a.load.concurrency);
             let fields =
                 flow::run(&a.load, a.consume_url.as_deref(), consumers, a.consume_batch, a.wait)
                     .map_err(unsend)?;
-            print_figures("narad bench flow", &fields, a.load.json);
+            print_figures("narad bench flow", &fields, a.load.json());
             Ok(())
         }
     }

@@ -143,7 +143,7 @@ pub fn run(a: &LoadArgs) -> Result<Fields, BoxError> {
         let ctx = Arc::new(ProduceCtx::new(a, targets, false)?);
         let run = Arc::new(Run::new(a.count, a.duration, a.warmup));
         let ctrl_c = stop_on_ctrl_c(vec![run.clone()]);
-        let progress = Progress::start("produce", run.clone());
+        let progress = Progress::start("produce", run.clone(), !a.json());
         let cpu0 = cpu_seconds();
         let tally = produce_all(ctx, run.clone(), a.concurrency).await;
         let cpu = cpu_seconds() - cpu0;

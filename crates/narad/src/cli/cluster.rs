@@ -19,7 +19,7 @@ pub struct ClusterArgs {
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
     /// List the cluster's members: id, address, status, draining, owned
-    /// partitions.
+    /// partitions, partition moves out of it in progress.
     Members,
     /// This server's view of the control plane: mode, leader, term, role,
     /// indices, voters.
@@ -43,10 +43,11 @@ fn print_members(c: &Client, v: &Value) {
                 cell(&m["status"]),
                 draining.to_owned(),
                 cell(&m["owned_partitions"]),
+                cell(&m["outbound_moves"]),
             ]
         })
         .collect();
-    print_table(&["id", "addr", "status", "draining", "owned_partitions"], rows);
+    print_table(&["id", "addr", "status", "draining", "owned_partitions", "outbound_moves"], rows);
 }
 
 fn names(v: &Value) -> String {

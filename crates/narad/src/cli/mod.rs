@@ -72,6 +72,28 @@ pub struct Conn {
     pub output: Output,
 }
 
+impl Conn {
+    /// The connection of `narad bench`: its server, credentials and
+    /// context (it speaks plain HTTP, so no certificates).
+    pub fn for_bench(
+        server: Option<String>,
+        user: Option<String>,
+        password: Option<String>,
+        context: Option<String>,
+    ) -> Conn {
+        Conn {
+            server,
+            user,
+            password,
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
+            context,
+            output: Output::Table,
+        }
+    }
+}
+
 /// A command's failure, with its exit code.
 #[derive(Debug)]
 pub enum CliError {
@@ -79,6 +101,14 @@ pub enum CliError {
     Usage(String),
     /// Exit 1: the server refused, or the network failed.
     Failed(String),
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::Usage(m) | CliError::Failed(m) => f.write_str(m),
+        }
+    }
 }
 
 /// What client commands return.

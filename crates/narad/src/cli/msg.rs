@@ -216,14 +216,17 @@ pub fn run_sub(a: SubArgs) -> CliResult {
         return Err(usage("--from needs --peek (or use narad replay)"));
     }
     let mut seen = 0u64;
+    let mut waiting = Waiting::new(&a.topic);
     while a.max.is_none_or(|m| seen < m) {
         let want = a.max.map_or(100, |m| (m - seen).min(100));
         let p = a.partition.map(|p| format!("&partition={p}")).unwrap_or_default();
         let path = format!("/v1/topics/{}/consume?wait=10s&max={want}{p}", enc(&a.topic));
         let r = c.get(&path)?;
         if r.status == 204 {
+            waiting.idle();
             continue;
         }
+        waiting.busy();
         let msgs = messages(&r.expect(200, &format!("consume {}", a.topic))?.value()?);
         for m in &msgs {
             print_message(c.output, a.raw, m)?;
@@ -234,6 +237,38 @@ pub fn run_sub(a: SubArgs) -> CliResult {
         seen += msgs.len() as u64;
     }
     Ok(())
+}
+
+/// The note on stderr that `sub` is waiting for messages: once each time
+/// it becomes idle, and only when stderr is a terminal (a script reading
+/// stdout and stderr sees messages and errors only).
+struct Waiting {
+    note: Option<String>,
+    shown: bool,
+}
+
+impl Waiting {
+    fn new(topic: &str) -> Waiting {
+        let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let note =
+            terminal.then(|| format!("narad: waiting for messages on {topic} (Ctrl-C stops)"));
+        Waiting { note, shown: false }
+    }
+
+    /// Nothing arrived.
+    fn idle(&mut self) {
+        if let Some(note) = &self.note
+            && !self.shown
+        {
+            eprintln!("{note}");
+            self.shown = true;
+        }
+    }
+
+    /// Messages arrived.
+    fn busy(&mut self) {
+        self.shown = false;
+    }
 }
 
 /// The partition count and each partition's (oldest, high watermark).
@@ -282,6 +317,7 @@ fn peek(c: &Client, a: &SubArgs) -> CliResult {
         return Err(usage(format!("topic {} has no partition {:?}", a.topic, a.partition)));
     }
     let mut seen = 0u64;
+    let mut waiting = Waiting::new(&a.topic);
     loop {
         let mut progressed = false;
         for (p, offset) in cursors.iter_mut() {
@@ -313,7 +349,10 @@ fn peek(c: &Client, a: &SubArgs) -> CliResult {
         if a.max.is_some_and(|m| seen >= m) {
             return Ok(());
         }
-        if !progressed {
+        if progressed {
+            waiting.busy();
+        } else {
+            waiting.idle();
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -383,6 +422,23 @@ pub fn run_replay(a: ReplayArgs) -> CliResult {
     }
     if c.output == Output::Json && !a.raw {
         c.print_json(&Value::Array(all));
+    }
+    if seen == 0 {
+        let end = match a.to {
+            Some(to) => format!("before offset {to}"),
+            None => "to the end".to_owned(),
+        };
+        let held = match partition_bounds(&c, &a.topic)?.into_iter().find(|b| b.0 == a.partition) {
+            Some((_, oldest, hwm)) if hwm > oldest => {
+                format!("it holds offsets {oldest} to {}", hwm - 1)
+            }
+            Some(_) => "it holds none".to_owned(),
+            None => format!("the topic has no partition {}", a.partition),
+        };
+        eprintln!(
+            "narad: no messages in {}/{} from offset {} {end} ({held})",
+            a.topic, a.partition, a.from_offset
+        );
     }
     Ok(())
 }

@@ -32,10 +32,6 @@ struct Options {
     /// JSON Schema for payloads: inline JSON, or @FILE.
     #[arg(long)]
     schema: Option<String>,
-    /// Visibility timeout of a lease (e.g. 30s). Fixed after create: the
-    /// server refuses it on edit.
-    #[arg(long)]
-    visibility: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,6 +42,10 @@ enum TopicCommand {
         name: String,
         #[command(flatten)]
         options: Options,
+        /// Visibility timeout of a lease (e.g. 30s; default 30 s). Fixed
+        /// once the topic exists: `edit` cannot change it (SPEC §1.3).
+        #[arg(long)]
+        visibility: Option<String>,
         /// Create it as a fan-out child of this topic.
         #[arg(long)]
         parent: Option<String>,
@@ -115,9 +115,6 @@ fn options_body(o: Options, body: &mut Map<String, Value>) -> CliResult {
     if let Some(r) = o.retention {
         body.insert("retention_ms".into(), parse_duration_ms(&r)?.into());
     }
-    if let Some(v) = o.visibility {
-        body.insert("visibility_timeout_ms".into(), parse_duration_ms(&v)?.into());
-    }
     if let Some(c) = o.max_in_flight {
         body.insert("max_in_flight_per_partition".into(), c.into());
     }
@@ -152,14 +149,63 @@ fn print_topic(c: &Client, t: &Value) {
     }
 }
 
+/// The partition table of `topic info`: each partition's owner, its
+/// liveness and status, then its log figures. Figures that are not the
+/// owner's (it did not answer, or is not alive: the asked node's own,
+/// often zero) are marked `*` and explained below the table.
+fn print_partitions(v: &Value) {
+    let parts: Vec<&Value> = v["partition_stats"].as_array().into_iter().flatten().collect();
+    let figures = ["oldest_offset", "next_offset", "high_watermark", "segments", "size_bytes"];
+    let mut marked = Vec::new();
+    let rows = parts
+        .iter()
+        .map(|p| {
+            let owner = p.get("owner_node").map_or_else(|| "(unassigned)".to_owned(), cell);
+            // A single node's figures are its own (no `stats_from`).
+            let from = p.get("stats_from").map(cell);
+            let not_owners =
+                from.as_ref().is_some_and(|f| Some(f) != p.get("owner_node").map(cell).as_ref());
+            let mark = if not_owners { "*" } else { "" };
+            if not_owners {
+                marked.push(format!(
+                    "partition {}: figures of {} (owner {owner} is {})",
+                    cell(&p["index"]),
+                    from.unwrap_or_default(),
+                    cell(&p["owner_liveness"])
+                ));
+            }
+            let mut row =
+                vec![cell(&p["index"]), owner, cell(&p["owner_liveness"]), cell(&p["status"])];
+            row.extend(figures.iter().map(|k| format!("{}{mark}", cell(&p[*k]))));
+            row
+        })
+        .collect();
+    let mut header = vec!["partition", "owner", "liveness", "status"];
+    header.extend(figures);
+    print_table(&header, rows);
+    if !marked.is_empty() || v["partial"] == true {
+        println!();
+        println!(
+            "* partial: these figures are not the owner's but the asked node's own (the owner did \
+             not answer or is not alive)"
+        );
+        for m in marked {
+            println!("  {m}");
+        }
+    }
+}
+
 /// Runs `narad topic`.
 pub fn run(a: TopicArgs) -> CliResult {
     let c = Client::new(&a.conn)?;
     match a.cmd {
-        TopicCommand::Add { name, options, parent, delay } => {
+        TopicCommand::Add { name, options, visibility, parent, delay } => {
             let mut body = Map::new();
             body.insert("name".into(), name.clone().into());
             options_body(options, &mut body)?;
+            if let Some(v) = visibility {
+                body.insert("visibility_timeout_ms".into(), parse_duration_ms(&v)?.into());
+            }
             if let Some(p) = parent {
                 body.insert("parent".into(), p.into());
             }
@@ -201,22 +247,8 @@ pub fn run(a: TopicArgs) -> CliResult {
                         }
                     }
                     print_table(&["field", "value"], fields);
-                    let cols = [
-                        "index",
-                        "oldest_offset",
-                        "next_offset",
-                        "high_watermark",
-                        "segments",
-                        "size_bytes",
-                    ];
-                    let rows = v["partition_stats"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|p| cols.iter().map(|k| cell(&p[*k])).collect())
-                        .collect();
                     println!();
-                    print_table(&cols, rows);
+                    print_partitions(&v);
                 }
             }
         }
