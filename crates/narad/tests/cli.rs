@@ -308,3 +308,38 @@ fn cluster_members_and_status() {
     assert_eq!(code, 1, "no credentials: {err}");
     assert!(err.contains("401"), "{err}");
 }
+
+/// Runs `narad ARGS` under `script`, which gives it a terminal (stdin,
+/// stdout and stderr a pty; what it prints comes back on `script`'s
+/// stdout), for at most `secs`.
+fn on_a_terminal(c: &Cli<'_>, args: &str, secs: u64) -> String {
+    let cmd = format!("timeout {secs} {} {args}", env!("CARGO_BIN_EXE_narad"));
+    let out = std::process::Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .envs(c.env())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script (util-linux)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn sub_says_it_is_waiting_on_a_terminal_and_not_off_one() {
+    let s = Server::start_secure("cli-wait");
+    let c = Cli::new(&s, "cli-wait-cfg");
+    c.ok(&["topic", "add", "w"]);
+    let shown = on_a_terminal(&c, "sub w --max 1", 2);
+    assert!(shown.contains("narad: waiting for messages on w"), "on a terminal: {shown:?}");
+    // Off a terminal stderr carries nothing while it waits: a script sees
+    // messages on stdout and errors on stderr only.
+    let env: Vec<(String, String)> =
+        c.env().iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let sub = std::thread::spawn(move || {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        run_cli(&["sub", "w", "--max", "1", "--raw"], &env, None)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    c.ok(&["pub", "w", "late"]);
+    let (code, out, err) = sub.join().unwrap();
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "late\n", ""), "off a terminal");
+}

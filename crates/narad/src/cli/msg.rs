@@ -220,7 +220,10 @@ pub fn run_sub(a: SubArgs) -> CliResult {
     while a.max.is_none_or(|m| seen < m) {
         let want = a.max.map_or(100, |m| (m - seen).min(100));
         let p = a.partition.map(|p| format!("&partition={p}")).unwrap_or_default();
-        let path = format!("/v1/topics/{}/consume?wait=10s&max={want}{p}", enc(&a.topic));
+        // On a terminal, ask without waiting first, so the note comes at
+        // once when nothing is there (not after a 10 s long poll).
+        let wait = if waiting.due() { "0s" } else { "10s" };
+        let path = format!("/v1/topics/{}/consume?wait={wait}&max={want}{p}", enc(&a.topic));
         let r = c.get(&path)?;
         if r.status == 204 {
             waiting.idle();
@@ -253,6 +256,11 @@ impl Waiting {
         let note =
             terminal.then(|| format!("narad: waiting for messages on {topic} (Ctrl-C stops)"));
         Waiting { note, shown: false }
+    }
+
+    /// Whether the note would be shown if nothing is there.
+    fn due(&self) -> bool {
+        self.note.is_some() && !self.shown
     }
 
     /// Nothing arrived.
