@@ -45,7 +45,8 @@ pub struct ConnRejectLabels {
     /// `server` (this node refused a connection it was offered) or
     /// `client` (the node it dialled did not prove the secret).
     pub side: String,
-    /// `auth` (a wrong or missing proof), `auth_timeout`, `malformed`
+    /// `auth` (a wrong or missing proof), `peer_refused` (the dialler
+    /// refused this node's proof), `auth_timeout`, `malformed`
     /// (bytes that are not the handshake), `version` (an older protocol),
     /// `handshake` (QUIC/TLS failed), `connection` (closed mid-way),
     /// `busy` (too many connections not yet authenticated), `backoff` (the

@@ -703,11 +703,17 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    /// Counts and (rate-limited) logs a connection that was refused or did
-    /// not authenticate.
+    /// Counts and logs a connection that was refused or did not
+    /// authenticate: at WARN (rate-limited) what an operator should look
+    /// at (a wrong or missing proof, bytes that are not the handshake, an
+    /// old version, the deadline, caps and back-off), at DEBUG a QUIC
+    /// handshake or connection that ended on the peer's side (a node
+    /// restarting or shutting down mid-dial).
     fn reject(&self, remote: SocketAddr, side: &str, reason: &str, why: &dyn std::fmt::Display) {
         self.metrics.connection_rejected(side, reason);
-        if let Some(suppressed) = self.warn.allow() {
+        if matches!(reason, "handshake" | "connection") {
+            tracing::debug!(%remote, reason, error = %why, "cluster connection ended before it authenticated");
+        } else if let Some(suppressed) = self.warn.allow() {
             tracing::warn!(%remote, reason, error = %why, suppressed, "cluster connection rejected");
         }
     }
@@ -730,6 +736,14 @@ impl<H: Handler> Server<H> {
         };
         match tokio::time::timeout_at(deadline, self.exchange(&conn)).await {
             Ok(Ok(node_id)) => Ok((conn, PeerIdentity { node_id, addr: remote })),
+            Ok(Err(Refusal::Auth(HandshakeError::Io(_))))
+                if matches!(conn.close_reason(), Some(quinn::ConnectionError::ApplicationClosed(ref c))
+                    if c.error_code == VarInt::from_u32(close_code::AUTH_FAILED)) =>
+            {
+                // The dialler closed on this node's proof: it holds another
+                // secret (or none that matches), or it is not a node.
+                Err((None, Refusal::PeerRefused))
+            }
             Ok(Err(e)) => Err((Some(conn), e)),
             Err(_) => Err((Some(conn), Refusal::Timeout)),
         }
@@ -879,6 +893,8 @@ enum Refusal {
     Auth(HandshakeError),
     /// Not authenticated by the deadline.
     Timeout,
+    /// The dialler refused this node's proof.
+    PeerRefused,
 }
 
 impl Refusal {
@@ -888,6 +904,7 @@ impl Refusal {
             Refusal::Version(_) => "version",
             Refusal::Auth(e) => e.reason(),
             Refusal::Timeout => "auth_timeout",
+            Refusal::PeerRefused => "peer_refused",
         }
     }
 
@@ -924,6 +941,11 @@ impl std::fmt::Display for Refusal {
             ),
             Refusal::Auth(e) => e.fmt(f),
             Refusal::Timeout => write!(f, "not authenticated within {AUTH_TIMEOUT:?}"),
+            Refusal::PeerRefused => write!(
+                f,
+                "the dialling peer refused this node's proof of the cluster secret (it has \
+                 another secret, or it is not a node)"
+            ),
         }
     }
 }

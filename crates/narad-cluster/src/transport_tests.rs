@@ -199,6 +199,11 @@ async fn a_wrong_or_missing_secret_gets_nothing_and_reaches_no_handler() {
                 ),
                 "{c}"
             );
+            // ... and the server knows it was refused.
+            wait_until(|| {
+                exposition(&metrics).contains(r#"side="server",reason="peer_refused"} 1"#)
+            })
+            .await;
         }
     }
     assert_eq!(echo.seen.load(Ordering::SeqCst), 0, "an unauthenticated peer reached the handler");
@@ -211,6 +216,15 @@ async fn a_wrong_or_missing_secret_gets_nothing_and_reaches_no_handler() {
     // The right secret still gets in.
     let (cli, _) = client(secret("right"));
     assert_eq!(cli.peer(addr, tls::DEFAULT_SERVER_NAME).call(&get("t")).await.unwrap().status, 200);
+}
+
+/// Waits (up to 5 s) for `f` to hold.
+async fn wait_until(f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "not within 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A raw QUIC connection to `addr` (nothing sent on it yet).

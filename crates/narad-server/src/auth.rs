@@ -30,12 +30,14 @@
 //! IPv6 clients are keyed by their /64.
 //!
 //! In a cluster every node keeps its own buckets, and an attacker can ask
-//! every node: so each node's budget (burst and refill) is the budget
-//! above divided by the number of members of the cluster (the metastore's
-//! member list, dead members included), and the whole cluster allows
-//! about what one node alone would: with 3 nodes, 5/3 failures per
-//! username and address in a burst and one per 36 s on each node, one per
-//! 12 s in all. Usernames that cannot exist (over
+//! every node: so each node's budget is the budget above shared out over
+//! the members of the cluster (the metastore's member list, dead members
+//! included): the refill divided by their number, the burst divided and
+//! rounded up but never below 2 (one typo must not lock a user out). With
+//! 3 nodes: 2 failures per username and address in a burst and one per
+//! 36 s on each node, so 6 in a burst and one per 12 s in all (one node
+//! alone: 5, one per 12 s; before the sharing, 3 nodes gave 15 and 3 per
+//! 12 s). Usernames that cannot exist (over
 //! 64 bytes, or outside `[A-Za-z0-9._-]`) and passwords over 72 bytes
 //! (bcrypt's limit) fail without a verify and take only the address token.
 //! The self-service `current_password` check ([`Authenticator::check_password`])
@@ -148,13 +150,19 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A node's share of a burst, never below this: one typo must not lock a
+/// user out of the node it talks to.
+const MIN_NODE_BURST: f64 = 2.0;
+
 /// (rate per second, burst) of a throttle bucket on one of `nodes` nodes:
-/// the cluster's budget, shared out.
+/// the cluster's budget shared out (the refill divided by `nodes`, the
+/// burst divided and rounded up, at least [`MIN_NODE_BURST`]).
 fn budget(key: &FailKey, nodes: usize) -> (f64, f64) {
     let n = nodes.max(1) as f64;
+    let share = |burst: f64| if n == 1.0 { burst } else { (burst / n).ceil().max(MIN_NODE_BURST) };
     match key.1 {
-        Some(_) => (1.0 / FAIL_REFILL.as_secs_f64() / n, FAIL_BURST / n),
-        None => (1.0 / ADDR_FAIL_REFILL.as_secs_f64() / n, ADDR_FAIL_BURST / n),
+        Some(_) => (1.0 / FAIL_REFILL.as_secs_f64() / n, share(FAIL_BURST)),
+        None => (1.0 / ADDR_FAIL_REFILL.as_secs_f64() / n, share(ADDR_FAIL_BURST)),
     }
 }
 
@@ -507,6 +515,19 @@ pub fn basic_credentials(header: Option<&axum::http::HeaderValue>) -> Option<(St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_failed_password_budget_is_shared_out_over_the_cluster() {
+        let user: FailKey = (IpAddr::V4(Ipv4Addr::LOCALHOST), Some("bob".into()));
+        let addr: FailKey = (IpAddr::V4(Ipv4Addr::LOCALHOST), None);
+        assert_eq!(budget(&user, 1), (1.0 / 12.0, 5.0));
+        assert_eq!(budget(&addr, 1), (1.0 / 3.0, 20.0));
+        let (rate, burst) = budget(&user, 3);
+        assert!((rate - 1.0 / 36.0).abs() < 1e-12 && burst == 2.0, "{rate} {burst}");
+        assert_eq!(budget(&addr, 3).1, 7.0);
+        assert_eq!(budget(&user, 5).1, 2.0, "never below 2");
+        assert_eq!(budget(&user, 0), budget(&user, 1));
+    }
     use axum::http::HeaderValue;
 
     #[test]

@@ -12,6 +12,7 @@
 //! | openraft | WARN (stale messages, changed votes, back-off, a peer's RPC failing) | DEBUG |
 //! | openraft | WARN that a log store broke its contract or a follower's log went back | WARN |
 //! | openraft | ERROR of an RPC to a peer (not answered, refused, timed out: a peer starting, stopping or cut off) | DEBUG |
+//! | openraft | ERROR of a command sent to a core that has stopped (at shutdown; a fatal stop is reported on its own) | DEBUG |
 //! | openraft | any other ERROR (storage, a fatal core error) | ERROR |
 //!
 //! The mapped level is both what the filter compares with `log.level` and
@@ -80,6 +81,10 @@ const OPENRAFT_PEER_RPC_FAILED: [&str; 8] = [
     "error sending InstallSnapshot RPC",
 ];
 
+/// openraft's ERROR when a command reaches a core that has stopped (a
+/// campaign asked for while the node shuts down).
+const OPENRAFT_CORE_STOPPED: &str = "failure sending external command to RaftCore";
+
 /// openraft's WARNs an operator should see: the log store broke its
 /// contract, or a follower's log went back.
 const OPENRAFT_WARN_KEPT: [&str; 2] = ["violates the API contract", "log is reverted"];
@@ -104,7 +109,10 @@ pub fn effective_level(target: &str, level: Level, message: &str) -> Level {
                 .iter()
                 .filter(|m| !m.starts_with("error replication"))
                 .any(|m| message.starts_with(m));
-            if peer { Level::DEBUG } else { Level::ERROR }
+            // A command for a core that has stopped: at shutdown, or after
+            // a fatal error that openraft reports at ERROR on its own.
+            let stopped = message.starts_with(OPENRAFT_CORE_STOPPED);
+            if peer || stopped { Level::DEBUG } else { Level::ERROR }
         }
         _ => level,
     }
@@ -406,6 +414,9 @@ mod tests {
         // Storage and fatal errors stay errors; a broken log store warns.
         assert_eq!(l("openraft::replication", Level::ERROR, repl), Level::ERROR);
         assert_eq!(l(core, Level::ERROR, "quit RaftCore::main on error"), Level::ERROR);
+        let inner = "openraft::raft::raft_inner";
+        let stopped = "failure sending external command to RaftCore; message: trigger_elect";
+        assert_eq!(l(inner, Level::ERROR, stopped), Level::DEBUG);
         assert_eq!(l("openraft::storage", Level::ERROR, "LogFlush error: x"), Level::ERROR);
         let contract =
             "limited_get_log_entries(1, 2) returned empty; this violates the API contract";

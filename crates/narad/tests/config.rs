@@ -104,7 +104,7 @@ fn cluster_keys_come_from_environment_and_flags_and_the_secret_is_masked() {
     let env = [
         ("NARAD_CLUSTER_PEERS", "n1@127.0.0.1:7001,n2@127.0.0.1:7002"),
         ("NARAD_CLUSTER_INITIAL_MEMBERS", "n1,n2"),
-        ("NARAD_CLUSTER_SECRET", "hunter2"),
+        ("NARAD_CLUSTER_SECRET", "hunter2-hunter2-hunter2-hunter2-hunter2"),
         ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001"),
         ("NARAD_NODE_ID", "n1"),
     ];

@@ -34,7 +34,7 @@ fn level(line: &str) -> Option<&str> {
 
 #[test]
 fn a_clean_three_node_start_and_stop_logs_one_banner_one_ready_line_and_nothing_at_warn() {
-    let mut c = Cluster::prepare(3, ClusterOpts::secure("quiet-start-secret-0123456789"));
+    let mut c = Cluster::prepare(3, ClusterOpts::secure("quiet-start-secret-0123456789abcdef"));
     let _cleanup = RemoveOnDrop(c.root().clone());
     c.start_first(3);
     c.leader(std::time::Duration::from_secs(20));
