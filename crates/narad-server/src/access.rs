@@ -211,69 +211,105 @@ pub async fn guard(State(s): State<Shared>, mut req: Request, next: Next) -> Res
         req.extensions_mut().insert(Caller(None));
         return next.run(req).await;
     }
-    let caller = match &sec.auth {
-        None => Caller(None),
-        Some(auth) => {
-            let Some((user, password)) =
-                basic_credentials(req.headers().get(header::AUTHORIZATION))
-            else {
-                return unauthorized();
-            };
-            match auth.authenticate(&user, &password, client_addr(&req)).await {
-                Ok(u) => Caller(Some(u)),
-                Err(AuthError::Unauthorized) => return unauthorized(),
-                Err(AuthError::Throttled(wait)) => {
-                    sec.count_throttled("auth_failures");
-                    return too_many("too many failed authentication attempts", wait);
-                }
-                Err(AuthError::Busy) => {
-                    sec.count_throttled("auth_busy");
-                    return auth_busy();
-                }
-                Err(AuthError::Unavailable) => {
-                    return ApiError::Json {
-                        status: StatusCode::INTERNAL_SERVER_ERROR,
-                        message: "authentication unavailable".into(),
-                    }
-                    .into_response();
-                }
-            }
-        }
-    };
     let rule = req
         .extensions()
         .get::<MatchedPath>()
         .map_or(Rule::Authenticated, |r| rule(req.method(), r.as_str()));
-    if rule != Rule::Authenticated {
-        let topic = match req.extract_parts::<RawPathParams>().await {
+    let topic = if rule == Rule::Authenticated {
+        String::new()
+    } else {
+        match req.extract_parts::<RawPathParams>().await {
             Ok(params) => params.iter().find(|(k, _)| *k == "topic").map(|(_, v)| v.to_owned()),
             Err(_) => None,
-        };
-        let topic = topic.unwrap_or_default();
-        match rule {
-            Rule::Grant(action, op) => {
-                if !caller.may(action, &topic) {
-                    let text =
-                        if action == Action::Produce { PRODUCE_DENIED } else { CONSUME_DENIED };
-                    return forbidden(text).into_response();
-                }
-                if let Some(op) = op
-                    && let Err(wait) = sec.limits.check(caller.name(), op, Instant::now())
-                {
-                    sec.count_throttled(&format!("{}_rate", op.as_str()));
-                    return too_many(&format!("rate limit exceeded: {}", op.as_str()), wait);
-                }
-            }
-            Rule::OwnerOrAdmin => {
-                if !caller.may_modify(s.broker.meta().topic(&topic).as_deref()) {
-                    return forbidden(OWNER_DENIED).into_response();
-                }
-            }
-            Rule::Authenticated => {}
         }
+        .unwrap_or_default()
+    };
+    match admit(&s, rule, &topic, req.headers(), client_addr(&req)).await {
+        Ok(caller) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Err(refused) => refused,
     }
-    req.extensions_mut().insert(caller);
-    next.run(req).await
+}
+
+/// Whether the produce fast path ([`crate::fast`]) may skip the access
+/// checks: security off and no rate limits.
+pub fn is_open(s: &Shared) -> bool {
+    s.security.open
+}
+
+/// The access checks of a produce (`produce` on `topic`, then the produce
+/// rate limit), for the produce fast path ([`crate::fast`]): the caller,
+/// or the refusal [`guard`] would answer.
+pub async fn admit_produce(
+    s: &Shared,
+    topic: &str,
+    headers: &axum::http::HeaderMap,
+    client: IpAddr,
+) -> Result<Caller, Response> {
+    admit(s, Rule::Grant(Action::Produce, Some(Op::Produce)), topic, headers, client).await
+}
+
+/// Authenticates the caller and applies `rule` to it (on `topic`, the
+/// decoded `{topic}` of the route, empty if it has none).
+async fn admit(
+    s: &Shared,
+    rule: Rule,
+    topic: &str,
+    headers: &axum::http::HeaderMap,
+    client: IpAddr,
+) -> Result<Caller, Response> {
+    let sec = &s.security;
+    let caller = match &sec.auth {
+        None => Caller(None),
+        Some(auth) => {
+            let Some((user, password)) = basic_credentials(headers.get(header::AUTHORIZATION))
+            else {
+                return Err(unauthorized());
+            };
+            match auth.authenticate(&user, &password, client).await {
+                Ok(u) => Caller(Some(u)),
+                Err(AuthError::Unauthorized) => return Err(unauthorized()),
+                Err(AuthError::Throttled(wait)) => {
+                    sec.count_throttled("auth_failures");
+                    return Err(too_many("too many failed authentication attempts", wait));
+                }
+                Err(AuthError::Busy) => {
+                    sec.count_throttled("auth_busy");
+                    return Err(auth_busy());
+                }
+                Err(AuthError::Unavailable) => {
+                    return Err(ApiError::Json {
+                        status: StatusCode::INTERNAL_SERVER_ERROR,
+                        message: "authentication unavailable".into(),
+                    }
+                    .into_response());
+                }
+            }
+        }
+    };
+    match rule {
+        Rule::Grant(action, op) => {
+            if !caller.may(action, topic) {
+                let text = if action == Action::Produce { PRODUCE_DENIED } else { CONSUME_DENIED };
+                return Err(forbidden(text).into_response());
+            }
+            if let Some(op) = op
+                && let Err(wait) = sec.limits.check(caller.name(), op, Instant::now())
+            {
+                sec.count_throttled(&format!("{}_rate", op.as_str()));
+                return Err(too_many(&format!("rate limit exceeded: {}", op.as_str()), wait));
+            }
+        }
+        Rule::OwnerOrAdmin => {
+            if !caller.may_modify(s.broker.meta().topic(topic).as_deref()) {
+                return Err(forbidden(OWNER_DENIED).into_response());
+            }
+        }
+        Rule::Authenticated => {}
+    }
+    Ok(caller)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::io::Read;
 
 use axum::body::Body;
 use axum::http::HeaderMap;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use serde::Deserialize;
 
@@ -31,11 +31,11 @@ fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'stati
 /// Reads the whole body, refusing more than `limit` bytes with 413 (a
 /// declared `Content-Length` over it before reading anything) and a body
 /// slower than `http.read_timeout` with 408.
-pub async fn read_limited(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<Bytes, ApiError> {
+pub async fn read_limited<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     if let Some(len) = headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -44,15 +44,42 @@ pub async fn read_limited(
     {
         return Err(ApiError::too_large());
     }
-    let limited = http_body_util::Limited::new(body, limit);
-    match limited.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-            Err(ApiError::too_large())
+    // Frame by frame rather than through `Limited` + `collect` (a buffer
+    // list and two boxed layers per request): the usual body is one frame,
+    // taken as it is.
+    let mut body = std::pin::pin!(body);
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => {
+                let e: axum::BoxError = e.into();
+                return Err(if caused_by::<BodyReadTimeout>(&*e) {
+                    ApiError::body_timeout()
+                } else {
+                    ApiError::bad_request(format!("cannot read request body: {e}"))
+                });
+            }
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        total += data.len();
+        if total > limit {
+            return Err(ApiError::too_large());
         }
-        Err(e) if caused_by::<BodyReadTimeout>(&*e) => Err(ApiError::body_timeout()),
-        Err(e) => Err(ApiError::bad_request(format!("cannot read request body: {e}"))),
+        if let Some(j) = &mut joined {
+            j.extend_from_slice(&data);
+        } else if first.is_empty() {
+            first = data;
+        } else if !data.is_empty() {
+            let mut j = BytesMut::with_capacity(first.len() + data.len());
+            j.extend_from_slice(&first);
+            j.extend_from_slice(&data);
+            joined = Some(j);
+        }
     }
+    Ok(joined.map_or(first, BytesMut::freeze))
 }
 
 /// Reads a JSON body that Narad streams into its decoder (users, attach):

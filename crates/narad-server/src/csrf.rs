@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderName, Uri, header};
 use tracing::warn;
 
 use crate::access::{EXEMPT_PATHS, forbidden};
@@ -39,15 +39,33 @@ static UNLOGGED: AtomicU64 = AtomicU64::new(0);
 /// Why a request counts as cross-site, if it does. `host` is the request's
 /// `Host` header, or its URI's authority (HTTP/2 has `:authority` instead).
 pub fn cross_site(path: &str, host: Option<&str>, headers: &HeaderMap) -> Option<&'static str> {
+    cross_site_with(path, || host, headers)
+}
+
+/// `Sec-Fetch-Site`, parsed once.
+const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+
+/// [`cross_site`], asking for the host only when the request has an
+/// `Origin` (most requests have neither header; a produce pays for two
+/// header lookups, not four).
+fn cross_site_with<'h>(
+    path: &str,
+    host: impl FnOnce() -> Option<&'h str>,
+    headers: &HeaderMap,
+) -> Option<&'static str> {
+    let site = headers.get(SEC_FETCH_SITE).map(|v| v.as_bytes());
+    let cross = site.is_some_and(|s| s.eq_ignore_ascii_case(b"cross-site"));
+    let origin = headers.get(header::ORIGIN);
+    if !cross && origin.is_none() {
+        return None;
+    }
     if EXEMPT_PATHS.contains(&path) {
         return None;
     }
-    let site = headers.get("sec-fetch-site").map(|v| v.as_bytes());
-    if site.is_some_and(|s| s.eq_ignore_ascii_case(b"cross-site")) {
+    if cross {
         return Some("sec-fetch-site");
     }
-    let origin = headers.get(header::ORIGIN)?;
-    match (origin.to_str().ok().and_then(origin_authority), host) {
+    match (origin?.to_str().ok().and_then(origin_authority), host()) {
         (Some(o), Some(h)) if same_authority(&o, h) => None,
         _ => Some("origin"),
     }
@@ -56,12 +74,20 @@ pub fn cross_site(path: &str, host: Option<&str>, headers: &HeaderMap) -> Option
 /// The refusal of a cross-site request (and its metric and rate-limited
 /// log line), or `None` for any other request.
 pub fn refusal(req: &Request, metrics: &narad_broker::metrics::BrokerMetrics) -> Option<ApiError> {
-    let headers = req.headers();
-    let host = match headers.get(header::HOST) {
+    refusal_of(req.uri(), req.headers(), metrics)
+}
+
+/// [`refusal`] of a request given by its URI and headers.
+pub fn refusal_of(
+    uri: &Uri,
+    headers: &HeaderMap,
+    metrics: &narad_broker::metrics::BrokerMetrics,
+) -> Option<ApiError> {
+    let host = || match headers.get(header::HOST) {
         Some(h) => h.to_str().ok(),
-        None => req.uri().authority().map(|a| a.as_str()),
+        None => uri.authority().map(|a| a.as_str()),
     };
-    let why = cross_site(req.uri().path(), host, headers)?;
+    let why = cross_site_with(uri.path(), host, headers)?;
     metrics.error("http", "cross_site");
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let last = LAST_LOG.load(Ordering::Relaxed);

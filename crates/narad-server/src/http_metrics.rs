@@ -11,12 +11,14 @@
 //! instructions of a durable produce, by callgrind).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use narad_broker::metrics::BrokerMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -53,8 +55,7 @@ fn duration_histogram() -> Histogram {
 /// The `method` label of a request method: the standard methods by name,
 /// any other (an extension method, a client's invention of any length) as
 /// `other`.
-pub fn method_label(method: &axum::http::Method) -> &'static str {
-    use axum::http::Method;
+pub fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
         Method::HEAD => "HEAD",
@@ -93,6 +94,9 @@ pub struct HttpMetrics {
     bytes_out: Family<RouteLabels, Counter>,
     in_flight: Gauge,
     routes: Arc<RwLock<Routes>>,
+    /// The series of `POST /v1/topics/{topic}/produce`, for the produce
+    /// fast path ([`crate::fast`]), resolved on its first request.
+    produce: OnceLock<Arc<RouteSeries>>,
 }
 
 impl HttpMetrics {
@@ -105,6 +109,7 @@ impl HttpMetrics {
             bytes_out: Family::default(),
             in_flight: Gauge::default(),
             routes: Arc::default(),
+            produce: OnceLock::new(),
         };
         registry.register("http_requests", "HTTP requests", m.requests.clone());
         registry.register(
@@ -121,7 +126,7 @@ impl HttpMetrics {
 
 impl HttpMetrics {
     /// The series of `method` on `route`, created on first use.
-    fn route(&self, method: &axum::http::Method, route: &str) -> Arc<RouteSeries> {
+    fn route(&self, method: &Method, route: &str) -> Arc<RouteSeries> {
         let method = method_label(method);
         let find =
             |routes: &Routes| routes.get(route)?.iter().find(|s| s.method_key == method).cloned();
@@ -168,25 +173,65 @@ impl HttpMetrics {
     }
 }
 
-fn content_length(h: &axum::http::HeaderMap) -> u64 {
+fn content_length(h: &HeaderMap) -> u64 {
     h.get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
 
+/// One request's measurement: begun before its checks and its handler,
+/// finished with its response.
+#[derive(Debug)]
+pub struct Measure {
+    series: Arc<RouteSeries>,
+    start: Instant,
+}
+
+impl HttpMetrics {
+    /// Starts measuring a request of `method` on `route`.
+    pub fn begin(&self, method: &Method, route: &str, headers: &HeaderMap) -> Measure {
+        self.begin_on(self.route(method, route), headers)
+    }
+
+    /// [`HttpMetrics::begin`] for `POST /v1/topics/{topic}/produce`.
+    pub fn begin_produce(&self, headers: &HeaderMap) -> Measure {
+        let series = self.produce.get_or_init(|| self.route(&Method::POST, PRODUCE_ROUTE));
+        self.begin_on(series.clone(), headers)
+    }
+
+    fn begin_on(&self, series: Arc<RouteSeries>, headers: &HeaderMap) -> Measure {
+        series.bytes_in.inc_by(content_length(headers));
+        self.in_flight.inc();
+        Measure { series, start: Instant::now() }
+    }
+
+    /// Counts the answer of a request measured since [`HttpMetrics::begin`].
+    pub fn finish(&self, m: Measure, resp: &Response, broker: &BrokerMetrics) {
+        self.in_flight.dec();
+        let (requests, durations) = self.status(&m.series, resp.status().as_u16());
+        requests.inc();
+        durations.observe(m.start.elapsed().as_secs_f64());
+        m.series.bytes_out.inc_by(content_length(resp.headers()));
+        if resp.status().is_server_error() {
+            broker.error("http", "5xx");
+        }
+    }
+}
+
+/// The route pattern of a single produce.
+pub const PRODUCE_ROUTE: &str = "/v1/topics/{topic}/produce";
+
 /// The middleware: counts and times every request, and runs the
 /// cross-site check ([`crate::csrf`]) and the access checks
 /// ([`crate::access::guard`]) inside that measurement.
 pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
     let m = &state.http;
-    let series = m.route(
+    let measure = m.begin(
         req.method(),
         req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()),
+        req.headers(),
     );
-    series.bytes_in.inc_by(content_length(req.headers()));
-    m.in_flight.inc();
-    let start = Instant::now();
     // The cross-site and access checks run inside the measurement (a
     // refused request is counted with its status) without a middleware
     // layer of their own.
@@ -194,13 +239,6 @@ pub async fn track(State(state): State<Shared>, req: Request, next: Next) -> Res
         Some(refused) => refused.into_response(),
         None => crate::access::guard(State(state.clone()), req, next).await,
     };
-    m.in_flight.dec();
-    let (requests, durations) = m.status(&series, resp.status().as_u16());
-    requests.inc();
-    durations.observe(start.elapsed().as_secs_f64());
-    series.bytes_out.inc_by(content_length(resp.headers()));
-    if resp.status().is_server_error() {
-        state.broker.metrics().error("http", "5xx");
-    }
+    m.finish(measure, &resp, state.broker.metrics());
     resp
 }

@@ -27,6 +27,7 @@ pub mod csrf;
 pub mod duration;
 pub mod error;
 pub mod fanout_peers;
+pub mod fast;
 pub mod forward;
 pub mod http_metrics;
 pub mod limits;

@@ -365,7 +365,7 @@ pub async fn run(
             node.begin_leaving();
         }
     };
-    let app = router(state.clone());
+    let app = crate::fast::App::new(router(state.clone()), state.clone());
     let (conn, grace) = (config.conn, config.shutdown_grace);
     match tls {
         Some(tls) => match TlsListener::new(listener, tls, conn.read_timeout, limit) {

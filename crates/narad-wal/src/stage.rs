@@ -39,6 +39,8 @@ pub(crate) struct Chunk {
     pub first_seq: u64,
     /// One past the last frame's sequence number.
     pub end_seq: u64,
+    /// Bytes written by its flush (set once `bytes` went to the tail).
+    pub written: usize,
 }
 
 /// The append side's state, guarded by the append lock.
@@ -140,6 +142,7 @@ impl Stage {
             salt,
             first_seq: base,
             end_seq: base,
+            written: 0,
         });
         Ok(())
     }
@@ -165,6 +168,7 @@ impl Stage {
                 salt: 0,
                 first_seq: self.next_seq,
                 end_seq: self.next_seq,
+                written: 0,
             });
         }
         let seq = self.next_seq;

@@ -22,6 +22,8 @@
 //!   hold at most [`TAIL_BYTES`] in all, oldest dropped first, and a chunk
 //!   larger than that is not kept. Entries wholly below the dispatch
 //!   checkpoint are dropped when it is stored.
+//! * The bound counts each entry's buffer (a staging buffer handed over
+//!   after its flush), not only its bytes.
 //! * A miss is never an error: the reader reads the file, and checks every
 //!   frame's CRC whichever way it came.
 
@@ -37,6 +39,9 @@ struct Entry {
     segment: u64,
     offset: u64,
     bytes: Bytes,
+    /// The memory `bytes` holds (its buffer's capacity), which the bound
+    /// counts.
+    held: usize,
     end_seq: u64,
 }
 
@@ -58,20 +63,21 @@ impl Tail {
     }
 
     /// Keeps a durable chunk: `bytes` sit at `offset` of segment `segment`
-    /// and end before sequence number `end_seq`. Copies them (a chunk's
-    /// staging buffer is reused for the next group).
-    pub(crate) fn push(&self, segment: u64, offset: u64, bytes: &[u8], end_seq: u64) {
-        if bytes.is_empty() || bytes.len() > TAIL_BYTES {
+    /// and end before sequence number `end_seq`; `held` is the memory they
+    /// hold (the capacity of the staging buffer they were written from,
+    /// which the tail now owns instead of copying it).
+    pub(crate) fn push(&self, segment: u64, offset: u64, bytes: Bytes, held: usize, end_seq: u64) {
+        let held = held.max(bytes.len());
+        if bytes.is_empty() || held > TAIL_BYTES {
             return;
         }
-        let bytes = Bytes::copy_from_slice(bytes);
         let mut t = self.lock();
-        while t.bytes + bytes.len() > TAIL_BYTES {
+        while t.bytes + held > TAIL_BYTES {
             let Some(old) = t.entries.pop_front() else { break };
-            t.bytes -= old.bytes.len();
+            t.bytes -= old.held;
         }
-        t.bytes += bytes.len();
-        t.entries.push_back(Entry { segment, offset, bytes, end_seq });
+        t.bytes += held;
+        t.entries.push_back(Entry { segment, offset, bytes, held, end_seq });
     }
 
     /// The entry holding `[offset, offset + len)` of `segment`, as its start
@@ -91,7 +97,7 @@ impl Tail {
         let mut t = self.lock();
         while t.entries.front().is_some_and(|e| e.end_seq <= checkpoint) {
             let old = t.entries.pop_front().expect("front exists");
-            t.bytes -= old.bytes.len();
+            t.bytes -= old.held;
         }
     }
 
@@ -109,9 +115,9 @@ mod tests {
     #[test]
     fn a_read_inside_a_kept_chunk_is_found_and_one_crossing_its_end_is_not() {
         let t = Tail::default();
-        t.push(0, 32, &[1u8; 100], 5);
-        t.push(0, 132, &[2u8; 50], 7);
-        t.push(7, 0, &[3u8; 40], 9);
+        t.push(0, 32, Bytes::from(vec![1u8; 100]), 100, 5);
+        t.push(0, 132, Bytes::from(vec![2u8; 50]), 50, 7);
+        t.push(7, 0, Bytes::from(vec![3u8; 40]), 40, 9);
         assert_eq!(t.find(0, 32, 100).map(|(at, b)| (at, b.len())), Some((32, 100)));
         assert_eq!(t.find(0, 60, 10).map(|(at, b)| (at, b[0])), Some((32, 1)));
         assert_eq!(t.find(0, 140, 42).map(|(at, b)| (at, b[0])), Some((132, 2)));
@@ -125,16 +131,18 @@ mod tests {
     #[test]
     fn the_tail_drops_its_oldest_chunks_beyond_its_bound_and_below_the_checkpoint() {
         let t = Tail::default();
-        let big = vec![0u8; TAIL_BYTES / 2];
-        t.push(0, 32, &big, 10);
-        t.push(0, 32 + big.len() as u64, &big, 20);
+        let big = Bytes::from(vec![0u8; TAIL_BYTES / 2]);
+        t.push(0, 32, big.clone(), big.len(), 10);
+        t.push(0, 32 + big.len() as u64, big.clone(), big.len(), 20);
         assert_eq!(t.held(), TAIL_BYTES);
-        t.push(0, 32 + 2 * big.len() as u64, &[9u8; 10], 21);
+        t.push(0, 32 + 2 * big.len() as u64, Bytes::from(vec![9u8; 10]), 10, 21);
         assert!(t.find(0, 32, 1).is_none(), "the oldest went first");
         assert!(t.find(0, 32 + big.len() as u64, 1).is_some());
         assert_eq!(t.held(), TAIL_BYTES / 2 + 10);
-        t.push(0, 0, &vec![0u8; TAIL_BYTES + 1], 30);
+        t.push(0, 0, Bytes::from(vec![0u8; TAIL_BYTES + 1]), TAIL_BYTES + 1, 30);
         assert_eq!(t.held(), TAIL_BYTES / 2 + 10, "a chunk over the bound is not kept");
+        t.push(0, 0, Bytes::from(vec![0u8; 10]), TAIL_BYTES + 1, 30);
+        assert_eq!(t.held(), TAIL_BYTES / 2 + 10, "the bound counts the buffer, not the bytes");
         t.release_below(20);
         assert_eq!(t.held(), 10, "entries wholly below the checkpoint are dropped");
         t.release_below(20);

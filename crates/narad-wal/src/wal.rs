@@ -45,6 +45,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use narad_fs::{FsRef, OpenMode};
 use tracing::{error, info, warn};
 
@@ -58,7 +59,7 @@ use crate::group::Pending;
 use crate::limits::{
     CHECKPOINT_SYNC_DELAY, COMPACTION_INTERVAL, FRAME_HEADER_BYTES, GATHER_MAX_WAIT,
     GATHER_MIN_GROUP, MAX_RECORD_BYTES, ROTATE_DISPATCHED_ACTIVE_BYTES, RUNWAY_BYTES,
-    SEGMENT_BYTES, SEGMENT_HEADER_BYTES, SYNC_BACKSTOP,
+    SEGMENT_BYTES, SEGMENT_HEADER_BYTES, STAGING_KEEP_BYTES, SYNC_BACKSTOP,
 };
 use crate::prep;
 use crate::reader::WalReader;
@@ -962,7 +963,7 @@ fn sync_loop(shared: &Shared) {
     let mut gather = Gather::default();
     let mut create_warned: Option<Instant> = None;
     loop {
-        let (chunks, group) = {
+        let (mut chunks, group) = {
             let mut st = lock(&shared.stage);
             loop {
                 if !st.chunks.is_empty() {
@@ -1003,7 +1004,7 @@ fn sync_loop(shared: &Shared) {
         let started = Instant::now();
         let outcome = match shared.latch.get() {
             Some(e) => Err(e.clone()),
-            None => flush(shared, &chunks),
+            None => flush(shared, &mut chunks),
         };
         gather.last_io = started.elapsed();
         shared.counters.io_nanos.fetch_add(gather.last_io.as_nanos() as u64, Ordering::Relaxed);
@@ -1024,6 +1025,14 @@ fn sync_loop(shared: &Shared) {
             }
         }
         group.complete(outcome);
+        // A flushed chunk's buffer went to the tail: the next group stages
+        // into a fresh one about as large as this group's (allocated before
+        // the append lock is taken).
+        let handed_over = chunks.iter().any(|c| !c.create && c.bytes.capacity() == 0);
+        let fresh = handed_over.then(|| {
+            let written = chunks.iter().map(|c| c.written).max().unwrap_or(0);
+            Vec::with_capacity(staging_hint(written))
+        });
         let mut st = lock(&shared.stage);
         gather.completed_at_seq = st.next_seq;
         for chunk in chunks {
@@ -1031,7 +1040,16 @@ fn sync_loop(shared: &Shared) {
                 st.recycle(chunk.bytes);
             }
         }
+        if let Some(buf) = fresh {
+            st.recycle(buf);
+        }
     }
+}
+
+/// The capacity of a fresh staging buffer after a group of `written` bytes:
+/// a quarter more, so that a slightly larger next group does not grow it.
+fn staging_hint(written: usize) -> usize {
+    (written + written / 4).clamp(4 << 10, STAGING_KEEP_BYTES)
 }
 
 /// At most one warning per this long about segments that could not be
@@ -1072,7 +1090,7 @@ fn withdraw_staged(shared: &Shared, e: &WalError) {
 }
 
 /// Writes and syncs staged chunks in order; publishes each as it lands.
-fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
+fn flush(shared: &Shared, chunks: &mut [Chunk]) -> Result<(), WalError> {
     for chunk in chunks {
         let segment = if chunk.create {
             seal_predecessor(shared, chunk.segment)?;
@@ -1133,7 +1151,13 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
         }
         segment.file.sync_data().map_err(|e| latched("fdatasync", &segment.path, e))?;
         // Before the frontier moves: a reader it wakes finds these here.
-        shared.tail.push(chunk.segment, chunk.offset, &chunk.bytes, chunk.end_seq);
+        // The tail takes the buffer itself (no copy); the sync loop gives
+        // the stage a fresh one.
+        let written = chunk.bytes.len();
+        chunk.written = written;
+        let held = chunk.bytes.capacity();
+        let bytes = Bytes::from(std::mem::take(&mut chunk.bytes));
+        shared.tail.push(chunk.segment, chunk.offset, bytes, held, chunk.end_seq);
         let frames_at = if chunk.create { SEGMENT_HEADER_BYTES } else { chunk.offset };
         segment.publish(chunk.first_seq, frames_at, chunk.end_seq, end);
         want_spare(shared, end);
@@ -1142,7 +1166,7 @@ fn flush(shared: &Shared, chunks: &[Chunk]) -> Result<(), WalError> {
             let c = &shared.counters;
             c.syncs.fetch_add(1, Ordering::Relaxed);
             c.records.fetch_add(records, Ordering::Relaxed);
-            c.bytes.fetch_add(chunk.bytes.len() as u64, Ordering::Relaxed);
+            c.bytes.fetch_add(written as u64, Ordering::Relaxed);
             shared.durable_next.store(chunk.end_seq, Ordering::Release);
             {
                 let _g = lock(&shared.durable_mutex);

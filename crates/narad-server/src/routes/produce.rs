@@ -21,6 +21,9 @@ use crate::state::Shared;
 
 /// The `key` and `partition` query parameters of a produce.
 pub fn parse_produce_query(raw: &str) -> Result<(Option<Bytes>, Option<u32>), ApiError> {
+    if raw.is_empty() {
+        return Ok((None, None));
+    }
     let p = pairs(raw);
     let keys = values(&p, "key");
     if keys.len() > 1 {
@@ -85,12 +88,29 @@ pub async fn produce(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (key, partition) = parse_produce_query(q.as_deref().unwrap_or(""))?;
-    let payload = read_limited(&headers, body, PRODUCE_BODY_BYTES).await?;
+    produce_to(&s, &topic, q.as_deref(), &headers, body).await
+}
+
+/// The work of [`produce`], also run by the produce fast path
+/// ([`crate::fast`]): `topic` is the decoded path segment, `query` the raw
+/// query string.
+pub async fn produce_to<B>(
+    s: &Shared,
+    topic: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: B,
+) -> Result<Response, ApiError>
+where
+    B: http_body::Body<Data = Bytes> + Send,
+    B::Error: Into<axum::BoxError>,
+{
+    let (key, partition) = parse_produce_query(query.unwrap_or(""))?;
+    let payload = read_limited(headers, body, PRODUCE_BODY_BYTES).await?;
     if payload.is_empty() {
         return Err(ApiError::bad_request("message required"));
     }
-    s.broker.produce(&topic, key, partition, payload).await?;
+    s.broker.produce(topic, key, partition, payload).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
