@@ -51,17 +51,19 @@ impl App {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
     {
-        let route = match &self.state {
-            Some(s)
-                if *req.method() == Method::POST && produce_topic(req.uri().path()).is_some() =>
-            {
-                Route::Fast(s.clone())
+        let topic_len = match &self.state {
+            Some(_) if *req.method() == Method::POST => {
+                produce_topic(req.uri().path()).map(str::len)
             }
+            _ => None,
+        };
+        let route = match (&self.state, topic_len) {
+            (Some(s), Some(len)) => Route::Fast(s.clone(), len),
             _ => Route::Router(self.router.clone()),
         };
         async move {
             match route {
-                Route::Fast(s) => produce(s, req, peer).await,
+                Route::Fast(s, topic_len) => produce(s, req, topic_len, peer).await,
                 Route::Router(mut router) => {
                     let mut req = req.map(Body::new);
                     // The peer's address: the failed-password throttle is per
@@ -79,7 +81,8 @@ impl App {
 
 /// Where a request goes.
 enum Route {
-    Fast(Shared),
+    /// The fast path, with the length of the path's topic segment.
+    Fast(Shared, usize),
     Router(Router),
 }
 
@@ -87,14 +90,18 @@ enum Route {
 /// written: `/v1/topics/{topic}/produce` with a topic segment of 1 to 255
 /// of the characters a topic name may have (so it needs no decoding).
 pub fn produce_topic(path: &str) -> Option<&str> {
-    let topic = path.strip_prefix("/v1/topics/")?.strip_suffix("/produce")?;
+    let topic = path.strip_prefix(TOPICS_PREFIX)?.strip_suffix("/produce")?;
     let plain = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
     (!topic.is_empty() && topic.len() <= 255 && topic.bytes().all(|b| plain(&b))).then_some(topic)
 }
 
-/// A single produce, answered as the router would: measured, checked for
-/// cross-site marks, then for access, then handled.
-async fn produce<B>(s: Shared, req: Request<B>, peer: SocketAddr) -> Response
+const TOPICS_PREFIX: &str = "/v1/topics/";
+
+/// A single produce (its path's topic segment, checked by
+/// [`produce_topic`], is `topic_len` bytes long), answered as the router
+/// would: measured, checked for cross-site marks, then for access, then
+/// handled.
+async fn produce<B>(s: Shared, req: Request<B>, topic_len: usize, peer: SocketAddr) -> Response
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<axum::BoxError>,
@@ -104,7 +111,8 @@ where
     let mut resp = match crate::csrf::refusal_of(&parts.uri, &parts.headers, s.broker.metrics()) {
         Some(refused) => refused.into_response(),
         None => {
-            let topic = produce_topic(parts.uri.path()).expect("checked before the fast path");
+            let at = TOPICS_PREFIX.len();
+            let topic = &parts.uri.path()[at..at + topic_len];
             let admitted = if crate::access::is_open(&s) {
                 Ok(())
             } else {

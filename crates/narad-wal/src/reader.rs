@@ -29,10 +29,20 @@ pub struct WalEntry {
     payload: Bytes,
     segment: Arc<Segment>,
     offset: u64,
+    /// Taken from the in-memory tail: the very buffer the frame was sealed
+    /// in (its CRC computed over these bytes) and then written and synced
+    /// from, never read back from the disk.
+    from_memory: bool,
 }
 
 impl WalEntry {
-    /// Checks the CRC and decodes the record.
+    /// Checks the CRC (of a frame read from the segment file) and decodes
+    /// the record. A frame from the in-memory tail is not CRC-checked
+    /// again: its bytes never left this process since its CRC was computed
+    /// over them, so the check could not find what it is for (a torn or
+    /// damaged write, a bad sector), and cost a second pass over every
+    /// record; its header is parsed and its sequence checked all the same,
+    /// and its record decoded with every length checked.
     pub fn decode(&self) -> Result<WalRecord, WalError> {
         let corrupt = |reason: String| WalError::Corrupt {
             path: self.segment.path.clone(),
@@ -41,7 +51,7 @@ impl WalEntry {
         };
         let header = FrameHeader::parse(&self.header)
             .map_err(|f| corrupt(format!("frame header became unreadable: {f:?}")))?;
-        if !header.check(&self.header, &self.payload, self.segment.seed) {
+        if !self.from_memory && !header.check(&self.header, &self.payload, self.segment.seed) {
             return Err(corrupt(format!("CRC mismatch reading sequence {}", self.seq)));
         }
         record::decode(self.seq, &self.payload)
@@ -69,11 +79,20 @@ pub struct WalReader {
     /// Bytes of the current segment starting at `buf_at`.
     buf: Bytes,
     buf_at: u64,
+    /// `buf` came from the in-memory tail.
+    buf_from_memory: bool,
 }
 
 impl WalReader {
     pub(crate) fn new(shared: Arc<Shared>, seq: u64) -> WalReader {
-        WalReader { shared, next_seq: seq, pos: None, buf: Bytes::new(), buf_at: 0 }
+        WalReader {
+            shared,
+            next_seq: seq,
+            pos: None,
+            buf: Bytes::new(),
+            buf_at: 0,
+            buf_from_memory: false,
+        }
     }
 
     /// The sequence number the next call to [`WalReader::next_entry`] returns.
@@ -131,6 +150,8 @@ impl WalReader {
                 payload: frame.slice(FRAME_HEADER_BYTES as usize..),
                 segment: segment.clone(),
                 offset,
+                // `frame` is a slice of the buffer just read or found.
+                from_memory: self.buf_from_memory,
             };
             self.next_seq += 1;
             self.pos = Some((segment, offset + header.frame_len()));
@@ -188,6 +209,7 @@ impl WalReader {
             let s = (offset - at) as usize;
             self.buf = chunk;
             self.buf_at = at;
+            self.buf_from_memory = true;
             return Ok(self.buf.slice(s..s + len as usize));
         }
         let want = (len.max(READ_CHUNK_BYTES as u64)).min(durable - offset) as usize;
@@ -204,6 +226,7 @@ impl WalReader {
         counters.read_disk_bytes.fetch_add(want as u64, Ordering::Relaxed);
         self.buf = Bytes::from(buf);
         self.buf_at = offset;
+        self.buf_from_memory = false;
         Ok(self.buf.slice(0..len as usize))
     }
 }

@@ -24,8 +24,9 @@
 //!   checkpoint are dropped when it is stored.
 //! * The bound counts each entry's buffer (a staging buffer handed over
 //!   after its flush), not only its bytes.
-//! * A miss is never an error: the reader reads the file, and checks every
-//!   frame's CRC whichever way it came.
+//! * A miss is never an error: the reader reads the file. It checks the
+//!   CRC of every frame it reads from the file; a frame found here is the
+//!   buffer its CRC was computed over, and is not checked again.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

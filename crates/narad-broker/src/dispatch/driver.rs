@@ -158,10 +158,11 @@ impl Driver {
         self.core.finish(id, &dest, items, outcome, now);
     }
 
-    fn item(&mut self, seq: u64, record: WalRecord) -> (Item, Target) {
+    /// The item of `record`, where it goes, and its interned topic.
+    fn item(&mut self, seq: u64, record: WalRecord) -> (Item, Target, Arc<str>) {
         let topic = self.intern(record.topic());
         let target = self.resolver.resolve(&record, &topic);
-        (Item { seq, record }, target)
+        (Item { seq, record }, target, topic)
     }
 
     fn log_placement(&mut self, placed: &Placed, item_seq: u64, topic: &str, partition: u32) {
@@ -224,8 +225,8 @@ impl Driver {
                     return false;
                 }
             };
-            let (seq, topic, partition) = (record.seq, record.topic().to_owned(), record.partition);
-            let (item, target) = self.item(seq, record);
+            let (seq, partition) = (record.seq, record.partition);
+            let (item, target, topic) = self.item(seq, record);
             let placed = self.core.place_new(item, target, &*self.resolver, now);
             self.log_placement(&placed, seq, &topic, partition);
         }
@@ -256,8 +257,8 @@ impl Driver {
                     return false;
                 }
             };
-            let (topic, partition) = (record.topic().to_owned(), record.partition);
-            let (item, target) = self.item(seq, record);
+            let partition = record.partition;
+            let (item, target, topic) = self.item(seq, record);
             let placed = self.core.place_skipped(item, target, &*self.resolver, now);
             self.log_placement(&placed, seq, &topic, partition);
         }
