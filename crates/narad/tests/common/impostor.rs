@@ -101,13 +101,18 @@ impl rustls::client::danger::ServerCertVerifier for AnyCert {
 
 /// A client config offering `alpn`, verifying nothing.
 pub fn client_config(alpn: &[u8]) -> quinn::ClientConfig {
+    client_config_offering(&[alpn])
+}
+
+/// A client config offering every one of `alpns`, verifying nothing.
+pub fn client_config_offering(alpns: &[&[u8]]) -> quinn::ClientConfig {
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .unwrap()
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AnyCert))
         .with_no_client_auth();
-    cfg.alpn_protocols = vec![alpn.to_vec()];
+    cfg.alpn_protocols = alpns.iter().map(|a| a.to_vec()).collect();
     quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(cfg).unwrap()))
 }
 
