@@ -94,9 +94,12 @@ fn readers_race_retention(fs: FsRef, dir: std::path::PathBuf) {
             std::thread::spawn(move || {
                 let mut rng = narad_fs::SimRng::new(t);
                 let (mut ok, mut gone) = (0u64, 0u64);
-                // Keep going until told to stop, and at least 200 reads (a
-                // starved reader still checks the final state).
-                while !stop.load(Ordering::Acquire) || ok + gone < 200 {
+                // Keep going until told to stop, and at least 200 reads with
+                // both outcomes seen (a reader starved while retention ran
+                // still checks the final state, which has both), within a cap.
+                while !stop.load(Ordering::Acquire)
+                    || ((ok + gone < 200 || ok == 0 || gone == 0) && ok + gone < 100_000)
+                {
                     let oldest = log.oldest_offset();
                     let hwm = log.high_watermark();
                     let from =

@@ -104,7 +104,11 @@ mod tests {
         assert_eq!(security_mode(&dev_cluster), "dev (no auth)");
         let secret = config(
             false,
-            &[peers, ("NARAD_NODE_ID", "n1"), ("NARAD_CLUSTER_SECRET", "0123456789abcdef0123456789abcdef")],
+            &[
+                peers,
+                ("NARAD_NODE_ID", "n1"),
+                ("NARAD_CLUSTER_SECRET", "0123456789abcdef0123456789abcdef"),
+            ],
         );
         assert_eq!(security_mode(&secret), "secured (cluster secret)");
     }
