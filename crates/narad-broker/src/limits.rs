@@ -15,7 +15,9 @@ pub const DISPATCH_TARGET_PER_DEST: usize = 64;
 pub const DISPATCH_WINDOW_MIN: usize = 4_096;
 /// The window's hard cap.
 pub const DISPATCH_WINDOW_MAX: usize = 65_536;
-/// The reader never reads more than this many windows past the checkpoint.
+/// The dispatcher's dense strip of marks covers at most this many windows;
+/// a record not yet committed that falls out of its front is tracked
+/// sparsely (it pins the checkpoint, never the reader).
 pub const DISPATCH_LOOKAHEAD_WINDOWS: usize = 16;
 /// Commits in flight at once (hung commits aside).
 pub const DISPATCH_COMMIT_SLOTS: usize = 16;
@@ -23,8 +25,16 @@ pub const DISPATCH_COMMIT_SLOTS: usize = 16;
 pub const DISPATCH_HUNG_AFTER: Duration = Duration::from_secs(1);
 /// The longest a small batch lingers.
 pub const DISPATCH_LINGER_MAX: Duration = Duration::from_millis(50);
-/// A failing destination's probe is retried this often.
+/// A failing destination's owner is pinged this often.
 pub const DISPATCH_FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+/// A failing destination no record waits for is forgotten after this long
+/// (its owner is no longer pinged).
+pub const DISPATCH_FAILING_FORGET_AFTER: Duration = Duration::from_secs(60);
+/// A refused commit's destination takes nothing for this long, doubling
+/// with each refusal in a row ...
+pub const DISPATCH_REFUSAL_BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// ... up to this; a commit resets it.
+pub const DISPATCH_REFUSAL_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Records of a destination failing this long go to a sibling.
 pub const DISPATCH_REROUTE_GRACE: Duration = Duration::from_secs(3);
 /// Skipped records are read again at least this often.
@@ -35,7 +45,8 @@ pub const DISPATCH_UNRESOLVED_RETRY: Duration = Duration::from_millis(10);
 pub const DISPATCH_IDLE_BACKSTOP: Duration = Duration::from_millis(10);
 /// Budget of a full commit.
 pub const DISPATCH_COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
-/// Budget of a probe commit.
+/// Budget of a ping of a failing destination's owner, and of a trial
+/// commit.
 pub const DISPATCH_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Encoded bytes per commit to a remote owner (half the 16 MiB frame).
 pub const DISPATCH_REMOTE_BATCH_BYTES: usize = 8 << 20;

@@ -32,6 +32,17 @@ pub struct TopicLabels {
     pub topic: String,
 }
 
+/// `{topic, partition, state}`: a failing destination's probe state.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeStateLabels {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: String,
+    /// `waiting`, `pinging` or `trial`.
+    pub state: &'static str,
+}
+
 /// `{topic, reason}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectionLabels {
@@ -177,6 +188,26 @@ pub struct BrokerMetrics {
     pub dispatch_discarded: Counter,
     /// Dispatcher commits that failed.
     pub dispatch_commit_failures: Counter,
+    /// Dispatcher commits an owner refused (another incarnation, not the
+    /// owner): resolved again after a back-off.
+    pub dispatch_commit_refusals: Counter,
+    /// Records accepted here (read from the ingress WAL) and not yet
+    /// committed anywhere: queued, in flight, or left in the WAL for a
+    /// destination that cannot take them now.
+    pub ingress_dispatch_uncommitted_records: Gauge,
+    /// Keyed records committed to a sibling partition because theirs could
+    /// not take them (their key's partition is not kept), by topic.
+    pub dispatch_keyed_rerouted: Family<TopicLabels, Counter>,
+    /// Records of one destination left in the WAL (only destinations with
+    /// some are listed).
+    pub dispatch_destination_skipped_records: Family<PartitionLabels, Gauge>,
+    /// Seconds a failing destination has been failing (only failing
+    /// destinations are listed).
+    pub dispatch_destination_failing_seconds: Family<PartitionLabels, Gauge>,
+    /// 1 for the probe state a failing destination is in (`waiting`: for
+    /// its next ping; `pinging`: its owner's ping is out; `trial`: the ping
+    /// came back and the next commit decides).
+    pub dispatch_destination_probe_state: Family<ProbeStateLabels, Gauge>,
     /// Bytes free on the data directory's file system.
     pub data_dir_available_bytes: Gauge,
     /// Bytes of the files under the data directory.
@@ -360,6 +391,36 @@ impl BrokerMetrics {
             "dispatch_commit_failures",
             "Dispatcher commits that failed",
             dispatch_commit_failures
+        );
+        reg!(
+            "dispatch_commit_refusals",
+            "Dispatcher commits an owner refused (another incarnation, not the owner)",
+            dispatch_commit_refusals
+        );
+        reg!(
+            "ingress_dispatch_uncommitted_records",
+            "Records accepted here and not yet committed anywhere",
+            ingress_dispatch_uncommitted_records
+        );
+        reg!(
+            "dispatch_keyed_rerouted",
+            "Keyed records committed to a sibling partition, by topic",
+            dispatch_keyed_rerouted
+        );
+        reg!(
+            "dispatch_destination_skipped_records",
+            "Records of a destination left in the ingress WAL until it can take them",
+            dispatch_destination_skipped_records
+        );
+        reg!(
+            "dispatch_destination_failing_seconds",
+            "Seconds a failing destination has been failing",
+            dispatch_destination_failing_seconds
+        );
+        reg!(
+            "dispatch_destination_probe_state",
+            "1 for the probe state of a failing destination (waiting, pinging, trial)",
+            dispatch_destination_probe_state
         );
         reg!(
             "data_dir_size_bytes",

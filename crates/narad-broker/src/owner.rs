@@ -93,7 +93,19 @@ pub trait Owner: Send + Sync + Debug {
     /// dispatcher's own cap for every commit
     /// ([`crate::limits::DISPATCH_COMMIT_MAX_BYTES`]); `None`: that cap.
     fn max_batch_bytes(&self, owner: OwnerId) -> Option<usize>;
+
+    /// Whether `owner` answers at all: a failing destination's owner is
+    /// pinged instead of being sent records. `Err` names why not. The
+    /// default answers at once (an owner in this process); an owner across
+    /// the network must override it.
+    fn ping(&self, owner: OwnerId) -> PingFuture {
+        let _ = owner;
+        Box::pin(async { Ok(()) })
+    }
 }
+
+/// A boxed ping future.
+pub type PingFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 /// Commits into this node's partition logs.
 #[derive(Debug)]
@@ -214,5 +226,9 @@ impl Owner for RoutedOwner {
 
     fn max_batch_bytes(&self, owner: OwnerId) -> Option<usize> {
         if owner == LOCAL_OWNER { None } else { self.remote.max_batch_bytes(owner) }
+    }
+
+    fn ping(&self, owner: OwnerId) -> PingFuture {
+        if owner == LOCAL_OWNER { self.local.ping(owner) } else { self.remote.ping(owner) }
     }
 }

@@ -274,6 +274,10 @@ impl Node {
             &self.resolver,
             now,
         );
+        // The only owner is this node: its pings answer at once.
+        for owner in self.core.take_pings(now) {
+            self.core.finish_ping(owner, true, now);
+        }
         for o in self.core.take_orders(now, &|_| None) {
             let batch = CommitBatch::of(&o.dest, &o.items);
             let outcome = match self.owner.commit_blocking(batch) {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use narad_broker::dispatch::core::OwnerId;
 use narad_broker::dispatch::resolve::OwnerIds;
-use narad_broker::owner::{CommitBatch, CommitError, CommitFuture, Owner};
+use narad_broker::owner::{CommitBatch, CommitError, CommitFuture, Owner, PingFuture};
 use narad_clock::ClockRef;
 use narad_cluster::Transport;
 use narad_cluster::rpc::{self, Reply, Request};
@@ -191,6 +191,21 @@ impl RemoteOwner {
         self.metrics.commits.get_or_create(&labels).inc();
     }
 
+    /// Pings `owner` over its connection (dialled if need be), within the
+    /// transport's liveness bound.
+    async fn ping_on(self: Arc<Self>, owner: OwnerId) -> Result<(), String> {
+        let member =
+            self.ids.name(owner).ok_or_else(|| format!("owner {owner} has no member id"))?;
+        let addr = crate::cluster_node::member_addr(&self.meta, &member)?;
+        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+        match tokio::time::timeout(narad_cluster::limits::LIVENESS_PROBE_TIMEOUT, peer.ping()).await
+        {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("{member}: {e}")),
+            Err(_) => Err(format!("{member}: no pong within the liveness bound")),
+        }
+    }
+
     async fn commit_on(
         self: Arc<Self>,
         owner: OwnerId,
@@ -337,6 +352,10 @@ impl Owner for RemoteOwnerRef {
 
     fn max_batch_bytes(&self, _owner: OwnerId) -> Option<usize> {
         Some(REMOTE_COMMIT_MAX_BYTES)
+    }
+
+    fn ping(&self, owner: OwnerId) -> PingFuture {
+        Box::pin(self.0.clone().ping_on(owner))
     }
 }
 

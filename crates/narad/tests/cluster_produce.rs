@@ -280,9 +280,8 @@ fn an_owner_killed_under_produce_load_costs_no_acked_record_and_its_records_rero
     let mut delivered: BTreeMap<u64, u32> = BTreeMap::new();
     // Records pinned to one of the victim's partitions after the kill,
     // numbered from here: the first to be delivered marks when its share
-    // reaches a sibling. (Several: the first record of a failed commit
-    // stays behind as the probe of the original partition until its owner
-    // is back; only the others reroute.)
+    // reaches a sibling (every one of them does, the first record of a
+    // failed commit included: a failing destination holds no record).
     let markers = 1u64 << 40..(1u64 << 40) + 20;
     let mut reroute = None;
     /// Stops the producers however the scope ends (a failed assertion
@@ -611,8 +610,22 @@ fn a_backlog_of_a_deleted_incarnation_never_enters_the_recreated_topic() {
         },
     );
     c.cont(owner);
-    // The rest (the probe kept for the paused owner) settles too: the
-    // accepting node's backlog drains.
+    // The resumed owner's replica catches up with the delete and the
+    // create before anything is produced through it: a node that has not
+    // applied them yet stamps its records with the old incarnation, and
+    // they go with it (faster since a failing destination holds no probe:
+    // everything else here settles within a second of the resume).
+    let leader_commit = c.status(leader).and_then(|s| s["commit_index"].as_u64()).unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "the resumed owner's replica caught up",
+        || {
+            let applied = c.status(owner)?["applied_index"].as_u64()?;
+            (applied >= leader_commit).then_some(())
+        },
+        || c.describe(),
+    );
+    // The rest settles too: the accepting node's backlog drains.
     wait_for(
         Duration::from_secs(20),
         "the accepting node's dispatch backlog drained",

@@ -149,8 +149,21 @@ fn a_full_batch_does_not_linger() {
     assert_eq!(c.take_orders(11 * MS, &unbounded).len(), 1);
 }
 
+/// Re-places every record a rescan hands out, each resolved to its own
+/// partition (`alive` says whether that partition's owner is alive).
+fn rescan_all(c: &mut Core, now: Duration, topo: &dyn Topology, alive: bool) -> Vec<Placed> {
+    let seqs = c.begin_rescan(now, topo);
+    seqs.into_iter()
+        .map(|seq| {
+            let r = wal_record(seq, 2);
+            let t = Target::Commit { dest: dest(2), owner: 2, alive, partitions: 4 };
+            c.place_skipped(Item { seq, record: r }, t, topo, now)
+        })
+        .collect()
+}
+
 #[test]
-fn a_failed_commit_keeps_one_probe_and_returns_the_rest_to_the_wal() {
+fn a_failed_commit_holds_nothing_and_its_owner_is_pinged_not_sent_records() {
     let mut c = Core::new(0);
     for _ in 0..4 {
         place(&mut c, 2, Duration::ZERO);
@@ -158,34 +171,68 @@ fn a_failed_commit_keeps_one_probe_and_returns_the_rest_to_the_wal() {
     let o = c.take_orders(Duration::ZERO, &unbounded).pop().unwrap();
     place(&mut c, 2, MS); // queued behind the failing commit
     c.finish(o.id, &o.dest, o.items, Outcome::Failed, 2 * MS);
-    assert_eq!(c.mark(0), Some(Mark::Held), "the probe");
-    for s in 1..5 {
-        assert_eq!(c.mark(s), Some(Mark::Skipped));
+    for s in 0..5 {
+        assert_eq!(c.mark(s), Some(Mark::Skipped), "every record back in the WAL");
     }
-    // New records for a failing destination stay in the WAL.
+    assert_eq!((c.held(), c.held_bytes()), (0, 0));
+    // New records for a failing destination stay in the WAL too.
     assert_eq!(place(&mut c, 2, 3 * MS), Placed::Skipped);
-    // The probe goes out alone, once a second.
-    assert!(c.take_orders(500 * MS, &unbounded).is_empty());
-    let probe = c.take_orders(1002 * MS, &unbounded).pop().unwrap();
-    assert!(probe.probe);
-    assert_eq!(seqs(&probe), vec![0]);
-    c.finish(probe.id, &probe.dest, probe.items, Outcome::Committed, 1003 * MS);
-    assert_eq!(c.checkpoint(), 1);
-    // Recovery triggers a rescan that puts the skipped records back, in order.
-    assert!(c.rescan_due(1003 * MS));
-    let (from, to) = c.begin_rescan(1003 * MS).unwrap();
-    assert_eq!((from, to), (1, 6));
-    for seq in from..to {
-        let placed = c.place_skipped(
-            Item { seq, record: wal_record(seq, 2) },
-            target(2),
-            &AllAlive(4),
-            1003 * MS,
-        );
-        assert_eq!(placed, Placed::Queued);
+    assert!(c.take_orders(1002 * MS, &unbounded).is_empty(), "no record is sent to test it");
+    assert!(c.take_pings(500 * MS).is_empty(), "pinged once a second");
+    assert_eq!(c.take_pings(1002 * MS), vec![2]);
+    assert!(c.take_pings(1003 * MS).is_empty(), "one ping at a time");
+    // The ping comes back: a trial; the rescan puts the records back in order.
+    c.finish_ping(2, true, 1010 * MS);
+    assert!(c.rescan_due(1010 * MS));
+    assert!(rescan_all(&mut c, 1010 * MS, &AllAlive(4), true).iter().all(|p| *p == Placed::Queued));
+    let trial = c.take_orders(1010 * MS, &unbounded).pop().unwrap();
+    assert!(trial.probe, "the trial runs on the probe budget");
+    assert_eq!(seqs(&trial), vec![0], "a trial carries one record");
+    c.finish(trial.id, &trial.dest, trial.items, Outcome::Committed, 1020 * MS);
+    let rest = c.take_orders(1020 * MS, &unbounded).pop().unwrap();
+    assert!(!rest.probe);
+    assert_eq!(seqs(&rest), vec![1, 2, 3, 4, 5]);
+    c.finish(rest.id, &rest.dest, rest.items, Outcome::Committed, 1030 * MS);
+    assert_eq!(c.checkpoint(), 6);
+    assert!(c.troubled().is_empty(), "recovered");
+}
+
+#[test]
+fn a_failed_trial_keeps_the_time_of_the_first_failure_so_the_reroute_grace_is_not_reset() {
+    let mut c = Core::new(0);
+    place(&mut c, 2, Duration::ZERO);
+    let o = c.take_orders(Duration::ZERO, &unbounded).pop().unwrap();
+    c.finish(o.id, &o.dest, o.items, Outcome::Failed, 10 * MS);
+    assert_eq!(c.take_pings(1_010 * MS), vec![2]);
+    c.finish_ping(2, true, 1_020 * MS);
+    rescan_all(&mut c, 1_020 * MS, &AllAlive(4), true);
+    let trial = c.take_orders(1_020 * MS, &unbounded).pop().unwrap();
+    c.finish(trial.id, &trial.dest, trial.items, Outcome::Failed, 2_000 * MS);
+    let t = c.troubled();
+    assert_eq!(t[0].failing, Some((Duration::ZERO, ProbeState::Waiting)));
+    // 3 s after the first failure, its records go to a sibling.
+    assert_eq!(
+        rescan_all(&mut c, 3_000 * MS, &AllAlive(4), true),
+        vec![Placed::Rerouted(3, false)]
+    );
+}
+
+#[test]
+fn one_ping_serves_every_failing_destination_of_an_owner() {
+    let mut c = Core::new(0);
+    for p in 0..3 {
+        let seq = c.read_next();
+        let t = Target::Commit { dest: dest(p), owner: 9, alive: true, partitions: 4 };
+        c.place_new(Item { seq, record: wal_record(seq, p) }, t, &AllAlive(4), Duration::ZERO);
     }
-    let all = c.take_orders(1003 * MS, &unbounded).pop().unwrap();
-    assert_eq!(seqs(&all), vec![1, 2, 3, 4, 5]);
+    for o in c.take_orders(Duration::ZERO, &unbounded) {
+        c.finish(o.id, &o.dest, o.items, Outcome::Failed, MS);
+    }
+    assert_eq!(c.take_pings(2_000 * MS), vec![9]);
+    c.finish_ping(9, false, 2_100 * MS);
+    assert!(c.troubled().iter().all(|t| t.failing.unwrap().1 == ProbeState::Waiting));
+    assert!(c.take_pings(2_500 * MS).is_empty());
+    assert_eq!(c.take_pings(3_100 * MS), vec![9]);
 }
 
 #[test]
@@ -196,11 +243,22 @@ fn after_three_seconds_of_failures_records_go_to_a_healthy_sibling() {
     c.finish(o.id, &o.dest, o.items, Outcome::Failed, 10 * MS);
     assert_eq!(place(&mut c, 1, 2_000 * MS), Placed::Skipped);
     assert_eq!(place(&mut c, 1, 3_001 * MS), Placed::Rerouted(2, false));
-    // The sibling commits; the probe keeps testing the original.
+    // The failed record itself goes there too, at the next rescan.
+    let again = c.begin_rescan(3_001 * MS, &AllAlive(4));
+    assert_eq!(again, vec![0, 1]);
+    for seq in again {
+        let placed = c.place_skipped(
+            Item { seq, record: wal_record(seq, 1) },
+            target(1),
+            &AllAlive(4),
+            3_001 * MS,
+        );
+        assert_eq!(placed, Placed::Rerouted(2, false));
+    }
     let orders = c.take_orders(3_001 * MS, &unbounded);
-    let parts: BTreeSet<u32> = orders.iter().map(|o| o.dest.partition).collect();
-    assert_eq!(parts, BTreeSet::from([1, 2]));
-    assert_eq!(c.stats().rerouted, 1);
+    assert_eq!(orders.len(), 1);
+    assert_eq!((orders[0].dest.partition, seqs(&orders[0])), (2, vec![2, 0, 1]));
+    assert_eq!(c.stats().rerouted, 3);
 }
 
 #[test]
@@ -211,6 +269,111 @@ fn a_dead_owner_reroutes_at_once() {
     let placed =
         c.place_new(Item { seq, record: wal_record(seq, 3) }, t, &AllAlive(4), Duration::ZERO);
     assert_eq!(placed, Placed::Rerouted(0, true));
+}
+
+#[test]
+fn once_the_owner_is_dead_every_record_left_for_it_is_rerouted_at_the_next_rescan() {
+    let mut c = Core::new(0);
+    for _ in 0..10 {
+        place(&mut c, 2, Duration::ZERO);
+    }
+    let o = c.take_orders(Duration::ZERO, &unbounded).pop().unwrap();
+    c.finish(o.id, &o.dest, o.items, Outcome::Failed, 10 * MS);
+    // Within the grace, alive by membership: they wait.
+    assert!(rescan_all(&mut c, 1_000 * MS, &AllAlive(4), true).is_empty());
+    // Membership marks the owner dead (the next record resolves so).
+    let seq = c.read_next();
+    let dead = Target::Commit { dest: dest(2), owner: 2, alive: false, partitions: 4 };
+    let placed =
+        c.place_new(Item { seq, record: wal_record(seq, 2) }, dead, &AllAlive(4), 1_500 * MS);
+    assert_eq!(placed, Placed::Rerouted(3, true));
+    let placed = rescan_all(&mut c, 1_500 * MS, &AllAlive(4), false);
+    assert_eq!(placed.len(), 10);
+    assert!(placed.iter().all(|p| *p == Placed::Rerouted(3, true)));
+    let o = c.take_orders(1_500 * MS, &unbounded).pop().unwrap();
+    assert_eq!(o.items.len(), 11);
+    c.finish(o.id, &o.dest, o.items, Outcome::Committed, 1_510 * MS);
+    assert_eq!(c.checkpoint(), 11, "nothing waits for the dead owner");
+}
+
+#[test]
+fn a_destination_that_cannot_commit_pins_the_checkpoint_but_never_the_reader() {
+    // One topic's only partition fails for good (no sibling to reroute
+    // to); another topic keeps committing: far more records than the old
+    // 16-window horizon go past the stuck one.
+    let mut c = Core::new(0);
+    let stuck = Dest { topic: "stuck".into(), partition: 0 };
+    let seq = c.read_next();
+    let t = Target::Commit { dest: stuck.clone(), owner: 7, alive: true, partitions: 1 };
+    c.place_new(Item { seq, record: wal_record(seq, 0) }, t.clone(), &AllAlive(4), Duration::ZERO);
+    let o = c.take_orders(Duration::ZERO, &unbounded).pop().unwrap();
+    c.finish(o.id, &o.dest, o.items, Outcome::Failed, MS);
+    let mut now = 2 * MS;
+    let mut committed = 0u64;
+    let total = 3 * DISPATCH_LOOKAHEAD_WINDOWS * DISPATCH_WINDOW_MIN;
+    while committed < total as u64 {
+        assert!(c.wants_read(), "the reader stopped after {committed} records");
+        let seq = c.read_next();
+        if seq.is_multiple_of(1_000) {
+            c.place_new(Item { seq, record: wal_record(seq, 0) }, t.clone(), &AllAlive(4), now);
+        } else {
+            place(&mut c, 0, now);
+        }
+        if c.held() >= 64 {
+            for o in c.take_orders(now, &unbounded) {
+                committed += o.items.len() as u64;
+                c.finish(o.id, &o.dest, o.items, Outcome::Committed, now);
+            }
+        }
+        if c.rescan_due(now) {
+            assert!(c.begin_rescan(now, &AllAlive(4)).is_empty(), "nothing to read for it");
+        }
+        now += Duration::from_micros(50);
+    }
+    assert_eq!(c.checkpoint(), 0, "the stuck record pins the checkpoint");
+    assert!(c.skipped() as u64 > total as u64 / 1_000, "its records wait in the WAL");
+    assert!(c.parked() > 0, "and fell out of the dense strip");
+    assert_eq!(c.uncommitted(), c.skipped() + c.held());
+    let t = c.troubled();
+    assert_eq!((t.len(), t[0].skipped), (1, c.skipped()));
+}
+
+#[test]
+fn refusals_back_off_from_ten_milliseconds_doubling_to_a_second_and_a_commit_resets_it() {
+    let mut c = Core::new(0);
+    place(&mut c, 0, Duration::ZERO);
+    let mut now = Duration::ZERO;
+    let mut waits = Vec::new();
+    for _ in 0..9 {
+        let o = c.take_orders(now, &unbounded).pop().expect("an order");
+        c.finish(o.id, &o.dest, o.items, Outcome::Refused, now);
+        let refused_at = now;
+        // The destination takes nothing until the back-off ends.
+        assert_eq!(place(&mut c, 0, now), Placed::Skipped);
+        loop {
+            now += MS;
+            let seqs = if c.rescan_due(now) { c.begin_rescan(now, &AllAlive(4)) } else { vec![] };
+            if seqs.is_empty() {
+                continue;
+            }
+            waits.push((now - refused_at).as_millis());
+            for seq in seqs {
+                let item = Item { seq, record: wal_record(seq, 0) };
+                c.place_skipped(item, target(0), &AllAlive(4), now);
+            }
+            break;
+        }
+    }
+    assert_eq!(waits, vec![10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+    let o = c.take_orders(now, &unbounded).pop().unwrap();
+    c.finish(o.id, &o.dest, o.items, Outcome::Committed, now);
+    place(&mut c, 0, now);
+    let o = c.take_orders(now, &unbounded).pop().unwrap();
+    c.finish(o.id, &o.dest, o.items, Outcome::Refused, now);
+    assert!(c.troubled()[0].skipped > 0);
+    assert!(c.begin_rescan(now + 9 * MS, &AllAlive(4)).is_empty());
+    assert!(!c.begin_rescan(now + 10 * MS, &AllAlive(4)).is_empty(), "reset to 10 ms");
+    assert_eq!(c.stats().failed_commits, 0, "a refusal is not a failure");
 }
 
 #[test]
@@ -237,12 +400,17 @@ fn a_refused_commit_sends_its_records_back_without_marking_failure() {
     place(&mut c, 0, MS);
     c.finish(o.id, &o.dest, o.items, Outcome::Refused, 2 * MS);
     assert_eq!((c.mark(0), c.mark(1)), (Some(Mark::Skipped), Some(Mark::Skipped)));
-    assert!(c.rescan_due(2 * MS));
+    assert!(!c.rescan_due(5 * MS), "after a back-off");
+    assert!(c.rescan_due(12 * MS));
     // Resolved again: the topic incarnation is gone for good.
-    let (from, to) = c.begin_rescan(2 * MS).unwrap();
-    for seq in from..to {
+    let seqs = c.begin_rescan(12 * MS, &AllAlive(4));
+    assert_eq!(seqs, vec![0, 1]);
+    for seq in seqs {
         let item = Item { seq, record: wal_record(seq, 0) };
-        assert_eq!(c.place_skipped(item, Target::Discard, &AllAlive(4), 2 * MS), Placed::Discarded);
+        assert_eq!(
+            c.place_skipped(item, Target::Discard, &AllAlive(4), 12 * MS),
+            Placed::Discarded
+        );
     }
     assert_eq!(c.checkpoint(), 2);
     assert_eq!(c.stats().failed_commits, 0);
@@ -272,17 +440,30 @@ fn the_remote_byte_budget_splits_a_batch_but_always_sends_one_record() {
 }
 
 #[test]
-fn the_reader_stops_at_the_window() {
+fn the_reader_stops_at_the_window_of_held_records() {
     let mut c = Core::new(0);
-    let mut n = 0;
+    let mut n = 0u32;
     while c.wants_read() {
-        place(&mut c, 0, Duration::ZERO);
+        let p = n % 8;
+        let seq = c.read_next();
+        let t = Target::Commit { dest: dest(p), owner: u64::from(p), alive: true, partitions: 8 };
+        c.place_new(Item { seq, record: wal_record(seq, p) }, t, &AllAlive(8), Duration::ZERO);
         n += 1;
         assert!(n < 100_000);
     }
+    assert_eq!(c.held(), 4 * DISPATCH_WINDOW_MIN);
+}
+
+#[test]
+fn one_full_destination_leaves_its_records_in_the_wal_and_the_reader_reads_on() {
+    let mut c = Core::new(0);
+    for _ in 0..100_000 {
+        assert!(c.wants_read());
+        place(&mut c, 0, Duration::ZERO);
+    }
     // One destination may hold at most its cap; the rest waits in the WAL.
     assert_eq!(c.held(), DISPATCH_WINDOW_MIN);
-    assert!(c.skipped() > 0);
+    assert_eq!(c.skipped(), 100_000 - DISPATCH_WINDOW_MIN);
 }
 
 /// A record whose payload is `payload` (shared, not copied: a test can
@@ -310,12 +491,10 @@ fn no_commit_exceeds_the_dispatch_byte_budget_even_for_an_unbounded_owner() {
             let item = Item { seq, record: big_record(seq, 0, &mib) };
             c.place_new(item, target(0), &AllAlive(4), now);
         }
-        if let Some((from, to)) = c.rescan_due(now).then(|| c.begin_rescan(now)).flatten() {
-            for seq in from..to {
-                if c.mark(seq) == Some(Mark::Skipped) {
-                    let item = Item { seq, record: big_record(seq, 0, &mib) };
-                    c.place_skipped(item, target(0), &AllAlive(4), now);
-                }
+        if c.rescan_due(now) {
+            for seq in c.begin_rescan(now, &AllAlive(4)) {
+                let item = Item { seq, record: big_record(seq, 0, &mib) };
+                c.place_skipped(item, target(0), &AllAlive(4), now);
             }
         }
         let orders = c.take_orders(now, &unbounded);
@@ -416,20 +595,20 @@ fn run_random(seed: u64) {
             }
         }
         c.tick(now);
-        if c.rescan_due(now)
-            && let Some((from, to)) = c.begin_rescan(now)
-        {
-            for seq in from..to {
-                if c.mark(seq) == Some(Mark::Skipped) {
-                    let r = wal[seq as usize].clone();
-                    let t = target_of(&r);
-                    if let Placed::Rerouted(..) =
-                        c.place_skipped(Item { seq, record: r }, t, &topo, now)
-                    {
-                        ever_rerouted.insert(seq);
-                    }
+        if c.rescan_due(now) {
+            for seq in c.begin_rescan(now, &topo) {
+                assert_eq!(c.mark(seq), Some(Mark::Skipped), "seed {seed}");
+                let r = wal[seq as usize].clone();
+                let t = target_of(&r);
+                if let Placed::Rerouted(..) =
+                    c.place_skipped(Item { seq, record: r }, t, &topo, now)
+                {
+                    ever_rerouted.insert(seq);
                 }
             }
+        }
+        for owner in c.take_pings(now) {
+            c.finish_ping(owner, !chaos || rng.chance(1, 2), now);
         }
         for o in c.take_orders(now, &unbounded) {
             let roll = rng.below(100);

@@ -1,6 +1,10 @@
 //! The dispatcher's driver: reads the WAL, asks the resolver where each
-//! record goes, runs the commits the [`Core`] orders through the [`Owner`],
-//! and stores the checkpoint. One task per node.
+//! record goes, runs the commits and pings the [`Core`] orders through the
+//! [`Owner`], and stores the checkpoint. One task per node.
+//!
+//! Logs of commit outcomes that can repeat for every commit (a failing or
+//! refusing owner) are rate-limited: at most one WARN per kind a second,
+//! naming how many happened since the last one.
 
 use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
@@ -10,14 +14,14 @@ use narad_clock::ClockRef;
 use narad_wal::{Wal, WalReader, WalRecord};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
-use super::core::{Core, Dest, Item, Mark, Order, Outcome, OwnerId, Placed, Target, Topology};
+use super::core::{Core, Dest, Item, Order, Outcome, OwnerId, Placed, Target, Topology};
 use crate::limits::{
     DISPATCH_COMMIT_TIMEOUT, DISPATCH_FAILURE_BACKOFF, DISPATCH_IDLE_BACKSTOP,
     DISPATCH_PROBE_TIMEOUT,
 };
-use crate::metrics::BrokerMetrics;
+use crate::metrics::{BrokerMetrics, PartitionLabels, ProbeStateLabels, TopicLabels};
 use crate::owner::{CommitBatch, CommitError, Owner};
 
 /// Decides where records go.
@@ -57,8 +61,9 @@ impl Dispatcher {
             interned: HashMap::new(),
             last_stored: 0,
             outstanding: 0,
-            reroutes_unlogged: 0,
-            last_reroute_log: None,
+            reroute_log: LogGate::default(),
+            outcome_logs: Default::default(),
+            last_trouble_report: None,
             reported: Default::default(),
         };
         let task = tokio::spawn(driver.run(wake, stop.clone()));
@@ -73,11 +78,72 @@ impl Dispatcher {
     }
 }
 
-type Done = (u64, Dest, Vec<Item>, Outcome);
+/// How a commit ended, as the driver logs it.
+#[derive(Debug)]
+enum Note {
+    Committed,
+    NotOwner(String),
+    Refused(String),
+    Failed(String),
+    TimedOut,
+}
 
-/// At most one reroute WARN this often; each names how many records were
-/// rerouted since the last one.
-const REROUTE_LOG_INTERVAL: Duration = Duration::from_secs(1);
+impl Note {
+    fn outcome(&self) -> Outcome {
+        match self {
+            Note::Committed => Outcome::Committed,
+            Note::NotOwner(_) | Note::Refused(_) => Outcome::Refused,
+            Note::Failed(_) | Note::TimedOut => Outcome::Failed,
+        }
+    }
+
+    /// Its slot in [`Driver::outcome_logs`].
+    fn kind(&self) -> usize {
+        match self {
+            Note::Committed => 0,
+            Note::NotOwner(_) => 1,
+            Note::Refused(_) => 2,
+            Note::Failed(_) => 3,
+            Note::TimedOut => 4,
+        }
+    }
+}
+
+enum Event {
+    Commit(u64, Dest, Vec<Item>, Note),
+    Ping(OwnerId, Result<(), String>),
+}
+
+/// At most one WARN of a kind this often; each names how many happened
+/// since the last one.
+const LOG_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Per-destination gauges are refreshed at most this often.
+const TROUBLE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A rescan walks forward over at most this many records between two it
+/// wants (cheap: a header each); a longer gap is a seek.
+const RESCAN_WALK_MAX: u64 = 4_096;
+
+/// A rate limit for one kind of log line.
+#[derive(Debug, Default)]
+struct LogGate {
+    last: Option<Duration>,
+    unlogged: u64,
+}
+
+impl LogGate {
+    /// Counts one event; `Some(count since the last line)` when a line may
+    /// be written now.
+    fn hit(&mut self, now: Duration) -> Option<u64> {
+        self.unlogged += 1;
+        if self.last.is_some_and(|t| now.saturating_sub(t) < LOG_INTERVAL) {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
 
 struct Driver {
     core: Core,
@@ -91,10 +157,12 @@ struct Driver {
     interned: HashMap<Box<str>, Arc<str>>,
     last_stored: u64,
     outstanding: usize,
-    /// Reroutes since the last reroute WARN (rate-limited: a client can
-    /// produce to a failing partition as fast as it likes).
-    reroutes_unlogged: u64,
-    last_reroute_log: Option<Duration>,
+    /// Reroute WARNs (a client can produce to a failing partition as fast
+    /// as it likes).
+    reroute_log: LogGate,
+    /// Commit outcome WARNs, by [`Note::kind`].
+    outcome_logs: [LogGate; 5],
+    last_trouble_report: Option<Duration>,
     reported: super::core::CoreStats,
 }
 
@@ -112,7 +180,7 @@ impl Driver {
     }
 
     async fn run(mut self, wake: Arc<Notify>, stop: Arc<Notify>) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Done>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
         let mut stopping = false;
         loop {
             let now = self.clock.mono();
@@ -124,9 +192,10 @@ impl Driver {
                     backoff |= !self.rescan(now);
                 }
                 self.launch(now, &tx);
+                self.ping(now, &tx);
             }
             self.store_checkpoint();
-            self.report();
+            self.report(now);
             if stopping && self.outstanding == 0 {
                 return;
             }
@@ -140,10 +209,10 @@ impl Driver {
             };
             tokio::select! {
                 _ = wake.notified(), if !stopping && !backoff => {}
-                Some(done) = rx.recv() => {
-                    self.finish(done);
+                Some(event) = rx.recv() => {
+                    self.handle(event);
                     while let Ok(more) = rx.try_recv() {
-                        self.finish(more);
+                        self.handle(more);
                     }
                 }
                 _ = tokio::time::sleep(deadline) => {}
@@ -152,10 +221,46 @@ impl Driver {
         }
     }
 
-    fn finish(&mut self, (id, dest, items, outcome): Done) {
-        self.outstanding -= 1;
+    fn handle(&mut self, event: Event) {
         let now = self.clock.mono();
-        self.core.finish(id, &dest, items, outcome, now);
+        match event {
+            Event::Commit(id, dest, items, note) => {
+                self.outstanding -= 1;
+                self.log_outcome(&dest, items.len(), &note, now);
+                self.core.finish(id, &dest, items, note.outcome(), now);
+            }
+            Event::Ping(owner, answer) => {
+                if let Err(why) = &answer {
+                    tracing::debug!(owner, error = %why, "failing owner did not answer a ping");
+                }
+                self.core.finish_ping(owner, answer.is_ok(), now);
+            }
+        }
+    }
+
+    /// One rate-limited line for a commit that did not land.
+    fn log_outcome(&mut self, dest: &Dest, records: usize, note: &Note, now: Duration) {
+        if matches!(note, Note::Committed) {
+            return;
+        }
+        let Some(commits) = self.outcome_logs[note.kind()].hit(now) else { return };
+        let (topic, partition) = (&*dest.topic, dest.partition);
+        match note {
+            Note::Committed => {}
+            Note::NotOwner(why) => info!(topic, partition, records, commits, reason = %why,
+                "partition owner's replica names another owner; resolving produce records again"),
+            Note::Refused(why) => info!(topic, partition, records, commits, reason = %why,
+                "owner refused produce records; resolving them again after a back-off"),
+            Note::Failed(why) => warn!(topic, partition, records, commits, error = %why,
+                "produce commit failed; its records stay in the WAL, the owner is pinged"),
+            Note::TimedOut => warn!(
+                topic,
+                partition,
+                records,
+                commits,
+                "produce commit timed out; its records stay in the WAL, the owner is pinged"
+            ),
+        }
     }
 
     /// The item of `record`, where it goes, and its interned topic.
@@ -165,13 +270,21 @@ impl Driver {
         (Item { seq, record }, target, topic)
     }
 
-    fn log_placement(&mut self, placed: &Placed, item_seq: u64, topic: &str, partition: u32) {
+    fn log_placement(
+        &mut self,
+        placed: &Placed,
+        seq: u64,
+        topic: &str,
+        partition: u32,
+        keyed: bool,
+    ) {
         if let Placed::Rerouted(to, dead) = *placed {
-            self.reroutes_unlogged += 1;
+            if keyed {
+                let l = TopicLabels { topic: topic.to_owned() };
+                self.metrics.dispatch_keyed_rerouted.get_or_create(&l).inc();
+            }
             let now = self.clock.mono();
-            if self.last_reroute_log.is_none_or(|t| now.saturating_sub(t) >= REROUTE_LOG_INTERVAL) {
-                self.last_reroute_log = Some(now);
-                let records = std::mem::take(&mut self.reroutes_unlogged);
+            if let Some(records) = self.reroute_log.hit(now) {
                 if dead {
                     warn!(
                         topic,
@@ -192,12 +305,7 @@ impl Driver {
             }
         }
         if *placed == Placed::Discarded {
-            warn!(
-                topic,
-                partition,
-                seq = item_seq,
-                "discarding undispatched record for deleted topic"
-            );
+            warn!(topic, partition, seq, "discarding undispatched record for deleted topic");
         }
     }
 
@@ -225,47 +333,58 @@ impl Driver {
                     return false;
                 }
             };
-            let (seq, partition) = (record.seq, record.partition);
+            let (seq, partition, keyed) = (record.seq, record.partition, record.key.is_some());
             let (item, target, topic) = self.item(seq, record);
             let placed = self.core.place_new(item, target, &*self.resolver, now);
-            self.log_placement(&placed, seq, &topic, partition);
+            self.log_placement(&placed, seq, &topic, partition, keyed);
         }
         true
     }
 
-    /// Reads skipped records again, in WAL order.
+    /// Reads again, in WAL order, the skipped records the core hands out;
+    /// `false` on a read error (the rest stay skipped, the caller backs
+    /// off).
     fn rescan(&mut self, now: Duration) -> bool {
-        let Some((from, to)) = self.core.begin_rescan(now) else { return true };
-        self.rescan.seek(from);
-        while self.rescan.position() < to {
-            let seq = self.rescan.position();
-            let entry = match self.rescan.next_entry() {
-                Ok(Some(e)) => e,
-                Ok(None) => break,
-                Err(e) => {
-                    error!(error = %e, "dispatcher rescan cannot read the ingress WAL");
-                    return false;
-                }
-            };
-            if self.core.mark(seq) != Some(Mark::Skipped) {
-                continue; // no work: not decoded
-            }
-            let record = match entry.decode() {
+        let seqs = self.core.begin_rescan(now, &*self.resolver);
+        let mut pending = seqs.into_iter().peekable();
+        while let Some(&seq) = pending.peek() {
+            let record = match self.read_at(seq) {
                 Ok(r) => r,
-                Err(e) => {
-                    error!(error = %e, "dispatcher rescan cannot decode a durable WAL record");
+                Err(why) => {
+                    self.metrics.error("dispatch", "wal_read");
+                    error!(error = %why, seq, "dispatcher rescan cannot read the ingress WAL; retrying in 1 s");
+                    self.rescan.seek(seq);
+                    self.core.unread(pending);
                     return false;
                 }
             };
-            let partition = record.partition;
+            pending.next();
+            let (partition, keyed) = (record.partition, record.key.is_some());
             let (item, target, topic) = self.item(seq, record);
             let placed = self.core.place_skipped(item, target, &*self.resolver, now);
-            self.log_placement(&placed, seq, &topic, partition);
+            self.log_placement(&placed, seq, &topic, partition, keyed);
         }
         true
     }
 
-    fn launch(&mut self, now: Duration, tx: &mpsc::UnboundedSender<Done>) {
+    /// The record at `seq`, through the rescan reader: a short walk forward
+    /// from where it is, else a seek.
+    fn read_at(&mut self, seq: u64) -> Result<WalRecord, String> {
+        let pos = self.rescan.position();
+        if seq < pos || seq - pos > RESCAN_WALK_MAX {
+            self.rescan.seek(seq);
+        }
+        loop {
+            match self.rescan.next_entry() {
+                Ok(Some(e)) if e.seq == seq => return e.decode().map_err(|e| e.to_string()),
+                Ok(Some(_)) => {} // walking over records that need no work
+                Ok(None) => return Err(format!("sequence {seq} is past the durable end")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    fn launch(&mut self, now: Duration, tx: &mpsc::UnboundedSender<Event>) {
         let owner = self.owner.clone();
         let budget = move |o: OwnerId| owner.max_batch_bytes(o);
         for order in self.core.take_orders(now, &budget) {
@@ -277,30 +396,38 @@ impl Driver {
             let tx = tx.clone();
             let metrics = self.metrics.clone();
             tokio::spawn(async move {
-                let outcome = match tokio::time::timeout(budget, fut).await {
-                    Ok(Ok(())) => Outcome::Committed,
-                    Ok(Err(CommitError::NotOwner(why))) => {
-                        warn!(topic = %dest.topic, partition = dest.partition, reason = %why,
-                            "partition owner's replica names another owner; resolving produce records again");
-                        Outcome::Refused
-                    }
-                    Ok(Err(CommitError::Refused(why))) => {
-                        warn!(topic = %dest.topic, partition = dest.partition, reason = %why,
-                            "owner refused produce records accepted for another topic incarnation; checking them again");
-                        Outcome::Refused
-                    }
-                    Ok(Err(CommitError::Failed(why))) => {
-                        metrics.dispatch_commit_failures.inc();
-                        warn!(topic = %dest.topic, partition = dest.partition, error = %why, "produce commit failed");
-                        Outcome::Failed
-                    }
-                    Err(_) => {
-                        metrics.dispatch_commit_failures.inc();
-                        warn!(topic = %dest.topic, partition = dest.partition, "produce commit timed out");
-                        Outcome::Failed
-                    }
+                let note = match tokio::time::timeout(budget, fut).await {
+                    Ok(Ok(())) => Note::Committed,
+                    Ok(Err(CommitError::NotOwner(why))) => Note::NotOwner(why),
+                    Ok(Err(CommitError::Refused(why))) => Note::Refused(why),
+                    Ok(Err(CommitError::Failed(why))) => Note::Failed(why),
+                    Err(_) => Note::TimedOut,
                 };
-                let _ = tx.send((id, dest, items, outcome));
+                match note.outcome() {
+                    Outcome::Failed => {
+                        metrics.dispatch_commit_failures.inc();
+                    }
+                    Outcome::Refused => {
+                        metrics.dispatch_commit_refusals.inc();
+                    }
+                    Outcome::Committed => {}
+                }
+                let _ = tx.send(Event::Commit(id, dest, items, note));
+            });
+        }
+    }
+
+    /// Pings the owners of failing destinations that are due.
+    fn ping(&mut self, now: Duration, tx: &mpsc::UnboundedSender<Event>) {
+        for owner in self.core.take_pings(now) {
+            let fut = self.owner.ping(owner);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let answer = match tokio::time::timeout(DISPATCH_PROBE_TIMEOUT, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err("no answer within the probe budget".into()),
+                };
+                let _ = tx.send(Event::Ping(owner, answer));
             });
         }
     }
@@ -318,11 +445,37 @@ impl Driver {
         }
     }
 
-    fn report(&mut self) {
+    fn report(&mut self, now: Duration) {
         let s = self.core.stats();
         self.metrics.dispatch_rerouted.inc_by(s.rerouted - self.reported.rerouted);
         self.metrics.dispatch_discarded.inc_by(s.discarded - self.reported.discarded);
         self.reported = s;
+        self.metrics.ingress_dispatch_uncommitted_records.set(self.core.uncommitted() as i64);
+        if self.last_trouble_report.is_some_and(|t| now.saturating_sub(t) < TROUBLE_REPORT_INTERVAL)
+        {
+            return;
+        }
+        self.last_trouble_report = Some(now);
+        let m = &self.metrics;
+        m.dispatch_destination_skipped_records.clear();
+        m.dispatch_destination_failing_seconds.clear();
+        m.dispatch_destination_probe_state.clear();
+        for t in self.core.troubled() {
+            let l = PartitionLabels::new(&t.dest.topic, t.dest.partition);
+            if t.skipped > 0 {
+                m.dispatch_destination_skipped_records.get_or_create(&l).set(t.skipped as i64);
+            }
+            if let Some((since, state)) = t.failing {
+                let secs = now.saturating_sub(since).as_secs() as i64;
+                m.dispatch_destination_failing_seconds.get_or_create(&l).set(secs);
+                let sl = ProbeStateLabels {
+                    topic: l.topic.clone(),
+                    partition: l.partition.clone(),
+                    state: state.as_str(),
+                };
+                m.dispatch_destination_probe_state.get_or_create(&sl).set(1);
+            }
+        }
     }
 }
 
