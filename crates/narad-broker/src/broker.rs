@@ -454,8 +454,15 @@ impl Broker {
         &self,
         batch: CommitBatch,
     ) -> Result<narad_log::CommitOutcome, CommitError> {
+        let unavailable =
+            || CommitError::Unavailable(format!("{} is shutting down", self.config.node_id));
+        if self.check_running().is_err() {
+            return Err(unavailable());
+        }
         let owner = self.local_owner.clone();
         match tokio::task::spawn_blocking(move || owner.commit_blocking(batch)).await {
+            // A log closed by the shutdown reads as a deleted topic's.
+            Ok(Err(CommitError::Refused(_))) if self.check_running().is_err() => Err(unavailable()),
             Ok(r) => r,
             Err(e) => Err(CommitError::Failed(format!("commit task failed: {e}"))),
         }

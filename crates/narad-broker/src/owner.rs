@@ -78,6 +78,10 @@ pub enum CommitError {
     /// The commit failed (storage error, unreachable owner, timeout).
     #[error("commit failed: {0}")]
     Failed(String),
+    /// The owner cannot take commits for now (it is shutting down): a
+    /// transient failure, logged quietly; the records stay in the WAL.
+    #[error("owner unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// A boxed commit future.

@@ -283,7 +283,7 @@ impl Node {
             let outcome = match self.owner.commit_blocking(batch) {
                 Ok(_) => Outcome::Committed,
                 Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,
-                Err(CommitError::Failed(_)) => Outcome::Failed,
+                Err(CommitError::Failed(_) | CommitError::Unavailable(_)) => Outcome::Failed,
             };
             self.core.finish(o.id, &o.dest, o.items, outcome, now);
         }

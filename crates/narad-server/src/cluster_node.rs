@@ -240,6 +240,7 @@ impl NodeHandler {
             },
             Err(CommitError::NotOwner(why)) => Reply::error(421, &why),
             Err(CommitError::Failed(why)) => Reply::error(500, &format!("commit failed: {why}")),
+            Err(CommitError::Unavailable(why)) => Reply::error(503, &why),
         }
     }
 

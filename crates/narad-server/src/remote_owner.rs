@@ -50,7 +50,7 @@ pub const LEGACY_OWNER_TTL: Duration = Duration::from_secs(120);
 pub struct PeerOutcome {
     /// The owner's member id.
     pub peer: String,
-    /// `committed`, `incarnation_mismatch`, `not_owner`, `no_topic`,
+    /// `committed`, `incarnation_mismatch`, `not_owner`, `no_topic`, `unavailable`,
     /// `failed`.
     pub outcome: &'static str,
 }
@@ -267,6 +267,10 @@ impl RemoteOwner {
             404 => {
                 self.count(&member, "no_topic");
                 Err(CommitError::Refused(format!("{member} answered 404: {}", body())))
+            }
+            503 => {
+                self.count(&member, "unavailable");
+                Err(CommitError::Unavailable(format!("{member} answered 503: {}", body())))
             }
             status => {
                 self.count(&member, "failed");

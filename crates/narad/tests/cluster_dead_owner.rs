@@ -169,11 +169,15 @@ fn create_fresh(c: &Cluster, leader: usize) {
     // Only the live nodes take the partitions (the dead one is out of the
     // ring once membership marks it; until then some may land on it and
     // their records reroute).
+    // Read with the 10 s client, not the 2 s probe: until membership marks
+    // the dead owner (30-40 s), this GET asks it for its partitions'
+    // figures and waits for that to fail (dial and reply timeouts).
     wait_for(
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         "the new topic's partitions are assigned",
         || {
-            let (_, v) = c.get_json(leader, "/v1/topics/fresh")?;
+            let r = c.request(leader, Method::GET, "/v1/topics/fresh").send().ok()?;
+            let v: Value = serde_json::from_str(&r.text().ok()?).ok()?;
             let stats = v["partition_stats"].as_array()?;
             stats.iter().all(|p| p["owner_node"].is_string()).then_some(())
         },

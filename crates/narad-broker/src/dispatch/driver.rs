@@ -85,6 +85,7 @@ enum Note {
     NotOwner(String),
     Refused(String),
     Failed(String),
+    Unavailable(String),
     TimedOut,
 }
 
@@ -93,7 +94,7 @@ impl Note {
         match self {
             Note::Committed => Outcome::Committed,
             Note::NotOwner(_) | Note::Refused(_) => Outcome::Refused,
-            Note::Failed(_) | Note::TimedOut => Outcome::Failed,
+            Note::Failed(_) | Note::Unavailable(_) | Note::TimedOut => Outcome::Failed,
         }
     }
 
@@ -105,6 +106,7 @@ impl Note {
             Note::Refused(_) => 2,
             Note::Failed(_) => 3,
             Note::TimedOut => 4,
+            Note::Unavailable(_) => 5,
         }
     }
 }
@@ -161,7 +163,7 @@ struct Driver {
     /// as it likes).
     reroute_log: LogGate,
     /// Commit outcome WARNs, by [`Note::kind`].
-    outcome_logs: [LogGate; 5],
+    outcome_logs: [LogGate; 6],
     last_trouble_report: Option<Duration>,
     reported: super::core::CoreStats,
 }
@@ -260,6 +262,8 @@ impl Driver {
                 commits,
                 "produce commit timed out; its records stay in the WAL, the owner is pinged"
             ),
+            Note::Unavailable(why) => info!(topic, partition, records, commits, reason = %why,
+                "partition owner is shutting down; its records stay in the WAL (rerouted after 3 s)"),
         }
     }
 
@@ -401,6 +405,7 @@ impl Driver {
                     Ok(Err(CommitError::NotOwner(why))) => Note::NotOwner(why),
                     Ok(Err(CommitError::Refused(why))) => Note::Refused(why),
                     Ok(Err(CommitError::Failed(why))) => Note::Failed(why),
+                    Ok(Err(CommitError::Unavailable(why))) => Note::Unavailable(why),
                     Err(_) => Note::TimedOut,
                 };
                 match note.outcome() {
