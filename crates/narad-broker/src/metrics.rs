@@ -226,6 +226,9 @@ pub struct BrokerMetrics {
     pub fanout_delay_gate_holds: Family<crate::fanout::FanoutLabels, Counter>,
     /// Fan-out cursors started again after they ended while their link held.
     pub fanout_cursor_restarts: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Commits of a fan-out group (a slab's records for one child
+    /// partition) that did not land; the group is tried again.
+    pub fanout_commit_failures: Family<crate::fanout::FanoutLabels, Counter>,
     /// Records per slab a cursor committed into a child.
     pub fanout_batch_records: BatchRecords,
     /// Payload bytes per slab a cursor committed into a child.
@@ -459,6 +462,11 @@ impl BrokerMetrics {
             fanout_cursor_restarts
         );
         reg!(
+            "fanout_commit_failures",
+            "Fan-out commits into a child partition that did not land (tried again after a back-off)",
+            fanout_commit_failures
+        );
+        reg!(
             "fanout_batch_records",
             "Records per slab committed into a child",
             fanout_batch_records.0
@@ -486,6 +494,7 @@ impl BrokerMetrics {
         self.fanout_child_dropped_messages.remove(&l);
         self.fanout_delay_gate_holds.remove(&l);
         self.fanout_cursor_restarts.remove(&l);
+        self.fanout_commit_failures.remove(&l);
     }
 
     /// Counts an error.

@@ -63,6 +63,7 @@
 pub mod cursor;
 pub mod cursor_file;
 pub mod peers;
+mod slab;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -416,14 +417,13 @@ impl FanoutRunner {
                     .inc();
             }
             let shared = Arc::new(CursorShared::new());
-            let cursor = Cursor {
-                ctx: self.ctx.clone(),
-                key: w.key.clone(),
-                delay_ms: w.delay_ms,
-                since_ms: w.since_ms,
-                shared: shared.clone(),
-                spread: u64::from(w.key.partition),
-            };
+            let cursor = Cursor::new(
+                self.ctx.clone(),
+                w.key.clone(),
+                w.delay_ms,
+                w.since_ms,
+                shared.clone(),
+            );
             let task = tokio::spawn(cursor.run());
             running.insert(w.key, Running { shared, task, restarts, retry_at: None });
         }
