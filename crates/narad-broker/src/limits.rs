@@ -123,6 +123,10 @@ pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 pub const FANOUT_COMMIT_BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// The longest wait between two tries of a failing child partition.
 pub const FANOUT_COMMIT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// After this long of failed commits into a child partition whose owner is
+/// alive, a cursor moves its keyless records to a sibling (the dispatcher's
+/// grace: the same rule for produce and fan-out).
+pub const FANOUT_REROUTE_GRACE: Duration = DISPATCH_REROUTE_GRACE;
 /// A cursor has at most this many child commits in flight (one per child
 /// partition of its slab).
 pub const FANOUT_COMMITS_IN_FLIGHT: usize = 8;

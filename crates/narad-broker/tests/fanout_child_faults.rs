@@ -77,6 +77,7 @@ struct Rig {
     topics: Arc<Topics>,
     local: Arc<LocalOwner>,
     owner: Arc<FaultyOwner>,
+    topology: Arc<FakeTopology>,
     metrics: Arc<BrokerMetrics>,
     runner: Arc<FanoutRunner>,
 }
@@ -120,7 +121,7 @@ async fn rig(seed: u64) -> Rig {
         let links = runner.lock_links().await;
         runner.reconcile_now(&links).await;
     }
-    Rig { meta, topics, local, owner, metrics, runner }
+    Rig { meta, topics, local, owner, topology, metrics, runner }
 }
 
 /// One parent record: its payload (unique) and key.
@@ -214,6 +215,7 @@ impl Rig {
         let l = FanoutLabels { parent: "p".into(), child: CHILD.into() };
         match family {
             "commit_failures" => self.metrics.fanout_commit_failures.get_or_create(&l).get(),
+            "rerouted" => self.metrics.fanout_rerouted.get_or_create(&l).get(),
             other => panic!("no counter {other}"),
         }
     }
@@ -263,16 +265,70 @@ async fn a_failing_child_partition_holds_back_only_its_own_records_and_none_is_s
             );
         }
     }
-    // Let the cursors retry the failing partition for a while.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let copies = rig.child_copies();
-    assert_eq!(
-        duplicated(&copies),
-        (0, Vec::new()),
-        "records committed twice while one partition failed"
+    // Failing past the grace (3 s, as for produce), its keyless records go
+    // to a sibling; its keyed records wait.
+    let keyless = payloads(&sent, |s| s.key.is_none());
+    let copies =
+        rig.wait_for(Duration::from_secs(10), |c| keyless.iter().all(|p| c.contains_key(*p))).await;
+    let missing = keyless.iter().filter(|p| !copies.contains_key(**p)).count();
+    let total: usize = copies.values().map(Vec::len).sum();
+    eprintln!(
+        "failing child partition: {} of {} records in the child, {total} copies",
+        copies.len(),
+        sent.len()
     );
+    assert_eq!(missing, 0, "keyless records still held by the failing partition");
+    assert_eq!(duplicated(&copies), (0, Vec::new()), "records committed twice while one failed");
+    assert!(copies.keys().all(|p| sent.iter().any(|s| &s.payload == p)), "nothing invented");
+    for s in sent.iter().filter(|s| s.home() == Some(BAD)) {
+        assert!(!copies.contains_key(&s.payload), "{} got past the failing partition", s.payload);
+    }
     assert!(rig.link_counter("commit_failures") >= 2, "the failures are counted");
+    assert!(rig.link_counter("rerouted") > 0, "the reroutes are counted");
 
+    rig.owner.failing.lock().unwrap().clear();
+    let copies = rig.wait_for(Duration::from_secs(15), |c| c.len() == sent.len()).await;
+    assert_eq!(copies.len(), sent.len(), "every parent record reached the child");
+    assert_eq!(duplicated(&copies), (0, Vec::new()), "records committed twice");
+    for s in &sent {
+        if let Some(home) = s.home() {
+            assert_eq!(copies[&s.payload], vec![home], "{} left its key's partition", s.payload);
+        }
+    }
+    rig.stop().await;
+}
+
+/// Keyless records aimed at a child partition whose owner membership
+/// marks dead go to a live sibling at once; keyed ones wait for their
+/// partition and arrive once its owner is back; every parent record is in
+/// the child exactly once. Before the fix the dead partition's records, and
+/// those of the partitions after it, never arrived while it was dead, and
+/// the ones before it were committed again every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_records_of_a_dead_child_partition_are_rerouted_and_keyed_ones_wait_for_it() {
+    let rig = rig(22).await;
+    rig.topology.dead.lock().unwrap().insert(BAD);
+    rig.owner.failing.lock().unwrap().insert(BAD);
+    let sent = rig.produce(300).await;
+    let ready = payloads(&sent, |s| s.home() != Some(BAD));
+    let started = Instant::now();
+    let copies =
+        rig.wait_for(Duration::from_secs(10), |c| ready.iter().all(|p| c.contains_key(*p))).await;
+    let missing: Vec<&&str> = ready.iter().filter(|p| !copies.contains_key(**p)).collect();
+    assert!(missing.is_empty(), "records not aimed at the dead partition missing: {missing:?}");
+    eprintln!("dead child partition: the other records arrived in {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "keyless records reroute at once for a dead owner, not after the failing grace"
+    );
+    assert!(copies.values().all(|at| !at.contains(&BAD)), "nothing landed on the dead partition");
+    assert_eq!(duplicated(&copies), (0, Vec::new()), "records committed twice");
+    let keyless = sent.iter().filter(|s| s.key.is_none()).count() as u64;
+    let rerouted = rig.link_counter("rerouted");
+    assert!(rerouted > 0 && rerouted < keyless, "rerouted {rerouted} of {keyless} keyless");
+
+    // The owner comes back: the keyed records that waited arrive.
+    rig.topology.dead.lock().unwrap().clear();
     rig.owner.failing.lock().unwrap().clear();
     let copies = rig.wait_for(Duration::from_secs(15), |c| c.len() == sent.len()).await;
     assert_eq!(copies.len(), sent.len(), "every parent record reached the child");

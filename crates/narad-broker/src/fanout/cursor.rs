@@ -17,7 +17,7 @@
 //!
 //! # Loop
 //! Read a slab (up to the high watermark, and for a delayed child up to
-//! `now − delay`), group it by child partition once ([`super::slab`]), and
+//! `now − delay`), group it by child partition once (`fanout/slab.rs`), and
 //! commit the groups through the [`crate::owner::Owner`], each child
 //! partition on its own: a group that committed is not sent again, one that
 //! failed is tried again after its back-off while the others go on, and the
@@ -43,13 +43,14 @@ use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::cursor_file::{self, CursorState};
-use super::slab::{ChildHealth, PendingSlab};
+use super::slab::{ChildHealth, Owners, PendingSlab};
 use super::{CursorKey, FanoutCtx, FanoutLabels, FanoutPartitionLabels};
 use crate::limits::{
     FANOUT_COMMIT_WARN_EVERY, FANOUT_COMMITS_IN_FLIGHT, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT,
     FANOUT_RETRY_BACKOFF, FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
 };
 use crate::log_gate::LogGate;
+use crate::owner::CommitError;
 use crate::topics::{PartitionRt, TopicRt};
 
 /// `position` before the cursor knows where it starts.
@@ -127,6 +128,8 @@ pub(crate) struct Cursor {
     failed_log: LogGate,
     /// Rate limit of the "no owner yet" WARN.
     unowned_log: LogGate,
+    /// Rate limit of the reroute WARN.
+    reroute_log: LogGate,
 }
 
 /// What a pass over the pending slab came to.
@@ -166,6 +169,7 @@ impl Cursor {
             health: ChildHealth::default(),
             failed_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
             unowned_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
+            reroute_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
         }
     }
 
@@ -389,8 +393,9 @@ impl Cursor {
             (0..partitions).map(|p| self.ctx.topology.owner_of(child.name(), p)).collect();
         let now = self.ctx.clock.mono();
         let plan = slab.plan(&self.health, &owners, now);
+        self.rerouted(&plan.rerouted, &owners, now);
         for p in plan.unowned {
-            let retry_in = self.health.missed(p, now);
+            let retry_in = self.health.missed(p, now, false);
             if let Some(suppressed) = self.unowned_log.hit(now) {
                 warn!(parent = %self.key.parent, child = %self.key.child, partition = p,
                     retry_in_ms = retry_in.as_millis() as u64, suppressed,
@@ -415,7 +420,8 @@ impl Cursor {
                     self.health.committed(p);
                 }
                 Err(e) => {
-                    let retry_in = self.health.missed(p, now);
+                    let failed = matches!(e, CommitError::Failed(_));
+                    let retry_in = self.health.missed(p, now, failed);
                     self.ctx
                         .metrics
                         .fanout_commit_failures
@@ -429,6 +435,11 @@ impl Cursor {
                 }
             }
         }
+        // A partition that failed past the reroute grace in this pass (its
+        // trial) gives its keyless records to a sibling now, not at its
+        // next try.
+        let moves = slab.reroute(&self.health, &owners, now);
+        self.rerouted(&moves, &owners, now);
         match slab.next_due(&self.health, now) {
             None => Pass::Done(slab),
             Some(wait) => {
@@ -438,6 +449,25 @@ impl Cursor {
                 Pass::Wait(wait)
             }
         }
+    }
+
+    /// Counts and logs (rate-limited) keyless records moved from one child
+    /// partition to a sibling.
+    fn rerouted(&mut self, moves: &[(u32, u32, u64)], owners: &Owners, now: Duration) {
+        let total: u64 = moves.iter().map(|m| m.2).sum();
+        if total == 0 {
+            return;
+        }
+        self.ctx.metrics.fanout_rerouted.get_or_create(&self.link_labels()).inc_by(total);
+        let Some(suppressed) = self.reroute_log.hit(now) else { return };
+        let (from, to, records) = moves[0];
+        let why = match owners.get(from as usize).copied().flatten() {
+            None => "has no owner",
+            Some((_, false)) => "owner is dead",
+            Some((_, true)) => "commits keep failing",
+        };
+        warn!(parent = %self.key.parent, child = %self.key.child, from, to, records, suppressed,
+            "fan-out rerouting keyless records to a sibling child partition: its {why}; keyed records wait for it");
     }
 
     /// Stores the cursor (unless the link is gone) and publishes it.

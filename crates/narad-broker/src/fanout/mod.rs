@@ -46,7 +46,10 @@
 //! and its clean-up).
 //!
 //! Each cursor is its own task: a lagging or failing child stalls only its
-//! own cursors.
+//! own cursors. Within a cursor, a child partition whose commits fail
+//! holds back only its own share of the slab (and, while its keyed
+//! records wait, the cursor's next slab); keyless records go around a
+//! child partition without a live owner (`fanout/slab.rs`).
 //!
 //! # A cursor that stops
 //!
