@@ -8,6 +8,7 @@ pub mod dispatch;
 mod error;
 pub mod fanout;
 pub mod limits;
+mod log_gate;
 pub mod metrics;
 pub mod owner;
 pub mod ownership;

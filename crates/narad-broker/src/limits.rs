@@ -115,10 +115,24 @@ pub const FANOUT_SLAB_BYTES: u64 = 4 << 20;
 pub const FANOUT_IDLE_WAIT: Duration = Duration::from_secs(1);
 /// An idle delayed cursor sleeps at most this long at a time.
 pub const FANOUT_DELAY_SLEEP_MAX: Duration = Duration::from_secs(30);
-/// Attempts of a child commit before the slab is retried later.
-pub const FANOUT_COMMIT_TRIES: u32 = 3;
-/// Wait after a failed child commit or a failed cursor store.
+/// Wait after a failed parent read or a failed cursor store.
 pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// A child partition whose commit failed (or that has no owner) is tried
+/// again by that cursor after this long, doubling with each failure in a
+/// row up to [`FANOUT_COMMIT_BACKOFF_MAX`], reset by a commit.
+pub const FANOUT_COMMIT_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a failing child partition.
+pub const FANOUT_COMMIT_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// After this long of failed commits into a child partition whose owner is
+/// alive, a cursor moves its keyless records to a sibling (the dispatcher's
+/// grace: the same rule for produce and fan-out).
+pub const FANOUT_REROUTE_GRACE: Duration = DISPATCH_REROUTE_GRACE;
+/// A cursor has at most this many child commits in flight (one per child
+/// partition of its slab).
+pub const FANOUT_COMMITS_IN_FLIGHT: usize = 8;
+/// At most one "fan-out commit failed" WARN per cursor this often (with
+/// the count of those held back).
+pub const FANOUT_COMMIT_WARN_EVERY: Duration = Duration::from_secs(10);
 /// How often links are reconciled with running cursors.
 pub const FANOUT_RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 /// The wait before restarting a fan-out cursor that ended while its link
@@ -135,7 +149,9 @@ pub const FANOUT_STOP_WAIT: Duration = Duration::from_secs(5);
 pub const FANOUT_SWEEP_EVERY: u64 = 30;
 
 const _: () = {
-    assert!(FANOUT_COMMIT_TRIES >= 1);
+    assert!(FANOUT_COMMIT_BACKOFF_MIN.as_millis() > 0);
+    assert!(FANOUT_COMMIT_BACKOFF_MIN.as_millis() <= FANOUT_COMMIT_BACKOFF_MAX.as_millis());
+    assert!(FANOUT_COMMITS_IN_FLIGHT >= 1);
     assert!(FANOUT_IDLE_WAIT.as_millis() <= FANOUT_DELAY_SLEEP_MAX.as_millis());
     assert!(FANOUT_SWEEP_EVERY >= 1);
     assert!(FANOUT_RESTART_BACKOFF_MIN.as_millis() <= FANOUT_RESTART_BACKOFF_MAX.as_millis());

@@ -226,6 +226,12 @@ pub struct BrokerMetrics {
     pub fanout_delay_gate_holds: Family<crate::fanout::FanoutLabels, Counter>,
     /// Fan-out cursors started again after they ended while their link held.
     pub fanout_cursor_restarts: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Commits of a fan-out group (a slab's records for one child
+    /// partition) that did not land; the group is tried again.
+    pub fanout_commit_failures: Family<crate::fanout::FanoutLabels, Counter>,
+    /// Keyless records a fan-out cursor moved from a child partition that
+    /// has no owner, a dead owner or failing commits to a sibling.
+    pub fanout_rerouted: Family<crate::fanout::FanoutLabels, Counter>,
     /// Records per slab a cursor committed into a child.
     pub fanout_batch_records: BatchRecords,
     /// Payload bytes per slab a cursor committed into a child.
@@ -459,6 +465,16 @@ impl BrokerMetrics {
             fanout_cursor_restarts
         );
         reg!(
+            "fanout_commit_failures",
+            "Fan-out commits into a child partition that did not land (tried again after a back-off)",
+            fanout_commit_failures
+        );
+        reg!(
+            "fanout_rerouted",
+            "Keyless records fan-out moved from a child partition without a live owner (or failing) to a sibling",
+            fanout_rerouted
+        );
+        reg!(
             "fanout_batch_records",
             "Records per slab committed into a child",
             fanout_batch_records.0
@@ -486,6 +502,8 @@ impl BrokerMetrics {
         self.fanout_child_dropped_messages.remove(&l);
         self.fanout_delay_gate_holds.remove(&l);
         self.fanout_cursor_restarts.remove(&l);
+        self.fanout_commit_failures.remove(&l);
+        self.fanout_rerouted.remove(&l);
     }
 
     /// Counts an error.

@@ -17,10 +17,14 @@
 //!
 //! # Loop
 //! Read a slab (up to the high watermark, and for a delayed child up to
-//! `now − delay`), group it by child partition, commit each group through
-//! the [`crate::owner::Owner`] (up to [`FANOUT_COMMIT_TRIES`] times), and
-//! only then move the cursor file past the slab: a crash re-sends, never
-//! skips.
+//! `now − delay`), group it by child partition once (`fanout/slab.rs`), and
+//! commit the groups through the [`crate::owner::Owner`], each child
+//! partition on its own: a group that committed is not sent again, one that
+//! failed is tried again after its back-off while the others go on, and the
+//! parent is not read again until every group has committed. Only then does
+//! the cursor file move past the slab: a crash re-sends, never skips.
+//! Commit failures are counted (`narad_fanout_commit_failures_total`) and
+//! logged at most once per [`FANOUT_COMMIT_WARN_EVERY`] per cursor.
 //!
 //! # Stop
 //! [`StopReason::Shutdown`] keeps the link: a slab already sent is still
@@ -32,19 +36,21 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use narad_log::{LogRecord, PartitionLog, ReadError, ReadRequest};
+use futures_util::StreamExt;
+use narad_log::{PartitionLog, ReadError, ReadRequest};
 use narad_meta::Topic;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
 use super::cursor_file::{self, CursorState};
+use super::slab::{ChildHealth, Owners, PendingSlab};
 use super::{CursorKey, FanoutCtx, FanoutLabels, FanoutPartitionLabels};
 use crate::limits::{
-    FANOUT_COMMIT_TRIES, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT, FANOUT_RETRY_BACKOFF,
-    FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
+    FANOUT_COMMIT_WARN_EVERY, FANOUT_COMMITS_IN_FLIGHT, FANOUT_DELAY_SLEEP_MAX, FANOUT_IDLE_WAIT,
+    FANOUT_RETRY_BACKOFF, FANOUT_SLAB_BYTES, FANOUT_SLAB_RECORDS,
 };
-use crate::owner::{BatchRecord, CommitBatch};
-use crate::partition::keyed_partition;
+use crate::log_gate::LogGate;
+use crate::owner::CommitError;
 use crate::topics::{PartitionRt, TopicRt};
 
 /// `position` before the cursor knows where it starts.
@@ -105,14 +111,33 @@ impl CursorShared {
 }
 
 pub(crate) struct Cursor {
-    pub(crate) ctx: Arc<FanoutCtx>,
-    pub(crate) key: CursorKey,
-    pub(crate) delay_ms: u64,
+    ctx: Arc<FanoutCtx>,
+    key: CursorKey,
+    delay_ms: u64,
     /// When the link was made (Unix ms): the fallback start.
-    pub(crate) since_ms: u64,
-    pub(crate) shared: Arc<CursorShared>,
-    /// Spreads keyless records over the child's partitions.
-    pub(crate) spread: u64,
+    since_ms: u64,
+    shared: Arc<CursorShared>,
+    /// Spreads keyless records over the child's partitions (advanced once
+    /// per keyless record, when a slab is grouped).
+    spread: u64,
+    /// The slab being sent: read and grouped, not all committed yet.
+    pending: Option<PendingSlab>,
+    /// When each child partition may be tried again.
+    health: ChildHealth,
+    /// Rate limit of the "fan-out commit failed" WARN.
+    failed_log: LogGate,
+    /// Rate limit of the "no owner yet" WARN.
+    unowned_log: LogGate,
+    /// Rate limit of the reroute WARN.
+    reroute_log: LogGate,
+}
+
+/// What a pass over the pending slab came to.
+enum Pass {
+    /// Every group has committed.
+    Done(PendingSlab),
+    /// Some have not: the next is due in this long (zero: now).
+    Wait(Duration),
 }
 
 enum Step {
@@ -125,6 +150,29 @@ enum Step {
 }
 
 impl Cursor {
+    /// A cursor for `key`, not started (see [`Cursor::run`]).
+    pub(crate) fn new(
+        ctx: Arc<FanoutCtx>,
+        key: CursorKey,
+        delay_ms: u64,
+        since_ms: u64,
+        shared: Arc<CursorShared>,
+    ) -> Cursor {
+        Cursor {
+            spread: u64::from(key.partition),
+            ctx,
+            key,
+            delay_ms,
+            since_ms,
+            shared,
+            pending: None,
+            health: ChildHealth::default(),
+            failed_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
+            unowned_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
+            reroute_log: LogGate::every(FANOUT_COMMIT_WARN_EVERY),
+        }
+    }
+
     fn stopped(&self) -> bool {
         self.shared.reason() != StopReason::Running
     }
@@ -229,7 +277,61 @@ impl Cursor {
         if rt.is_closed() {
             return Step::Done;
         }
+        self.health.track(&child);
+        if self.pending.as_ref().is_some_and(|slab| !slab.fits(&child)) {
+            // Groups already committed are sent again (duplicates, never
+            // loss): the stored position is still before the slab.
+            info!(parent = %self.key.parent, child = %self.key.child, partition = self.key.partition, from = *next,
+                "fan-out child changed (incarnation or partition count) while a slab was being sent; reading it again");
+            self.pending = None;
+        }
         let now_ms = self.ctx.clock.wall_ms();
+        let hwm = part.log.high_watermark();
+        let metrics = self.ctx.metrics.clone();
+        metrics
+            .fanout_lag_messages
+            .get_or_create(&self.labels())
+            .set(hwm.saturating_sub(*next) as i64);
+        let slab = match self.pending.take() {
+            Some(slab) => slab,
+            None => match self.read_slab(part, &child, next, now_ms).await {
+                Ok(slab) => slab,
+                Err(step) => return step,
+            },
+        };
+        if let Some(first) = slab.first_commit_time_ms {
+            let due = first + self.delay_ms;
+            metrics
+                .fanout_due_lag_seconds
+                .get_or_create(&self.labels())
+                .set((now_ms.saturating_sub(due) / 1000) as i64);
+        }
+        let slab = match self.send_pass(slab, &child).await {
+            Pass::Done(slab) => slab,
+            Pass::Wait(wait) if wait.is_zero() => return Step::Progress,
+            Pass::Wait(wait) => return Step::Idle(wait),
+        };
+        *next = slab.next_offset;
+        if !self.persist(part, *next).await {
+            return Step::Idle(FANOUT_RETRY_BACKOFF);
+        }
+        metrics.fanout_committed.get_or_create(&self.link_labels()).inc_by(slab.records);
+        if slab.records > 0 {
+            metrics.fanout_batch_records.0.observe(slab.records as f64);
+            metrics.fanout_batch_bytes.0.observe(slab.bytes as f64);
+        }
+        Step::Progress
+    }
+
+    /// Reads the next slab from `next` and groups it for `child`; the step
+    /// to return instead when there is none to send now.
+    async fn read_slab(
+        &mut self,
+        part: &Arc<PartitionRt>,
+        child: &Topic,
+        next: &mut u64,
+        now_ms: u64,
+    ) -> Result<PendingSlab, Step> {
         let gate = (self.delay_ms > 0).then(|| now_ms.saturating_sub(self.delay_ms));
         let req = ReadRequest {
             from: *next,
@@ -237,66 +339,40 @@ impl Cursor {
             max_bytes: FANOUT_SLAB_BYTES,
             max_commit_time_ms: gate,
         };
-        let hwm = part.log.high_watermark();
         let metrics = self.ctx.metrics.clone();
-        metrics
-            .fanout_lag_messages
-            .get_or_create(&self.labels())
-            .set(hwm.saturating_sub(*next) as i64);
         let batch = match part.log.read_with(&req) {
             Ok(b) => b,
             Err(ReadError::Gone { oldest, .. }) => {
                 self.dropped(oldest.saturating_sub(*next));
                 *next = oldest;
-                return if self.persist(part, *next).await {
+                return Err(if self.persist(part, *next).await {
                     Step::Progress
                 } else {
                     Step::Idle(FANOUT_RETRY_BACKOFF)
-                };
+                });
             }
-            Err(ReadError::Closed) => return Step::Done,
+            Err(ReadError::Closed) => return Err(Step::Done),
             Err(e) => {
                 warn!(parent = %self.key.parent, partition = self.key.partition, error = %e, "fan-out cursor cannot read the parent");
-                return Step::Idle(FANOUT_RETRY_BACKOFF);
+                return Err(Step::Idle(FANOUT_RETRY_BACKOFF));
             }
         };
         if batch.records.is_empty() && batch.corrupt.is_empty() {
             metrics.fanout_due_lag_seconds.get_or_create(&self.labels()).set(0);
-            return Step::Idle(match batch.held_back_commit_time_ms {
+            return Err(Step::Idle(match batch.held_back_commit_time_ms {
                 Some(t) => {
                     metrics.fanout_delay_gate_holds.get_or_create(&self.link_labels()).inc();
                     Duration::from_millis((t + self.delay_ms).saturating_sub(now_ms).max(1))
                         .min(FANOUT_DELAY_SLEEP_MAX)
                 }
                 None => FANOUT_IDLE_WAIT,
-            });
-        }
-        if let Some(first) = batch.records.first() {
-            let due = first.commit_time_ms + self.delay_ms;
-            metrics
-                .fanout_due_lag_seconds
-                .get_or_create(&self.labels())
-                .set((now_ms.saturating_sub(due) / 1000) as i64);
+            }));
         }
         let corrupt: u64 = batch.corrupt.iter().map(|r| r.end - r.start).sum();
         if corrupt > 0 {
             self.dropped(corrupt);
         }
-        if !self.send(&child, &batch.records).await {
-            return Step::Idle(FANOUT_RETRY_BACKOFF);
-        }
-        let sent = batch.records.len() as u64;
-        *next = batch.next_offset;
-        if !self.persist(part, *next).await {
-            return Step::Idle(FANOUT_RETRY_BACKOFF);
-        }
-        metrics.fanout_committed.get_or_create(&self.link_labels()).inc_by(sent);
-        if sent > 0 {
-            let bytes: usize = batch.records.iter().map(|r| r.payload.len()).sum();
-            metrics.fanout_batch_records.0.observe(sent as f64);
-            metrics.fanout_batch_bytes.0.observe(bytes as f64);
-        }
-        Step::Progress
+        Ok(PendingSlab::new(child, &batch.records, batch.next_offset, &mut self.spread))
     }
 
     fn dropped(&self, n: u64) {
@@ -308,64 +384,90 @@ impl Cursor {
         warn!(parent = %self.key.parent, child = %self.key.child, records = n, "fanout: child lost records the parent no longer holds");
     }
 
-    /// Commits `records` into the child, one commit per child partition;
-    /// `false` if a commit kept failing (the slab is sent again later).
-    async fn send(&mut self, child: &Topic, records: &[LogRecord]) -> bool {
-        let n = child.partitions().max(1);
-        let mut groups: Vec<Vec<BatchRecord>> = vec![Vec::new(); n as usize];
-        for r in records {
-            let p = match &r.key {
-                Some(k) => keyed_partition(k, n),
-                None => {
-                    self.spread = self.spread.wrapping_add(1);
-                    (self.spread % u64::from(n)) as u32
-                }
-            };
-            groups[p as usize].push(BatchRecord {
-                incarnation: Some(child.incarnation()),
-                key: r.key.clone(),
-                payload: r.payload.clone(),
-                accepted_at_ms: r.commit_time_ms,
-            });
-        }
-        let child_name: Arc<str> = child.name().into();
-        for (p, group) in groups.into_iter().enumerate() {
-            if group.is_empty() {
-                continue;
-            }
-            let batch =
-                CommitBatch { topic: child_name.clone(), partition: p as u32, records: group };
-            let mut ok = false;
-            for attempt in 1..=FANOUT_COMMIT_TRIES {
-                // The child partition's owner, asked again on every try (it
-                // may be placed, or change, meanwhile).
-                let Some((owner, _)) = self.ctx.topology.owner_of(&child_name, p as u32) else {
-                    warn!(parent = %self.key.parent, child = %self.key.child, partition = p, attempt,
-                        "fan-out commit waits: the child partition has no owner yet");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    if self.stopped() {
-                        return false;
-                    }
-                    continue;
-                };
-                match self.ctx.owner.commit(owner, batch.clone()).await {
-                    Ok(()) => {
-                        ok = true;
-                        break;
-                    }
-                    Err(e) => {
-                        warn!(parent = %self.key.parent, child = %self.key.child, partition = p, attempt, error = %e, "fan-out commit failed");
-                    }
-                }
-                if self.stopped() {
-                    return false;
-                }
-            }
-            if !ok {
-                return false;
+    /// One pass over `slab`: commits every group whose child partition is
+    /// due (at most [`FANOUT_COMMITS_IN_FLIGHT`] at a time), whatever
+    /// happens to the others. A slab not all committed stays pending.
+    async fn send_pass(&mut self, mut slab: PendingSlab, child: &Topic) -> Pass {
+        let partitions = child.partitions().max(1);
+        let owners: Vec<_> =
+            (0..partitions).map(|p| self.ctx.topology.owner_of(child.name(), p)).collect();
+        let now = self.ctx.clock.mono();
+        let plan = slab.plan(&self.health, &owners, now);
+        self.rerouted(&plan.rerouted, &owners, now);
+        for p in plan.unowned {
+            let retry_in = self.health.missed(p, now, false);
+            if let Some(suppressed) = self.unowned_log.hit(now) {
+                warn!(parent = %self.key.parent, child = %self.key.child, partition = p,
+                    retry_in_ms = retry_in.as_millis() as u64, suppressed,
+                    "fan-out commit waits: the child partition has no owner yet");
             }
         }
-        true
+        let owner = self.ctx.owner.clone();
+        let answers: Vec<_> = futures_util::stream::iter(plan.tries)
+            .map(|(p, to, batch)| {
+                let records = batch.records.len();
+                let commit = owner.commit(to, batch);
+                async move { (p, records, commit.await) }
+            })
+            .buffer_unordered(FANOUT_COMMITS_IN_FLIGHT)
+            .collect()
+            .await;
+        let now = self.ctx.clock.mono();
+        for (p, records, answer) in answers {
+            match answer {
+                Ok(()) => {
+                    slab.committed(p);
+                    self.health.committed(p);
+                }
+                Err(e) => {
+                    let failed = matches!(e, CommitError::Failed(_));
+                    let retry_in = self.health.missed(p, now, failed);
+                    self.ctx
+                        .metrics
+                        .fanout_commit_failures
+                        .get_or_create(&self.link_labels())
+                        .inc();
+                    if let Some(suppressed) = self.failed_log.hit(now) {
+                        warn!(parent = %self.key.parent, child = %self.key.child, partition = p,
+                            records, retry_in_ms = retry_in.as_millis() as u64, suppressed, error = %e,
+                            "fan-out commit failed; that child partition is tried again after a back-off, the others go on");
+                    }
+                }
+            }
+        }
+        // A partition that failed past the reroute grace in this pass (its
+        // trial) gives its keyless records to a sibling now, not at its
+        // next try.
+        let moves = slab.reroute(&self.health, &owners, now);
+        self.rerouted(&moves, &owners, now);
+        match slab.next_due(&self.health, now) {
+            None => Pass::Done(slab),
+            Some(wait) => {
+                self.pending = Some(slab);
+                // Never a busy loop: a group that did not land is due only
+                // after its back-off.
+                Pass::Wait(wait)
+            }
+        }
+    }
+
+    /// Counts and logs (rate-limited) keyless records moved from one child
+    /// partition to a sibling.
+    fn rerouted(&mut self, moves: &[(u32, u32, u64)], owners: &Owners, now: Duration) {
+        let total: u64 = moves.iter().map(|m| m.2).sum();
+        if total == 0 {
+            return;
+        }
+        self.ctx.metrics.fanout_rerouted.get_or_create(&self.link_labels()).inc_by(total);
+        let Some(suppressed) = self.reroute_log.hit(now) else { return };
+        let (from, to, records) = moves[0];
+        let why = match owners.get(from as usize).copied().flatten() {
+            None => "has no owner",
+            Some((_, false)) => "owner is dead",
+            Some((_, true)) => "commits keep failing",
+        };
+        warn!(parent = %self.key.parent, child = %self.key.child, from, to, records, suppressed,
+            "fan-out rerouting keyless records to a sibling child partition: its {why}; keyed records wait for it");
     }
 
     /// Stores the cursor (unless the link is gone) and publishes it.

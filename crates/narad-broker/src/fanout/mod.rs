@@ -46,7 +46,10 @@
 //! and its clean-up).
 //!
 //! Each cursor is its own task: a lagging or failing child stalls only its
-//! own cursors.
+//! own cursors. Within a cursor, a child partition whose commits fail
+//! holds back only its own share of the slab (and, while its keyed
+//! records wait, the cursor's next slab); keyless records go around a
+//! child partition without a live owner (`fanout/slab.rs`).
 //!
 //! # A cursor that stops
 //!
@@ -63,6 +66,7 @@
 pub mod cursor;
 pub mod cursor_file;
 pub mod peers;
+mod slab;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -416,14 +420,13 @@ impl FanoutRunner {
                     .inc();
             }
             let shared = Arc::new(CursorShared::new());
-            let cursor = Cursor {
-                ctx: self.ctx.clone(),
-                key: w.key.clone(),
-                delay_ms: w.delay_ms,
-                since_ms: w.since_ms,
-                shared: shared.clone(),
-                spread: u64::from(w.key.partition),
-            };
+            let cursor = Cursor::new(
+                self.ctx.clone(),
+                w.key.clone(),
+                w.delay_ms,
+                w.since_ms,
+                shared.clone(),
+            );
             let task = tokio::spawn(cursor.run());
             running.insert(w.key, Running { shared, task, restarts, retry_at: None });
         }
