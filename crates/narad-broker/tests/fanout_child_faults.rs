@@ -287,14 +287,7 @@ async fn a_failing_child_partition_holds_back_only_its_own_records_and_none_is_s
     assert!(rig.link_counter("rerouted") > 0, "the reroutes are counted");
 
     rig.owner.failing.lock().unwrap().clear();
-    let copies = rig.wait_for(Duration::from_secs(15), |c| c.len() == sent.len()).await;
-    assert_eq!(copies.len(), sent.len(), "every parent record reached the child");
-    assert_eq!(duplicated(&copies), (0, Vec::new()), "records committed twice");
-    for s in &sent {
-        if let Some(home) = s.home() {
-            assert_eq!(copies[&s.payload], vec![home], "{} left its key's partition", s.payload);
-        }
-    }
+    all_arrive_once_keyed_ones_home(&rig, &sent).await;
     rig.stop().await;
 }
 
@@ -330,13 +323,19 @@ async fn keyless_records_of_a_dead_child_partition_are_rerouted_and_keyed_ones_w
     // The owner comes back: the keyed records that waited arrive.
     rig.topology.dead.lock().unwrap().clear();
     rig.owner.failing.lock().unwrap().clear();
+    all_arrive_once_keyed_ones_home(&rig, &sent).await;
+    rig.stop().await;
+}
+
+/// Once nothing fails: every record of `sent` reaches the child within
+/// 15 s, exactly once, a keyed one in its key's partition.
+async fn all_arrive_once_keyed_ones_home(rig: &Rig, sent: &[Sent]) {
     let copies = rig.wait_for(Duration::from_secs(15), |c| c.len() == sent.len()).await;
     assert_eq!(copies.len(), sent.len(), "every parent record reached the child");
     assert_eq!(duplicated(&copies), (0, Vec::new()), "records committed twice");
-    for s in &sent {
+    for s in sent {
         if let Some(home) = s.home() {
             assert_eq!(copies[&s.payload], vec![home], "{} left its key's partition", s.payload);
         }
     }
-    rig.stop().await;
 }

@@ -64,23 +64,7 @@ fn consume_until(
     while !want.is_subset(&got) && Instant::now() < deadline {
         let node = nodes[turn % nodes.len()];
         turn += 1;
-        let path = format!("/v1/topics/{topic}/consume?max=100&wait=200ms");
-        let Ok(r) = c.request(node, Method::GET, &path).send() else { continue };
-        if r.status().as_u16() != 200 {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
-        let mut handles = Vec::new();
-        for m in v["messages"].as_array().unwrap() {
-            got.insert(m["payload"]["i"].as_u64().unwrap());
-            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
-        }
-        if !handles.is_empty() {
-            let _ = c
-                .request(node, Method::POST, &format!("/v1/topics/{topic}/ack"))
-                .body(json!({"receipt_handles": handles}).to_string())
-                .send();
-        }
+        got.extend(c.consume_round(node, topic));
     }
     got
 }

@@ -7,19 +7,9 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, ClusterOpts};
+use common::cluster::{Cluster, ClusterOpts, key_partition};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-/// SPEC §1.6's partition of a key: FNV-1a-32 modulo the partition count.
-fn key_partition(key: &str, partitions: u32) -> u32 {
-    let mut h: u32 = 2_166_136_261;
-    for b in key.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(16_777_619);
-    }
-    h % partitions
-}
 
 /// Creates `body`'s topic through node `i` once every node is alive, and
 /// waits until every node shows its partitions owned; the owners.
@@ -62,22 +52,8 @@ fn drain_until(
         }
         let node = nodes[turn % nodes.len()];
         turn += 1;
-        let path = format!("/v1/topics/{topic}/consume?max=100&wait=200ms");
-        let Ok(r) = c.request(node, Method::GET, &path).send() else { continue };
-        if r.status().as_u16() != 200 {
-            continue;
-        }
-        let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
-        let mut handles = Vec::new();
-        for m in v["messages"].as_array().unwrap() {
-            *delivered.entry(m["payload"]["i"].as_u64().unwrap()).or_default() += 1;
-            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
-        }
-        if !handles.is_empty() {
-            let _ = c
-                .request(node, Method::POST, &format!("/v1/topics/{topic}/ack"))
-                .body(json!({"receipt_handles": handles}).to_string())
-                .send();
+        for i in c.consume_round(node, topic) {
+            *delivered.entry(i).or_default() += 1;
         }
     }
     true

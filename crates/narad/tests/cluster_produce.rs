@@ -7,19 +7,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Cluster, ClusterOpts, wait_for};
+use common::cluster::{Cluster, ClusterOpts, key_partition, wait_for};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-/// SPEC §1.6's partition of a key: FNV-1a-32 modulo the partition count.
-fn key_partition(key: &str, partitions: u32) -> u32 {
-    let mut h: u32 = 2_166_136_261;
-    for b in key.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(16_777_619);
-    }
-    h % partitions
-}
 
 /// Creates `name` with `partitions` partitions and a 1 s visibility timeout
 /// through node `i` once every node is an alive member (so partitions are

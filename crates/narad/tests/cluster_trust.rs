@@ -15,7 +15,7 @@ use common::cluster::{Cluster, ClusterOpts, wait_for};
 use common::impostor::{self, ALPN_V1, ALPN_V2, Impostor};
 use hmac::{Hmac, Mac};
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::Sha256;
 
 const SECRET: &str = "trust-tests-0123456789abcdef0123456789";
@@ -55,25 +55,9 @@ fn drain(
     while Instant::now() < deadline && !want.iter().all(|i| delivered.contains_key(i)) {
         let node = nodes[turn % nodes.len()];
         turn += 1;
-        let Ok(r) = c
-            .request(node, Method::GET, &format!("/v1/topics/{topic}/consume?max=100&wait=200ms"))
-            .send()
-        else {
-            continue;
-        };
-        if r.status().as_u16() != 200 {
-            continue;
+        for i in c.consume_round(node, topic) {
+            *delivered.entry(i).or_default() += 1;
         }
-        let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
-        let mut handles = Vec::new();
-        for m in v["messages"].as_array().unwrap() {
-            *delivered.entry(m["payload"]["i"].as_u64().unwrap()).or_default() += 1;
-            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
-        }
-        let _ = c
-            .request(node, Method::POST, &format!("/v1/topics/{topic}/ack"))
-            .body(json!({ "receipt_handles": handles }).to_string())
-            .send();
     }
     delivered
 }

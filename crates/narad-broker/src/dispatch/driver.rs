@@ -21,6 +21,7 @@ use crate::limits::{
     DISPATCH_COMMIT_TIMEOUT, DISPATCH_FAILURE_BACKOFF, DISPATCH_IDLE_BACKSTOP,
     DISPATCH_PROBE_TIMEOUT,
 };
+use crate::log_gate::LogGate;
 use crate::metrics::{BrokerMetrics, PartitionLabels, ProbeStateLabels, TopicLabels};
 use crate::owner::{CommitBatch, CommitError, Owner};
 
@@ -61,8 +62,8 @@ impl Dispatcher {
             interned: HashMap::new(),
             last_stored: 0,
             outstanding: 0,
-            reroute_log: LogGate::default(),
-            outcome_logs: Default::default(),
+            reroute_log: GATE,
+            outcome_logs: [GATE; 6],
             last_trouble_report: None,
             reported: Default::default(),
         };
@@ -127,25 +128,8 @@ const TROUBLE_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// wants (cheap: a header each); a longer gap is a seek.
 const RESCAN_WALK_MAX: u64 = 4_096;
 
-/// A rate limit for one kind of log line.
-#[derive(Debug, Default)]
-struct LogGate {
-    last: Option<Duration>,
-    unlogged: u64,
-}
-
-impl LogGate {
-    /// Counts one event; `Some(count since the last line)` when a line may
-    /// be written now.
-    fn hit(&mut self, now: Duration) -> Option<u64> {
-        self.unlogged += 1;
-        if self.last.is_some_and(|t| now.saturating_sub(t) < LOG_INTERVAL) {
-            return None;
-        }
-        self.last = Some(now);
-        Some(std::mem::take(&mut self.unlogged))
-    }
-}
+/// The dispatcher's log gates: one line per [`LOG_INTERVAL`] per kind.
+const GATE: LogGate = LogGate::every(LOG_INTERVAL);
 
 struct Driver {
     core: Core,
@@ -245,7 +229,10 @@ impl Driver {
         if matches!(note, Note::Committed) {
             return;
         }
-        let Some(commits) = self.outcome_logs[note.kind()].hit(now) else { return };
+        // This line's event and those held back since the last line.
+        let Some(commits) = self.outcome_logs[note.kind()].hit(now).map(|held| held + 1) else {
+            return;
+        };
         let (topic, partition) = (&*dest.topic, dest.partition);
         match note {
             Note::Committed => {}
@@ -288,7 +275,7 @@ impl Driver {
                 self.metrics.dispatch_keyed_rerouted.get_or_create(&l).inc();
             }
             let now = self.clock.mono();
-            if let Some(records) = self.reroute_log.hit(now) {
+            if let Some(records) = self.reroute_log.hit(now).map(|held| held + 1) {
                 if dead {
                     warn!(
                         topic,

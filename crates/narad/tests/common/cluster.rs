@@ -580,6 +580,32 @@ impl Cluster {
         );
     }
 
+    /// One round of a queue-mode consumer through node `i`: consumes up to
+    /// 100 records of `topic` (waiting at most 200 ms), acks them, and
+    /// returns the payloads' `"i"` numbers (none when the node does not
+    /// answer 200).
+    pub fn consume_round(&self, i: usize, topic: &str) -> Vec<u64> {
+        let path = format!("/v1/topics/{topic}/consume?max=100&wait=200ms");
+        let Ok(r) = self.request(i, Method::GET, &path).send() else { return Vec::new() };
+        if r.status().as_u16() != 200 {
+            return Vec::new();
+        }
+        let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+        let mut got = Vec::new();
+        let mut handles = Vec::new();
+        for m in v["messages"].as_array().unwrap() {
+            got.push(m["payload"]["i"].as_u64().unwrap());
+            handles.push(m["receipt_handle"].as_str().unwrap().to_owned());
+        }
+        if !handles.is_empty() {
+            let _ = self
+                .request(i, Method::POST, &format!("/v1/topics/{topic}/ack"))
+                .body(serde_json::json!({"receipt_handles": handles}).to_string())
+                .send();
+        }
+        got
+    }
+
     /// Waits until every node shows every partition of `topic` owned, all
     /// alike (within 20 s, else a panic with every node's state); returns
     /// the owners by partition.
@@ -686,4 +712,14 @@ impl Drop for Cluster {
             let _ = std::fs::remove_dir_all(&self.root);
         }
     }
+}
+
+/// SPEC §1.6's partition of a key: FNV-1a-32 modulo the partition count.
+pub fn key_partition(key: &str, partitions: u32) -> u32 {
+    let mut h: u32 = 2_166_136_261;
+    for b in key.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(16_777_619);
+    }
+    h % partitions
 }
