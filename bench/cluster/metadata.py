@@ -34,8 +34,9 @@ def req(url, method="GET", body=None, timeout=30):
         return 0, str(e).encode()
 
 class Cluster:
-    def __init__(self, binary, n=3):
+    def __init__(self, binary, n=3, env=None):
         self.binary, self.root = binary, tempfile.mkdtemp(prefix="narad-bench-cluster-")
+        self.env = dict(env or {})
         self.http = [free_port() for _ in range(n)]
         self.udp = [free_port(socket.SOCK_DGRAM) for _ in range(n)]
         self.ids = [f"n{i+1}" for i in range(n)]
@@ -46,7 +47,7 @@ class Cluster:
     def spawn(self, i, extra_env=None):
         cluster = dict(NARAD_CLUSTER_PEERS=self.peers, NARAD_NODE_ID=self.ids[i],
                        NARAD_CLUSTER_ADDR=f"127.0.0.1:{self.udp[i]}") if len(self.ids) > 1 else {}
-        env = dict(os.environ, NARAD_LOG_LEVEL="warn", **cluster, **(extra_env or {}))
+        env = dict(os.environ, NARAD_LOG_LEVEL="warn", **cluster, **self.env, **(extra_env or {}))
         log = open(os.path.join(self.root, f"{self.ids[i]}.log"), "ab")
         self.procs[i] = subprocess.Popen([self.binary, "serve", "--dev", "--addr", f"127.0.0.1:{self.http[i]}",
                                           "--data-dir", os.path.join(self.root, self.ids[i])], env=env, stdout=log, stderr=log)

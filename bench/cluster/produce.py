@@ -21,6 +21,7 @@ to partition 0 of a topic (`--partition 0`):
     owner.
 Usage: bench/cluster/produce.py [--binary target/release/narad]
        [--secs 8] [--clients 16] [--rate 2000] [--phases spread,remote]
+       [--secret S]  (every node gets NARAD_CLUSTER_SECRET=S: node RPC authenticated)
 Every process it starts is killed by PID at the end.
 """
 import argparse, json, os, subprocess, sys, time
@@ -119,7 +120,7 @@ def spread(a, results):
     """Single and batch produce, clients spread over every node, against
     one node."""
     for name, n in [("single", 1), ("cluster", 3)]:
-        c = Cluster(a.binary, n)
+        c = Cluster(a.binary, n, env=a.env)
         try:
             if n > 1:
                 all_members(c)
@@ -145,7 +146,7 @@ def remote(a):
     commit remote); same clients, same WAL grouping, CPU of all three
     nodes per message. Then produce -> consumable at a fixed rate through
     each, consumers on the owner."""
-    c = Cluster(a.binary, 3)
+    c = Cluster(a.binary, 3, env=a.env)
     try:
         all_members(c)
         figs = {}
@@ -189,7 +190,9 @@ def main():
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--rate", type=int, default=2000, help="produce rate of the latency runs")
     ap.add_argument("--phases", default="spread,remote")
+    ap.add_argument("--secret", help="NARAD_CLUSTER_SECRET of every node (node RPC authenticated)")
     a = ap.parse_args()
+    a.env = {"NARAD_CLUSTER_SECRET": a.secret} if a.secret else {}
     phases = a.phases.split(",")
     if "spread" in phases:
         spread(a, {})

@@ -18,7 +18,7 @@
 //! holes) and restart; disks fail fsyncs and writes and run full. One
 //! seeded generator drives everything with virtual time, so a seed replays
 //! bit for bit: `NARAD_SEED=S` runs one; `NARAD_SEEDS=N` runs N (default
-//! 1,000).
+//! 1,000), from `NARAD_SEED_FROM` (default 0).
 //!
 //! The metadata is a replicated log of commands (members joining and
 //! marked dead, topics created, assigned, deleted) that the leader holds
@@ -46,7 +46,25 @@
 //!   (offsets dense), and an offset always carries the same record, across
 //!   owner crashes (offsets stable);
 //! * a partition's consumer frontier never goes below what was persisted,
-//!   across owner crashes.
+//!   across owner crashes;
+//! * every record of the parent reached the fan-out child, at most
+//!   [`MAX_CHILD_COPIES`] times per parent offset (1.6 on average over 100
+//!   seeds or more).
+//!
+//! Fan-out: `copies` (4 partitions) is attached to `orders` (6) before the
+//! first record. The owner of each parent partition runs its cursor as
+//! `fanout/cursor.rs` does (the same slab grouping and per-child-partition
+//! health, `fanout::slab`; the same cursor file, on the node's disk), its
+//! child commits crossing the simulated network like the dispatcher's.
+//!
+//! A quarter of the seeds crash one node for good a third of the way in:
+//! the others then settle without it (its member marked dead), and every
+//! record the live nodes acked is delivered without it unless it had been
+//! committed on it; every fan-out cursor of a live node catches up with
+//! its parent partition except for keyed records waiting for a child
+//! partition the dead node owns (keyless ones go around it), and every
+//! parent record below those cursors is delivered from the child without
+//! the dead node. Then it comes back for the final drain.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -54,18 +72,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use narad_broker::consume::take::take;
-use narad_broker::dispatch::core::{Core, Order, Outcome, OwnerId};
+use narad_broker::dispatch::core::{Core, Order, Outcome, OwnerId, Topology};
 use narad_broker::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LeaderTopic, OwnerIds};
+use narad_broker::fanout::cursor_file::{self, CursorState};
+use narad_broker::fanout::slab::{ChildHealth, PendingSlab};
 use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
-use narad_log::LogConfig;
+use narad_log::{LogConfig, ReadRequest};
 use narad_meta::{
-    CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions, PartitionAssignment,
-    Topic, TopicDefaults,
+    AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions,
+    PartitionAssignment, Topic, TopicDefaults,
 };
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 use prometheus_client::registry::Registry;
@@ -75,6 +95,24 @@ mod sim;
 
 const TOPICS: [&str; 2] = ["orders", "events"];
 const PARTITIONS: u32 = 6;
+/// The fan-out child of [`CHILD_PARENT`], attached before the first
+/// record; its own partition count, so its partitions' owners are not the
+/// parent's.
+const CHILD: &str = "copies";
+const CHILD_PARENT: &str = "orders";
+const CHILD_PARTITIONS: u32 = 4;
+/// Records per slab of a simulated cursor (few: many slabs per run).
+const SLAB_RECORDS: usize = 12;
+/// The most child offsets one parent offset's record may reach: more
+/// come only from a cursor that crashed between a group's commit and its
+/// file's store, or a child commit that landed after its sender gave up;
+/// never from a child partition that keeps failing.
+const MAX_CHILD_COPIES: u32 = 8;
+
+/// Partitions of `name`.
+fn partitions_of(name: &str) -> u32 {
+    if name == CHILD { CHILD_PARTITIONS } else { PARTITIONS }
+}
 /// A remote commit's budget, and a probe's (virtual time; the real ones
 /// are 30 s and 5 s, shortened so a run sees many of them run out).
 const COMMIT_BUDGET: Duration = Duration::from_millis(2_500);
@@ -128,6 +166,8 @@ enum MetaCmd {
     Assign(&'static str),
     /// The topic is deleted.
     Delete(&'static str),
+    /// [`CHILD`] is attached to [`CHILD_PARENT`].
+    Attach,
 }
 
 /// Applies `cmd` to a replica (and, for a delete, removes the deleted
@@ -152,13 +192,13 @@ fn apply_meta(
         MetaCmd::Create(name) => meta
             .create_topic(CreateTopicRequest {
                 name: name.into(),
-                partitions: i64::from(PARTITIONS),
+                partitions: i64::from(partitions_of(name)),
                 ..Default::default()
             })
             .map(drop),
         MetaCmd::Assign(name) => {
             let t = meta.topic(name).ok_or("assign: no topic")?;
-            let a = (0..PARTITIONS)
+            let a = (0..partitions_of(name))
                 .map(|p| PartitionAssignment {
                     partition: p,
                     owner_id: member(owner_of(p, n)),
@@ -167,6 +207,13 @@ fn apply_meta(
                 .collect();
             meta.assign_partitions(name, t.incarnation(), a)
         }
+        MetaCmd::Attach => meta
+            .attach_child(AttachChildRequest {
+                parent: CHILD_PARENT.into(),
+                child: CHILD.into(),
+                delay_ms: 0,
+            })
+            .map(drop),
         MetaCmd::Delete(name) => meta.delete_topic(name).map(|t| {
             if let Some(topics) = topics {
                 let _ = topics.remove(name, t.incarnation());
@@ -225,6 +272,34 @@ struct Node {
     leases: Vec<(Arc<Topic>, u32, u64, u64)>,
     /// Pings of failing owners waiting for their pong: owner → deadline.
     pings: HashMap<OwnerId, Duration>,
+    /// Fan-out cursors of the parent partitions this node owns.
+    cursors: BTreeMap<u32, SimCursor>,
+}
+
+/// A fan-out cursor of one parent partition into [`CHILD`], as
+/// `fanout/cursor.rs` runs one: the real grouping and child-partition
+/// health (`fanout::slab`), the real cursor file, commits over the
+/// simulated network; a pass ends when every try of it has answered (or
+/// run out of time), as the real one awaits all of them.
+#[derive(Default)]
+struct SimCursor {
+    /// The next parent offset to read (stored once a slab has committed).
+    next: u64,
+    spread: u64,
+    pending: Option<PendingSlab>,
+    health: ChildHealth,
+    /// Child partitions whose commit is in the air: partition → (request,
+    /// deadline).
+    in_flight: BTreeMap<u32, (u64, Duration)>,
+    /// The answers of the pass so far.
+    answers: Vec<(u32, Outcome)>,
+}
+
+impl SimCursor {
+    /// Caught up with the parent partition's high watermark `hwm`.
+    fn idle_at(&self, hwm: u64) -> bool {
+        self.pending.is_none() && self.in_flight.is_empty() && self.next == hwm
+    }
 }
 
 fn open(
@@ -275,6 +350,7 @@ fn open(
         waiting: HashMap::new(),
         leases: Vec::new(),
         pings: HashMap::new(),
+        cursors: BTreeMap::new(),
     })
 }
 
@@ -310,6 +386,11 @@ enum Msg {
     Ping { owner: OwnerId, life: u64 },
     /// Its answer.
     Pong { owner: OwnerId, life: u64 },
+    /// A fan-out cursor's commit of one child partition's group: cursor of
+    /// parent partition `cursor`, request `req`.
+    ChildCommit { cursor: u32, req: u64, life: u64, batch: CommitBatch },
+    /// Its answer.
+    ChildAnswer { cursor: u32, partition: u32, req: u64, life: u64, outcome: Outcome },
 }
 
 struct Envelope {
@@ -336,6 +417,11 @@ struct Ledger {
     committed_on: Vec<HashSet<Vec<u8>>>,
     /// Records a dispatcher placed on a sibling partition at least once.
     rerouted: HashSet<Vec<u8>>,
+    /// Parent records delivered from the fan-out child (kept apart: a copy
+    /// in the child never stands for the parent's own delivery).
+    child_delivered: HashSet<Vec<u8>>,
+    /// Parent records committed into the child on each node.
+    child_committed_on: Vec<HashSet<Vec<u8>>>,
 }
 
 impl Ledger {
@@ -343,6 +429,9 @@ impl Ledger {
     /// been produced for that incarnation, and an offset always carries
     /// the same record.
     fn deliver(&mut self, seed: u64, topic: &str, inc: u64, p: u32, offset: u64, payload: &[u8]) {
+        if topic == CHILD {
+            return self.deliver_child(seed, inc, p, offset, payload);
+        }
         let produced_for = self.incarnation.get(payload).copied();
         assert_eq!(
             produced_for,
@@ -362,6 +451,30 @@ impl Ledger {
         }
         self.delivered.insert(payload.to_vec());
         self.deliveries += 1;
+    }
+
+    /// A record delivered from the child: it must be a record of the
+    /// parent's (produced for it: the child invents nothing), and an offset
+    /// always carries the same record.
+    fn deliver_child(&mut self, seed: u64, inc: u64, p: u32, offset: u64, payload: &[u8]) {
+        assert!(
+            payload.starts_with(format!("{CHILD_PARENT}@").as_bytes())
+                && self.attempted.contains(payload),
+            "seed {seed}: {CHILD}/{p} offset {offset} delivered a record never produced to \
+             {CHILD_PARENT}: {:?}",
+            String::from_utf8_lossy(&payload[..payload.len().min(24)])
+        );
+        let key = (CHILD.to_owned(), inc, p, offset);
+        if let Some(before) = self.at.get(&key) {
+            assert_eq!(
+                before.as_slice(),
+                payload,
+                "seed {seed}: {CHILD}/{p} offset {offset} delivered with another record than before"
+            );
+        } else {
+            self.at.insert(key, payload.to_vec());
+        }
+        self.child_delivered.insert(payload.to_vec());
     }
 }
 
@@ -392,6 +505,17 @@ struct Tally {
     /// delivered in all.
     max_copies: u64,
     copies: u64,
+    /// Fan-out: parent records (distinct) and the child offsets carrying
+    /// them; the most child offsets per parent offset; keyless child
+    /// records moved off a child partition that failed or whose owner was
+    /// dead; runs with a node dead for good: parent records of the live
+    /// nodes delivered from the child without it.
+    parent_records: u64,
+    parent_offsets: u64,
+    child_copies: u64,
+    max_child_copies: u64,
+    child_rerouted: u64,
+    child_delivered_without_dead: u64,
 }
 
 struct Sim {
@@ -451,9 +575,10 @@ impl Sim {
             asked: Default::default(),
         });
         let mut meta_log: Vec<MetaCmd> = (0..n).map(MetaCmd::Join).collect();
-        for name in TOPICS {
+        for name in TOPICS.into_iter().chain([CHILD]) {
             meta_log.extend([MetaCmd::Create(name), MetaCmd::Assign(name)]);
         }
+        meta_log.push(MetaCmd::Attach);
         for &cmd in &meta_log {
             apply_meta(&leader.meta, None, cmd, n).unwrap();
         }
@@ -484,7 +609,11 @@ impl Sim {
             net: Vec::new(),
             cut: HashSet::new(),
             faulty: true,
-            ledger: Ledger { committed_on: vec![HashSet::new(); n], ..Ledger::default() },
+            ledger: Ledger {
+                committed_on: vec![HashSet::new(); n],
+                child_committed_on: vec![HashSet::new(); n],
+                ..Ledger::default()
+            },
             tally: Tally::default(),
             next_id: 0,
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
@@ -551,6 +680,33 @@ impl Sim {
                         self.ledger.committed_on[e.to].extend(payloads);
                     }
                     self.send(e.to, e.from, Msg::Answer { order, life, outcome });
+                }
+                Msg::ChildCommit { cursor, req, life, batch } => {
+                    let partition = batch.partition;
+                    let payloads: Vec<Vec<u8>> =
+                        batch.records.iter().map(|r| r.payload.to_vec()).collect();
+                    let outcome = match self.nodes[e.to].as_ref() {
+                        Some(node) => node.commit(batch),
+                        None => continue,
+                    };
+                    if outcome == Outcome::Committed {
+                        self.ledger.child_committed_on[e.to].extend(payloads);
+                    }
+                    let answer = Msg::ChildAnswer { cursor, partition, req, life, outcome };
+                    self.send(e.to, e.from, answer);
+                }
+                Msg::ChildAnswer { cursor, partition, req, life, outcome } => {
+                    if life != self.lives[e.to] {
+                        continue;
+                    }
+                    let Some(node) = self.nodes[e.to].as_mut() else { continue };
+                    let Some(c) = node.cursors.get_mut(&cursor) else { continue };
+                    if c.in_flight.get(&partition).is_some_and(|(r, _)| *r == req) {
+                        c.in_flight.remove(&partition);
+                        c.answers.push((partition, outcome));
+                    } else {
+                        self.tally.late_answers += 1;
+                    }
                 }
                 Msg::Ping { owner, life } => {
                     if self.nodes[e.to].is_some() {
@@ -698,11 +854,166 @@ impl Sim {
         }
     }
 
+    /// One round of node `i`'s fan-out cursors (one per parent partition it
+    /// owns): a pass whose tries have all answered (or run out of time)
+    /// is applied to its slab; a slab all committed moves the cursor file
+    /// past it; then the next slab is read if there is none, and every due
+    /// group of it is tried (committed here, or sent to its owner).
+    fn fanout(&mut self, i: usize) {
+        let now = self.now();
+        let life = self.lives[i];
+        let n = self.n;
+        let fs = &self.disks[i];
+        let Some(node) = self.nodes[i].as_mut() else { return };
+        let (Some(parent), Some(child)) = (node.meta.topic(CHILD_PARENT), node.meta.topic(CHILD))
+        else {
+            return;
+        };
+        let Some(epoch) = child.parent().and_then(|l| cursor_file::parse_epoch(&l.attach_epoch))
+        else {
+            return;
+        };
+        let owners: Vec<_> =
+            (0..child.partitions()).map(|p| node.resolver.owner_of(CHILD, p)).collect();
+        let mut sends = Vec::new();
+        for p in (0..PARTITIONS).filter(|&p| owner_of(p, n) == i) {
+            let Ok(part) = node.topics.partition(&parent, p) else { continue };
+            let mut c = match node.cursors.remove(&p) {
+                Some(c) => c,
+                None => {
+                    // Start: the file of this attachment, or the anchor
+                    // (stored); a disk fault means not now.
+                    let dir = part.log.dir().to_path_buf();
+                    let since = child.parent().map_or(0, |l| l.attached_at_ms);
+                    let start = match cursor_file::load(fs, &dir, CHILD, epoch) {
+                        Ok(Some(s)) => Some(s.next_offset),
+                        Ok(None) => {
+                            narad_broker::fanout::anchor(&part.log, since).ok().filter(|&a| {
+                                let s = CursorState { epoch, next_offset: a };
+                                cursor_file::store(fs, &cursor_file::path(&dir, epoch), s).is_ok()
+                            })
+                        }
+                        Err(_) => None,
+                    };
+                    let Some(next) = start else { continue };
+                    SimCursor { next, spread: u64::from(p), ..SimCursor::default() }
+                }
+            };
+            c.health.track(&child);
+            for (cp, (_, deadline)) in c.in_flight.clone() {
+                if deadline <= now {
+                    c.in_flight.remove(&cp);
+                    c.answers.push((cp, Outcome::Failed));
+                }
+            }
+            if !c.in_flight.is_empty() {
+                node.cursors.insert(p, c);
+                continue;
+            }
+            if let Some(slab) = c.pending.as_mut() {
+                for (cp, outcome) in c.answers.drain(..) {
+                    match outcome {
+                        Outcome::Committed => {
+                            slab.committed(cp);
+                            c.health.committed(cp);
+                        }
+                        Outcome::Failed => drop(c.health.missed(cp, now, true)),
+                        Outcome::Refused => drop(c.health.missed(cp, now, false)),
+                    }
+                }
+                let moves = slab.reroute(&c.health, &owners, now);
+                self.tally.child_rerouted += moves.iter().map(|m| m.2).sum::<u64>();
+                if slab.next_due(&c.health, now).is_none() {
+                    // Every group committed: the file moves past the slab
+                    // (a store that fails is retried with the next slab's;
+                    // a crash before then re-sends, never skips).
+                    c.next = slab.next_offset;
+                    c.pending = None;
+                    let s = CursorState { epoch, next_offset: c.next };
+                    let path = cursor_file::path(part.log.dir(), epoch);
+                    let _ = cursor_file::store(fs, &path, s);
+                }
+            }
+            if c.pending.is_none() {
+                let req = ReadRequest {
+                    from: c.next,
+                    max_records: SLAB_RECORDS,
+                    max_bytes: 64 << 10,
+                    max_commit_time_ms: None,
+                };
+                match part.log.read_with(&req) {
+                    Ok(b) if !b.records.is_empty() => {
+                        c.pending =
+                            Some(PendingSlab::new(&child, &b.records, b.next_offset, &mut c.spread))
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(slab) = c.pending.as_mut() {
+                let plan = slab.plan(&c.health, &owners, now);
+                self.tally.child_rerouted += plan.rerouted.iter().map(|m| m.2).sum::<u64>();
+                for cp in plan.unowned {
+                    c.health.missed(cp, now, false);
+                }
+                for (cp, owner, batch) in plan.tries {
+                    let to = node_of(&node.ids, owner);
+                    if to == i {
+                        let payloads: Vec<Vec<u8>> =
+                            batch.records.iter().map(|r| r.payload.to_vec()).collect();
+                        let outcome = node.commit(batch);
+                        if outcome == Outcome::Committed {
+                            self.ledger.child_committed_on[i].extend(payloads);
+                        }
+                        c.answers.push((cp, outcome));
+                    } else {
+                        self.next_id += 1;
+                        c.in_flight.insert(cp, (self.next_id, now + COMMIT_BUDGET));
+                        sends.push((
+                            to,
+                            Msg::ChildCommit { cursor: p, req: self.next_id, life, batch },
+                        ));
+                    }
+                }
+            }
+            node.cursors.insert(p, c);
+        }
+        for (to, msg) in sends {
+            self.send(i, to, msg);
+        }
+    }
+
+    /// Whether every cursor of the live nodes in `live` is caught up with
+    /// its parent partition, except for groups of keyed records waiting
+    /// for a child partition owned by `dead` (keyless ones must have gone
+    /// around it).
+    fn cursors_settled(&self, live: &[usize], dead: Option<usize>) -> bool {
+        live.iter().all(|&i| {
+            let Some(node) = self.nodes[i].as_ref() else { return false };
+            let Some(parent) = node.meta.topic(CHILD_PARENT) else { return true };
+            (0..PARTITIONS).filter(|&p| owner_of(p, self.n) == i).all(|p| {
+                let Ok(part) = node.topics.partition(&parent, p) else { return false };
+                let Some(c) = node.cursors.get(&p) else { return false };
+                if c.idle_at(part.log.high_watermark()) {
+                    return true;
+                }
+                let waits_for_dead = |cp: u32, g: &CommitBatch| {
+                    Some(owner_of(cp, self.n)) == dead && g.records.iter().all(|r| r.key.is_some())
+                };
+                c.in_flight.is_empty()
+                    && c.answers.is_empty()
+                    && c.pending
+                        .as_ref()
+                        .is_some_and(|s| s.uncommitted().all(|(cp, g)| waits_for_dead(cp, g)))
+            })
+        })
+    }
+
     /// A consume of partitions node `i` owns, and acks of some leases.
     fn consume(&mut self, i: usize) {
         let now_ms = self.clock.wall_ms();
-        let name = TOPICS[self.rng.below(2) as usize];
-        let owned: Vec<u32> = (0..PARTITIONS).filter(|&p| owner_of(p, self.n) == i).collect();
+        let name = [TOPICS[0], TOPICS[1], CHILD][self.rng.below(3) as usize];
+        let owned: Vec<u32> =
+            (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i).collect();
         if owned.is_empty() {
             return;
         }
@@ -866,7 +1177,10 @@ impl Sim {
         let i = self.rng.below(self.n as u64) as usize;
         match self.rng.below(100) {
             0..=29 => self.produce(i),
-            30..=59 => self.dispatch(i),
+            30..=59 => {
+                self.dispatch(i);
+                self.fanout(i);
+            }
             60..=64 => {
                 if let Some(n) = self.nodes[i].as_ref() {
                     let _ = n.wal.sync_checkpoint_now();
@@ -919,6 +1233,7 @@ impl Sim {
         for i in 0..self.n {
             self.cycle(i);
         }
+        let all: Vec<usize> = (0..self.n).collect();
         let settled = |s: &Sim| {
             s.net.is_empty()
                 && s.nodes.iter().flatten().all(|n| {
@@ -926,6 +1241,7 @@ impl Sim {
                         && n.core.skipped() == 0
                         && n.waiting.is_empty()
                 })
+                && s.cursors_settled(&all, None)
         };
         for _ in 0..20_000 {
             if settled(self) {
@@ -935,6 +1251,7 @@ impl Sim {
             self.deliver_due();
             for i in 0..self.n {
                 self.dispatch(i);
+                self.fanout(i);
             }
             self.drive();
         }
@@ -956,8 +1273,10 @@ impl Sim {
                 })
                 .collect();
             panic!(
-                "seed {}: the backlogs never drained; {} messages in the air; nodes: {state:#?}",
+                "seed {}: the backlogs never drained (or the fan-out cursors never caught up: \
+                 {}); {} messages in the air; nodes: {state:#?}",
                 self.seed,
+                !self.cursors_settled(&all, None),
                 self.net.len()
             );
         }
@@ -1002,11 +1321,11 @@ impl Sim {
     fn take_all(&mut self, i: usize) {
         {
             let node = self.nodes[i].as_ref().unwrap();
-            for name in TOPICS {
+            for name in TOPICS.into_iter().chain([CHILD]) {
                 // The churned topic may end deleted.
                 let Some(t) = node.meta.topic(name) else { continue };
                 let inc = t.incarnation();
-                for p in (0..PARTITIONS).filter(|&p| owner_of(p, self.n) == i) {
+                for p in (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i) {
                     let part = node.topics.partition(&t, p).unwrap();
                     loop {
                         let now = self.clock.wall_ms();
@@ -1085,7 +1404,7 @@ impl Sim {
                 n.core.checkpoint() == n.wal.durable_next()
                     && n.core.skipped() == 0
                     && n.waiting.is_empty()
-            })
+            }) && s.cursors_settled(&live, Some(d))
         };
         let mut rounds = 0;
         while !settled(self) && rounds < 20_000 {
@@ -1094,6 +1413,7 @@ impl Sim {
             self.deliver_due();
             for &i in &live {
                 self.dispatch(i);
+                self.fanout(i);
             }
             self.drive();
         }
@@ -1115,8 +1435,10 @@ impl Sim {
                 })
                 .collect();
             panic!(
-                "seed {}: with node {d} dead, the live nodes' backlogs never drained: {state:#?}",
-                self.seed
+                "seed {}: with node {d} dead, the live nodes' backlogs never drained (or their \
+                 fan-out cursors waited for it: {}): {state:#?}",
+                self.seed,
+                !self.cursors_settled(&live, Some(d))
             );
         }
         self.clock.advance(Duration::from_secs(120));
@@ -1150,6 +1472,38 @@ impl Sim {
             owed.len(),
             &missing[..missing.len().min(3)]
         );
+        // Fan-out: every parent record of a live node's partition below its
+        // cursor reached the child without the dead node, unless its group
+        // had been committed on the dead node itself before it died.
+        let mut owed_child = Vec::new();
+        for &i in &live {
+            let node = self.nodes[i].as_ref().unwrap();
+            let Some(t) = node.meta.topic(CHILD_PARENT) else { continue };
+            for (&p, c) in &node.cursors {
+                let lo = (CHILD_PARENT.to_owned(), t.incarnation(), p, 0);
+                let hi = (CHILD_PARENT.to_owned(), t.incarnation(), p, c.next);
+                owed_child.extend(
+                    l.at.range(lo..hi)
+                        .map(|(_, payload)| payload)
+                        .filter(|payload| !l.child_committed_on[d].contains(*payload)),
+                );
+            }
+        }
+        let missing: Vec<String> = owed_child
+            .iter()
+            .filter(|p| !l.child_delivered.contains(**p))
+            .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "seed {}: with node {d} dead, {} of {} parent records of the live nodes' partitions \
+             below their cursors never reached {CHILD}, e.g. {:?}",
+            self.seed,
+            missing.len(),
+            owed_child.len(),
+            &missing[..missing.len().min(3)]
+        );
+        self.tally.child_delivered_without_dead += owed_child.len() as u64;
         self.tally.stayed_dead += 1;
         self.tally.delivered_without_dead += owed.len() as u64;
         self.tally.rerouted_delivered_without_dead +=
@@ -1187,19 +1541,57 @@ impl Sim {
                 String::from_utf8_lossy(&p[..p.len().min(24)])
             );
         }
-        // Copies: the offsets that carry one record.
+        // Copies: the offsets that carry one record (in the topics it was
+        // produced to; the child's below).
         let mut copies: HashMap<&[u8], u32> = HashMap::new();
-        for p in l.at.values() {
-            *copies.entry(p.as_slice()).or_default() += 1;
+        let mut child_copies: HashMap<&[u8], u32> = HashMap::new();
+        for ((topic, ..), p) in &l.at {
+            let n = if topic == CHILD { &mut child_copies } else { &mut copies };
+            *n.entry(p.as_slice()).or_default() += 1;
         }
         let most = copies.values().copied().max().unwrap_or(0);
         assert!(
             most <= MAX_COPIES,
             "seed {seed}: a record was committed at {most} offsets (at most {MAX_COPIES})"
         );
+        // Fan-out: every record of the parent reached the child, and no
+        // parent offset's record more than MAX_CHILD_COPIES times.
+        let parent_records: HashSet<&[u8]> =
+            l.at.iter()
+                .filter(|((topic, ..), _)| topic == CHILD_PARENT)
+                .map(|(_, p)| p.as_slice())
+                .collect();
+        let unfanned: Vec<String> = parent_records
+            .iter()
+            .filter(|p| !l.child_delivered.contains(**p))
+            .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
+            .collect();
+        assert!(
+            unfanned.is_empty(),
+            "seed {seed}: {} of {} records of {CHILD_PARENT} never reached its child {CHILD}, \
+             e.g. {:?}",
+            unfanned.len(),
+            parent_records.len(),
+            &unfanned[..unfanned.len().min(3)]
+        );
+        let mut most_child = 0;
+        for (p, &n) in &child_copies {
+            let per_offset = n.div_ceil(copies.get(p).copied().unwrap_or(1).max(1));
+            most_child = most_child.max(per_offset);
+        }
+        assert!(
+            most_child <= MAX_CHILD_COPIES,
+            "seed {seed}: a parent offset's record reached {CHILD} at {most_child} offsets (at \
+             most {MAX_CHILD_COPIES})"
+        );
         let mut tally = self.tally;
         tally.max_copies = u64::from(most);
-        tally.copies = l.at.len() as u64;
+        tally.copies = copies.values().map(|&n| u64::from(n)).sum();
+        tally.parent_records = parent_records.len() as u64;
+        tally.parent_offsets =
+            l.at.keys().filter(|(topic, ..)| topic == CHILD_PARENT).count() as u64;
+        tally.child_copies = child_copies.values().map(|&n| u64::from(n)).sum();
+        tally.max_child_copies = u64::from(most_child);
         tally.acked = l.acked.len() as u64;
         tally.delivered = l.delivered.len() as u64;
         tally.deliveries = l.deliveries;
@@ -1242,8 +1634,10 @@ fn seeds() -> Vec<u64> {
     if let Some(s) = std::env::var("NARAD_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![s];
     }
-    let n = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
-    (0..n).collect()
+    let n: u64 = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    // `NARAD_SEED_FROM=F`: seeds F..F+N (a long soak run in slices).
+    let from: u64 = std::env::var("NARAD_SEED_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    (from..from + n).collect()
 }
 
 #[test]
@@ -1269,6 +1663,12 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.rerouted_delivered_without_dead += t.rerouted_delivered_without_dead;
         total.max_copies = total.max_copies.max(t.max_copies);
         total.copies += t.copies;
+        total.parent_records += t.parent_records;
+        total.parent_offsets += t.parent_offsets;
+        total.child_copies += t.child_copies;
+        total.max_child_copies = total.max_child_copies.max(t.max_child_copies);
+        total.child_rerouted += t.child_rerouted;
+        total.child_delivered_without_dead += t.child_delivered_without_dead;
     }
     eprintln!(
         "cluster simulation: {} seeds in {:.1?}: {} acked, all delivered but {} of incarnations \
@@ -1276,7 +1676,10 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
          members marked dead; {} node crashes ({} starts failed on a disk fault); {} messages, {} \
          lost, {} answers after their commit gave up; {} runs with a node dead for good: {} \
          records of the live nodes delivered without it ({} of them rerouted); at most {} \
-         copies of one record, {:.3} offsets per distinct record",
+         copies of one record, {:.3} offsets per distinct record; fan-out: {} parent records all \
+         in the child, {:.3} child offsets per parent offset, at most {} per parent offset, {} \
+         keyless child records moved off a failing or dead child partition, {} parent records \
+         reached the child while a node was dead for good",
         seeds.len(),
         started.elapsed(),
         total.acked,
@@ -1294,7 +1697,12 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.delivered_without_dead,
         total.rerouted_delivered_without_dead,
         total.max_copies,
-        total.copies as f64 / total.delivered.max(1) as f64
+        total.copies as f64 / total.delivered.max(1) as f64,
+        total.parent_records,
+        total.child_copies as f64 / total.parent_offsets.max(1) as f64,
+        total.max_child_copies,
+        total.child_rerouted,
+        total.child_delivered_without_dead
     );
     // Over many seeds, copies per record stay near what the faults explain
     // (commits that land after their sender gave up, crashes between a
@@ -1305,6 +1713,13 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         assert!(
             total.copies * 100 <= total.delivered * 160,
             "more than 1.6 offsets per distinct record: {total:?}"
+        );
+        // The child: a slab's groups are committed once each (a cursor
+        // re-sends only after a crash before its file's store, or a
+        // commit that landed after its sender gave up).
+        assert!(
+            total.child_copies * 100 <= total.parent_offsets * 160,
+            "more than 1.6 child offsets per parent offset: {total:?}"
         );
     }
     assert!(

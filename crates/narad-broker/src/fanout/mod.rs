@@ -66,7 +66,7 @@
 pub mod cursor;
 pub mod cursor_file;
 pub mod peers;
-mod slab;
+pub mod slab;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

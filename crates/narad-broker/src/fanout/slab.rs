@@ -51,21 +51,21 @@ use crate::partition::keyed_partition;
 
 /// The owner of each child partition and whether membership reports it
 /// alive (`None`: not assigned), indexed by partition.
-pub(crate) type Owners = [Option<(OwnerId, bool)>];
+pub type Owners = [Option<(OwnerId, bool)>];
 
 /// A slab read from the parent, grouped for one child, not all committed
 /// yet.
 #[derive(Debug)]
-pub(crate) struct PendingSlab {
+pub struct PendingSlab {
     /// The parent offset after the slab: the cursor's position once every
     /// group has committed.
-    pub(crate) next_offset: u64,
+    pub next_offset: u64,
     /// Records in the slab (for the metrics, once it is all committed).
-    pub(crate) records: u64,
+    pub records: u64,
     /// Payload bytes in the slab.
-    pub(crate) bytes: u64,
+    pub bytes: u64,
     /// The parent commit time of its first record (for the due lag).
-    pub(crate) first_commit_time_ms: Option<u64>,
+    pub first_commit_time_ms: Option<u64>,
     /// The child incarnation it was grouped for.
     child_incarnation: u64,
     /// The child's name.
@@ -77,19 +77,19 @@ pub(crate) struct PendingSlab {
 
 /// What one pass over a pending slab does.
 #[derive(Debug, Default)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// The groups to commit now: (child partition, its owner, the group).
-    pub(crate) tries: Vec<(u32, OwnerId, CommitBatch)>,
+    pub tries: Vec<(u32, OwnerId, CommitBatch)>,
     /// Child partitions with records to commit and no owner: they wait.
-    pub(crate) unowned: Vec<u32>,
+    pub unowned: Vec<u32>,
     /// Keyless records moved: (from partition, to partition, records).
-    pub(crate) rerouted: Vec<(u32, u32, u64)>,
+    pub rerouted: Vec<(u32, u32, u64)>,
 }
 
 impl PendingSlab {
     /// Groups `records` (read from the parent, up to `next_offset`) for
     /// `child`; keyless records take the next partitions of `spread`.
-    pub(crate) fn new(
+    pub fn new(
         child: &Topic,
         records: &[LogRecord],
         next_offset: u64,
@@ -132,7 +132,7 @@ impl PendingSlab {
     /// Whether the slab was grouped for `child` as it is now (same
     /// incarnation, same partition count); if not, it must be read and
     /// grouped again.
-    pub(crate) fn fits(&self, child: &Topic) -> bool {
+    pub fn fits(&self, child: &Topic) -> bool {
         self.child_incarnation == child.incarnation()
             && self.groups.len() == child.partitions().max(1) as usize
     }
@@ -142,7 +142,7 @@ impl PendingSlab {
     /// group still to commit whose partition is due and has an owner
     /// (`owners`, indexed by partition); due ones without an owner are
     /// listed apart.
-    pub(crate) fn plan(&mut self, health: &ChildHealth, owners: &Owners, now: Duration) -> Plan {
+    pub fn plan(&mut self, health: &ChildHealth, owners: &Owners, now: Duration) -> Plan {
         let mut plan = Plan { rerouted: self.reroute(health, owners, now), ..Plan::default() };
         for (p, group) in self.groups.iter().enumerate() {
             let Some(group) = group.as_ref().filter(|_| health.due(p, now)) else { continue };
@@ -157,7 +157,7 @@ impl PendingSlab {
     /// Moves the keyless records of each partition that reroutes at `now`
     /// (see the module docs) to its sibling: (from, to, records) for each
     /// move.
-    pub(crate) fn reroute(
+    pub fn reroute(
         &mut self,
         health: &ChildHealth,
         owners: &Owners,
@@ -202,8 +202,13 @@ impl PendingSlab {
         moved
     }
 
+    /// The groups not committed yet: (child partition, its records).
+    pub fn uncommitted(&self) -> impl Iterator<Item = (u32, &CommitBatch)> {
+        self.groups.iter().enumerate().filter_map(|(p, g)| Some((p as u32, g.as_ref()?)))
+    }
+
     /// The group of `partition` committed: it is never sent again.
-    pub(crate) fn committed(&mut self, partition: u32) {
+    pub fn committed(&mut self, partition: u32) {
         if let Some(g) = self.groups.get_mut(partition as usize) {
             *g = None;
         }
@@ -214,7 +219,7 @@ impl PendingSlab {
     /// reroute (a reroute already due was made by [`PendingSlab::reroute`],
     /// or has no sibling to go to: it waits for the group's next try). `None`
     /// when every group has committed.
-    pub(crate) fn next_due(&self, health: &ChildHealth, now: Duration) -> Option<Duration> {
+    pub fn next_due(&self, health: &ChildHealth, now: Duration) -> Option<Duration> {
         let mut next: Option<Duration> = None;
         for (p, group) in self.groups.iter().enumerate() {
             let Some(group) = group else { continue };
@@ -251,7 +256,7 @@ struct PartitionHealth {
 /// How each partition of one child fares for one cursor: when each may be
 /// tried again.
 #[derive(Debug, Default)]
-pub(crate) struct ChildHealth {
+pub struct ChildHealth {
     /// The child incarnation and partition count it tracks.
     child: (u64, u32),
     parts: Vec<PartitionHealth>,
@@ -260,7 +265,7 @@ pub(crate) struct ChildHealth {
 impl ChildHealth {
     /// Starts over when `child` is not the one it tracks (another
     /// incarnation, another partition count).
-    pub(crate) fn track(&mut self, child: &Topic) {
+    pub fn track(&mut self, child: &Topic) {
         let id = (child.incarnation(), child.partitions().max(1));
         if self.child != id {
             self.child = id;
@@ -304,7 +309,7 @@ impl ChildHealth {
     }
 
     /// A commit into `partition` landed.
-    pub(crate) fn committed(&mut self, partition: u32) {
+    pub fn committed(&mut self, partition: u32) {
         if let Some(h) = self.parts.get_mut(partition as usize) {
             *h = PartitionHealth::default();
         }
@@ -313,7 +318,7 @@ impl ChildHealth {
     /// A try of `partition` at `now` did not land (`failed`: the commit
     /// failed, rather than was refused or found no owner): it is not tried
     /// again before the back-off this returns.
-    pub(crate) fn missed(&mut self, partition: u32, now: Duration, failed: bool) -> Duration {
+    pub fn missed(&mut self, partition: u32, now: Duration, failed: bool) -> Duration {
         let Some(h) = self.parts.get_mut(partition as usize) else {
             return FANOUT_COMMIT_BACKOFF_MIN;
         };
