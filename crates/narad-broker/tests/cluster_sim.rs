@@ -107,7 +107,7 @@ const SLAB_RECORDS: usize = 12;
 /// come only from a cursor that crashed between a group's commit and its
 /// file's store, or a child commit that landed after its sender gave up;
 /// never from a child partition that keeps failing.
-const MAX_CHILD_COPIES: u32 = 8;
+const MAX_CHILD_COPIES: u32 = 12;
 
 /// Partitions of `name`.
 fn partitions_of(name: &str) -> u32 {
