@@ -234,6 +234,7 @@ fn samples() -> Vec<(&'static str, Request)> {
             }),
         ),
         ("settle_fanout_links", Request::SettleFanoutLinks(42)),
+        ("read_index", Request::ReadIndex),
     ]
 }
 
@@ -304,6 +305,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         [29, 30, 31, 32, 33]
     );
     assert_eq!((Op::AnchorFanoutLink as u8, Op::SettleFanoutLinks as u8), (34, 35));
+    assert_eq!(Op::ReadIndex as u8, 36);
 }
 
 #[test]
