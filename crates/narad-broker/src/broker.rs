@@ -171,6 +171,9 @@ pub enum Routing {
         /// The owners of a parent's other partitions, for link changes
         /// and fan-out lag.
         links: Arc<dyn LinkPeers>,
+        /// Whether this replica caught up with the leader (fan-out acts
+        /// only then).
+        freshness: Arc<dyn crate::fanout::ReplicaFreshness>,
     },
 }
 
@@ -184,6 +187,8 @@ struct Routes {
     node_id: Option<String>,
     /// Other owners of fan-out parents' partitions (cluster only).
     links: Option<Arc<dyn LinkPeers>>,
+    /// Whether this replica caught up with the leader (cluster only).
+    freshness: Option<Arc<dyn crate::fanout::ReplicaFreshness>>,
 }
 
 impl Routes {
@@ -203,9 +208,10 @@ impl Routes {
                     topology: r,
                     node_id: None,
                     links: None,
+                    freshness: None,
                 }
             }
-            Routing::Cluster { ids, remote, confirmer, links } => {
+            Routing::Cluster { ids, remote, confirmer, links, freshness } => {
                 let r = Arc::new(ClusterResolver::new(meta.clone(), ids, confirmer, clock.clone()));
                 Routes {
                     owner: Arc::new(RoutedOwner::new(local.clone(), remote)),
@@ -213,6 +219,7 @@ impl Routes {
                     topology: r,
                     node_id: Some(node_id.to_owned()),
                     links: Some(links),
+                    freshness: Some(freshness),
                 }
             }
         }
@@ -399,6 +406,7 @@ impl Broker {
             fs: fs.clone(),
             clock: clock.clone(),
             metrics: metrics.clone(),
+            freshness: routes.freshness,
         }));
         let broker = Arc::new(Broker {
             fanout: fanout.clone(),

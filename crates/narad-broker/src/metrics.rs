@@ -226,6 +226,9 @@ pub struct BrokerMetrics {
     pub fanout_delay_gate_holds: Family<crate::fanout::FanoutLabels, Counter>,
     /// Fan-out cursors started again after they ended while their link held.
     pub fanout_cursor_restarts: Family<crate::fanout::FanoutLabels, Counter>,
+    /// 1 while the fan-out reconciler waits for this replica to catch up
+    /// with the Raft leader (no cursor starts or resumes, no sweep).
+    pub fanout_waiting_for_replica: Gauge,
     /// Commits of a fan-out group (a slab's records for one child
     /// partition) that did not land; the group is tried again.
     pub fanout_commit_failures: Family<crate::fanout::FanoutLabels, Counter>,
@@ -458,6 +461,11 @@ impl BrokerMetrics {
             "fanout_delay_gate_holds",
             "Times a delayed child's cursor waited for its next record to be due",
             fanout_delay_gate_holds
+        );
+        reg!(
+            "fanout_waiting_for_replica",
+            "1 while fan-out cursors wait for this node's metadata replica to catch up with the Raft leader",
+            fanout_waiting_for_replica
         );
         reg!(
             "fanout_cursor_restarts",

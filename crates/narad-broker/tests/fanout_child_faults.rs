@@ -108,6 +108,7 @@ async fn rig(seed: u64) -> Rig {
         fs: fs.shared(),
         clock,
         metrics: metrics.clone(),
+        freshness: None,
     }));
     let create = |name: &str, parent: &str, partitions: i64| CreateTopicRequest {
         name: name.into(),

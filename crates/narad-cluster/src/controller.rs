@@ -1,13 +1,16 @@
 //! The cluster controller: what the leader proposes on each tick (SPEC §7.2).
 //!
-//! [`plan`] is a pure, deterministic function of the metastore state and the
-//! leader's wall clock. [`crate::members::Membership`] runs it every
+//! [`plan_with`] is a pure, deterministic function of the metastore state and
+//! which members are overdue; [`crate::members::Membership`] decides that
+//! from the leader's own monotonic record of when each member's heartbeat
+//! last changed ([`crate::heartbeat_ages`]: no member's clock is compared
+//! with the leader's), and runs it every
 //! [`crate::limits::CONTROLLER_INTERVAL`] on the leader and proposes what it
 //! returns, in order:
 //!
 //! 1. `MemberDead` for every alive member whose last heartbeat is overdue
-//!    (more than [`MEMBER_DEAD_AFTER`] old by the leader's clock), in id
-//!    order;
+//!    (silent for more than [`MEMBER_DEAD_AFTER`] by the leader's monotonic
+//!    clock), in id order;
 //! 2. one `AssignPartitions` per topic that has unassigned partitions, placed
 //!    by narad-broker's [`placement::place`] over the ring of the members
 //!    still alive after step 1, sorted by id: round robin `ring[p % n]`, a
@@ -24,19 +27,28 @@
 
 use narad_broker::placement::{self, heartbeat_overdue};
 use narad_meta::{
-    AssignPartitions, Command, MemberDead, MemberStatus, MetaState, PartitionAssignment, Topic,
+    AssignPartitions, Command, Member, MemberDead, MemberStatus, MetaState, PartitionAssignment,
+    Topic,
 };
 
 #[cfg(doc)]
 use crate::limits::MEMBER_DEAD_AFTER;
 
-/// The commands one controller tick proposes on `state` at `now_s` (the
-/// leader's wall clock, Unix seconds), in the order of the module docs.
-/// Empty when there is nothing to do.
+/// [`plan_with`] where every heartbeat was stamped by the clock that reads
+/// `now_s` (Unix seconds): overdue = older than [`MEMBER_DEAD_AFTER`] by
+/// it. For states whose stamps share one clock (tests); the running
+/// controller uses [`plan_with`] with the leader's own ages.
 pub fn plan(state: &MetaState, now_s: i64) -> Vec<Command> {
+    plan_with(state, &|m: &Member| heartbeat_overdue(m.last_heartbeat, now_s))
+}
+
+/// The commands one controller tick proposes on `state`, `overdue` saying
+/// which members have been silent too long, in the order of the module
+/// docs. Empty when there is nothing to do.
+pub fn plan_with(state: &MetaState, overdue: &dyn Fn(&Member) -> bool) -> Vec<Command> {
     let mut commands: Vec<Command> = state
         .members()
-        .filter(|m| m.status == MemberStatus::Alive && heartbeat_overdue(m.last_heartbeat, now_s))
+        .filter(|m| m.status == MemberStatus::Alive && overdue(m))
         .map(|m| {
             Command::MemberDead(MemberDead {
                 id: m.id.clone(),
@@ -45,7 +57,11 @@ pub fn plan(state: &MetaState, now_s: i64) -> Vec<Command> {
         })
         .collect();
     // The same rule as the marking above: alive and not overdue.
-    let ring = placement::alive_ring(state, now_s);
+    let ring: Vec<String> = state
+        .members()
+        .filter(|m| m.status == MemberStatus::Alive && !overdue(m))
+        .map(|m| m.id.clone())
+        .collect();
     if ring.is_empty() {
         return commands;
     }

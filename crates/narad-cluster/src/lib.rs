@@ -12,6 +12,7 @@ pub mod error;
 pub mod frame;
 mod gate;
 pub mod handshake;
+pub mod heartbeat_ages;
 pub mod limits;
 pub mod members;
 pub mod metrics;

@@ -12,7 +12,10 @@
 //! * **controller**, every [`CONTROLLER_INTERVAL`], acting only while
 //!   [`LeaderView::is_leader`]: proposes [`crate::controller::plan`]'s
 //!   commands one by one (marks overdue members dead, places unassigned
-//!   partitions). It stops at the first refusal or on losing leadership; the
+//!   partitions). Overdue is judged by the leader's own monotonic clock:
+//!   how long a member's heartbeat value has not changed
+//!   ([`crate::heartbeat_ages`]), never by comparing the member's clock
+//!   with the leader's. It stops at the first refusal or on losing leadership; the
 //!   next tick plans again from the state as it then is.
 //!
 //! Proposals block (a commit waits for an fsync or for consensus), so both
@@ -38,7 +41,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior, interval_at};
 
 use crate::auth::WarnLimiter;
-use crate::controller::plan;
+use crate::controller::plan_with;
+use crate::heartbeat_ages::HeartbeatAges;
 use crate::limits::{
     CONTROLLER_INTERVAL, HEARTBEAT_INTERVAL, MEMBER_DEAD_AFTER, MEMBERSHIP_WARN_INTERVAL,
 };
@@ -71,6 +75,8 @@ struct Ctx {
     me: Member,
     leader: Arc<dyn LeaderView>,
     clock: ClockRef,
+    /// While this node leads: when each member's heartbeat last changed.
+    ages: Mutex<HeartbeatAges>,
     members: Family<MemberStatusLabels, Gauge>,
     errors: Family<ErrorLabels, Counter>,
     heartbeat_warn: WarnLimiter,
@@ -102,6 +108,7 @@ impl Membership {
             me,
             leader,
             clock,
+            ages: Mutex::default(),
             members,
             errors,
             heartbeat_warn: WarnLimiter::every(MEMBERSHIP_WARN_INTERVAL),
@@ -242,6 +249,8 @@ async fn controller_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
                 Some(Ok(Err(e))) => ctx.failed(Activity::Controller, &e),
                 Some(Err(panicked)) => ctx.failed(Activity::Controller, &panicked),
             }
+        } else {
+            ctx.ages.lock().unwrap_or_else(|p| p.into_inner()).clear();
         }
         ctx.refresh_members();
     }
@@ -250,7 +259,13 @@ async fn controller_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
 /// One controller tick: plan on the current state and propose each
 /// command, while still leader and not stopped. Blocking.
 fn controller_tick(ctx: &Ctx, stop: &watch::Receiver<bool>) -> Result<(), MetaError> {
-    let commands = plan(&ctx.meta.snapshot(), ctx.now_s());
+    let state = ctx.meta.snapshot();
+    let now = ctx.clock.mono();
+    let commands = {
+        let mut ages = ctx.ages.lock().unwrap_or_else(|p| p.into_inner());
+        ages.observe(&state, now);
+        plan_with(&state, &|m| ages.overdue(m, now))
+    };
     for command in commands {
         if *stop.borrow() || !ctx.leader.is_leader() {
             return Ok(());

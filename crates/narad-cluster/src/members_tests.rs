@@ -115,9 +115,23 @@ async fn the_leader_marks_a_member_silent_for_31_s_dead_a_follower_does_not_and_
     let text = metrics(&registry);
     assert!(text.contains("narad_cluster_members{status=\"alive\"} 2"), "{text}");
 
-    // Leader: the next tick marks it dead; n1 (heartbeating) stays alive.
+    // Leader: it has not heard n2 since it leads, so n2 is marked dead once
+    // silent for over 30 s by the leader's own clock (its record's age by
+    // the leader's wall clock is not evidence: clocks differ); n1
+    // (heartbeating) stays alive.
     leader.0.store(true, Ordering::SeqCst);
-    eventually("n2 marked dead", || node.status("n2") == Some(MemberStatus::Dead)).await;
+    tokio::time::sleep(CONTROLLER_INTERVAL).await;
+    for _ in 0..30 {
+        node.pass(Duration::from_secs(1)).await;
+    }
+    assert_eq!(node.status("n2"), Some(MemberStatus::Alive), "dead within 30 s of leading");
+    for _ in 0..2 * CONTROLLER_INTERVAL.as_secs() {
+        if node.status("n2") == Some(MemberStatus::Dead) {
+            break;
+        }
+        node.pass(Duration::from_secs(1)).await;
+    }
+    assert_eq!(node.status("n2"), Some(MemberStatus::Dead), "n2 marked dead");
     assert_eq!(node.status("n1"), Some(MemberStatus::Alive));
     eventually("the gauge follows", || {
         let text = metrics(&registry);
@@ -139,7 +153,7 @@ async fn the_leader_marks_a_member_silent_for_31_s_dead_a_follower_does_not_and_
     }
     let state = node.meta.snapshot();
     for id in ["n1", "n2"] {
-        let age = T0_S + 120 - state.member(id).unwrap().last_heartbeat;
+        let age = T0_S + 150 - state.member(id).unwrap().last_heartbeat;
         assert!(age <= HEARTBEAT_INTERVAL.as_secs() as i64, "{id} last beat {age} s ago");
     }
 
@@ -154,9 +168,11 @@ async fn the_leader_marks_a_member_silent_for_31_s_dead_a_follower_does_not_and_
         seconds += 1;
         assert!(seconds < 60, "n2 still alive after {seconds} s of silence");
     }
-    let silent = T0_S + 120 + seconds - stopped_at;
+    let silent = T0_S + 150 + seconds - stopped_at;
+    // The leader sees a beat at its next tick (up to one tick late) and
+    // marks the member at the first tick over 30 s after that.
     let tick = CONTROLLER_INTERVAL.as_secs() as i64;
-    assert!((31..=31 + tick).contains(&silent), "marked dead after {silent} s of silence");
+    assert!((31..=31 + 2 * tick).contains(&silent), "marked dead after {silent} s of silence");
     assert_eq!(node.status("n1"), Some(Alive));
     tokio::time::timeout(Duration::from_secs(1), n1.stop()).await.expect("stop is prompt");
     assert_eq!((node.errors("heartbeat"), node.errors("controller")), (0, 0));
@@ -213,4 +229,77 @@ async fn a_failing_heartbeat_is_counted_and_the_heartbeat_keeps_trying() {
     eventually("three failed heartbeats", || node.errors("heartbeat") >= 3).await;
     assert_eq!(node.status("n1"), None);
     n1.stop().await;
+}
+
+/// A node whose wall clock is `skew_s` off the leader's, sharing its
+/// monotonic time (tokio's paused time drives both).
+fn skewed(node: &Node, id: &str, skew_s: i64) -> (ManualClock, Membership) {
+    let clock = ManualClock::new((T0_S + skew_s) as u64 * 1000);
+    let me = member(id, 0, MemberStatus::Dead);
+    let m = Membership::start(
+        node.meta.clone(),
+        me,
+        leads(false),
+        Arc::new(clock.clone()),
+        &mut Registry::default(),
+        node.errors.clone(),
+    );
+    (clock, m)
+}
+
+/// Issue 35 (clock skew): dead-marking uses the leader's own clock for how
+/// long a member has been silent, never the member's clock. A member 100 s
+/// behind stays alive while it beats (it was marked dead at every tick
+/// when its stamp was compared with the leader's clock); one 100 s ahead
+/// is marked dead about 30 s after it stops (it stayed alive for its skew
+/// on top).
+#[tokio::test(start_paused = true)]
+async fn a_members_clock_skew_neither_marks_it_dead_while_it_beats_nor_keeps_it_alive_once_silent()
+{
+    let node = Node::new();
+    let mut registry = Registry::with_prefix("narad");
+    let n1 = node.start("n1", leads(true), &mut registry);
+    let (behind_clock, behind) = skewed(&node, "behind", -100);
+    let (ahead_clock, ahead) = skewed(&node, "ahead", 100);
+    let pass = |by: Duration| {
+        node.clock.advance(by);
+        behind_clock.advance(by);
+        ahead_clock.advance(by);
+        tokio::time::sleep(by)
+    };
+    eventually("both beat", || {
+        node.status("behind") == Some(Alive) && node.status("ahead") == Some(Alive)
+    })
+    .await;
+    for s in 0..90 {
+        pass(Duration::from_secs(1)).await;
+        assert_eq!(
+            (node.status("behind"), node.status("ahead")),
+            (Some(Alive), Some(Alive)),
+            "a beating member marked dead after {s} s"
+        );
+    }
+
+    // "ahead" stops: dead after 30 s of silence (plus at most a tick and a
+    // beat interval), not 30 s plus its 100 s of skew.
+    tokio::time::timeout(Duration::from_secs(1), ahead.stop()).await.expect("stop is prompt");
+    let mut seconds = 0u64;
+    while node.status("ahead") == Some(Alive) {
+        pass(Duration::from_secs(1)).await;
+        seconds += 1;
+        assert!(
+            seconds < 100,
+            "a stopped member ahead of the leader still alive after {seconds} s"
+        );
+    }
+    // Its last beat came up to a beat interval before it stopped, the
+    // leader saw it up to a tick later, and marks it at the first tick
+    // over 30 s after that.
+    let bound = 31 + 2 * CONTROLLER_INTERVAL.as_secs() + HEARTBEAT_INTERVAL.as_secs();
+    assert!((25..=bound).contains(&seconds), "marked dead {seconds} s after it stopped");
+    assert_eq!(node.status("behind"), Some(Alive));
+    for m in [behind, n1] {
+        tokio::time::timeout(Duration::from_secs(1), m.stop()).await.expect("stop is prompt");
+    }
+    assert_eq!(node.errors("controller"), 0);
 }

@@ -113,11 +113,15 @@ pub enum Op {
     /// 35: apply the metastore up to an index and stop the fan-out cursors
     /// of links gone by then.
     SettleFanoutLinks = 35,
+    /// 36: the Raft leader's read index (its commit index once a quorum
+    /// confirmed it still leads): how far a replica must apply to be
+    /// caught up (SPEC §7.1).
+    ReadIndex = 36,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 35] = [
+    pub const ALL: [Op; 36] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -153,6 +157,7 @@ impl Op {
         Op::RaftCampaign,
         Op::AnchorFanoutLink,
         Op::SettleFanoutLinks,
+        Op::ReadIndex,
     ];
 
     /// The op of a code byte.
@@ -198,6 +203,7 @@ impl Op {
             Op::RaftCampaign => "raft_campaign",
             Op::AnchorFanoutLink => "anchor_fanout_link",
             Op::SettleFanoutLinks => "settle_fanout_links",
+            Op::ReadIndex => "read_index",
         }
     }
 }
@@ -451,6 +457,8 @@ pub enum Request {
     AnchorFanoutLink(AnchorFanoutLink),
     /// 35: `applied_index u64`.
     SettleFanoutLinks(u64),
+    /// 36: no fields.
+    ReadIndex,
 }
 
 impl Request {
@@ -484,6 +492,7 @@ impl Request {
             Request::FanoutCursors(_) => Op::FanoutCursors,
             Request::AnchorFanoutLink(_) => Op::AnchorFanoutLink,
             Request::SettleFanoutLinks(_) => Op::SettleFanoutLinks,
+            Request::ReadIndex => Op::ReadIndex,
         }
     }
 
@@ -592,7 +601,7 @@ impl Request {
             | Request::RaftInstallSnapshot(b) => {
                 e.shared(b);
             }
-            Request::RaftCampaign => {}
+            Request::RaftCampaign | Request::ReadIndex => {}
             Request::FanoutCursors(r) => {
                 e.str(&r.topic);
                 if let Some(id) = r.incarnation {
@@ -719,6 +728,7 @@ impl Request {
             }),
             Op::AnchorFanoutLink => Request::AnchorFanoutLink(anchor(&mut d)?),
             Op::SettleFanoutLinks => Request::SettleFanoutLinks(d.u64("applied_index")?),
+            Op::ReadIndex => Request::ReadIndex,
             Op::Produce
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk

@@ -32,6 +32,9 @@ pub enum ClusterRole {
     Candidate,
     /// A non-voter catching up (e.g. joining).
     Learner,
+    /// Raft's core stopped on a fatal error (see `stopped`): this node
+    /// neither follows nor votes until it restarts.
+    Stopped,
 }
 
 /// `GET /v1/cluster/status`: this node's view of the control plane.
@@ -57,6 +60,9 @@ pub struct ClusterStatus {
     pub voters: Vec<String>,
     /// The learners' node ids.
     pub learners: Vec<String>,
+    /// Why this node's Raft core stopped (role `stopped`), e.g. a failed
+    /// log write on a full disk; `null` while it runs.
+    pub stopped: Option<String>,
 }
 
 impl ClusterStatus {
@@ -73,6 +79,7 @@ impl ClusterStatus {
             applied_index,
             voters: vec![node_id.to_owned()],
             learners: Vec::new(),
+            stopped: None,
         }
     }
 }
@@ -84,6 +91,12 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     /// This node's current view (cheap, non-blocking: served on the async
     /// runtime).
     fn status(&self) -> ClusterStatus;
+
+    /// Why this node's control plane stopped on a fatal error (`None`: it
+    /// runs). Makes `/readyz` answer 503.
+    fn control_plane_stopped(&self) -> Option<String> {
+        None
+    }
 
     /// The figures of a partition as its owner `owner` has them, for the
     /// topic's incarnation `incarnation` (node RPC op 8; an `Err` says why

@@ -120,7 +120,23 @@ impl NodeHandler {
             Request::ExtendAck(r) => resolve_for_peer(broker, r, AckAction::Extend),
             Request::Nack(r) => resolve_for_peer(broker, r, AckAction::Nack),
             Request::FanoutCursors(r) => crate::fanout_peers::lag_for_peer(broker, r).await,
-            Request::AnchorFanoutLink(a) => crate::fanout_peers::anchor_for_peer(broker, a).await,
+            Request::AnchorFanoutLink(a) => {
+                // A stale replica could take a link already committed (a
+                // late or repeated request) for a new one and move its
+                // cursor to the high watermark: anchor only once caught up
+                // (refused, the cursor starts from the link's attach time).
+                let fresh = match self.control.get() {
+                    Some(control) => control.caught_up_with_leader().await,
+                    None => Err("the control plane is starting".to_owned()),
+                };
+                match fresh {
+                    Ok(()) => crate::fanout_peers::anchor_for_peer(broker, a).await,
+                    Err(why) => Reply::error(
+                        503,
+                        &format!("this replica has not caught up with the raft leader: {why}"),
+                    ),
+                }
+            }
             Request::SettleFanoutLinks(index) => {
                 crate::fanout_peers::settle_for_peer(broker, index).await
             }
@@ -289,6 +305,9 @@ pub struct ClusterNode {
     control: Arc<ControlPlane>,
     handler: Arc<NodeHandler>,
     membership: OnceLock<Membership>,
+    /// The control plane's file system and the data directory (to probe
+    /// the disk once the control plane stopped).
+    storage: (FsRef, std::path::PathBuf),
     orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Members a forwarded request got no answer from, and until when they
     /// are left out of the queue-mode consume's rounds.
@@ -440,6 +459,8 @@ impl ClusterNode {
         )
         .map_err(|source| ClusterStartError::Bind { addr: settings.bind_addr, source })?;
         let transport = Arc::new(transport);
+        let fs = crate::control_restart::control_plane_fs(fs, &data_dir);
+        let storage = (fs.clone(), data_dir.clone());
         let config = ControlPlaneConfig {
             node_id: settings.node_id.clone(),
             cluster_addr: settings.advertised_addr,
@@ -479,6 +500,7 @@ impl ClusterNode {
             control,
             handler,
             membership: OnceLock::new(),
+            storage,
             orphan_task: std::sync::Mutex::new(None),
             unreachable: Default::default(),
             forwarded,
@@ -508,7 +530,7 @@ impl ClusterNode {
                 info!("every topic directory kept at start-up is settled");
                 return;
             }
-            if self.control.applied_caught_up() {
+            if self.control.caught_up_with_leader().await.is_ok() {
                 for name in names {
                     if broker.knows_topic(&name) {
                         info!(topic = %name, "this replica learned the topic: its files stay");
@@ -558,6 +580,7 @@ impl ClusterNode {
                 self.meta.clone(),
                 self.transport.clone(),
             )),
+            freshness: Arc::new(Freshness { control: self.control.clone() }),
         }
     }
 
@@ -676,6 +699,19 @@ impl ClusterNode {
         });
     }
 
+    /// Why the control plane stopped on a fatal error (`None`: it runs).
+    pub fn control_plane_stopped(&self) -> Option<String> {
+        self.control.stopped()
+    }
+
+    /// Resolves once the control plane stopped on a fatal error and the
+    /// disk accepts writes again: the server then stops, for its
+    /// supervisor to restart it (see [`crate::control_restart`]).
+    pub fn restart_needed(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+        let (fs, dir) = self.storage.clone();
+        crate::control_restart::restart_needed(self.control.clone(), fs, dir)
+    }
+
     /// Shutdown began (before HTTP drains): this node no longer campaigns
     /// for a leader that hands over, so nodes stopping together do not wait
     /// for each other.
@@ -718,6 +754,21 @@ struct LeaderConfirmer {
     control: Arc<ControlPlane>,
 }
 
+/// SPEC §6/§7.1's "caught up", asked of the leader (op 36): the fan-out
+/// reconciler acts only once it holds.
+#[derive(Debug)]
+struct Freshness {
+    control: Arc<ControlPlane>,
+}
+
+impl narad_broker::fanout::ReplicaFreshness for Freshness {
+    fn caught_up(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>> {
+        Box::pin(self.control.caught_up_with_leader())
+    }
+}
+
 impl DeleteConfirmer for LeaderConfirmer {
     fn leader_topic(
         &self,
@@ -726,9 +777,10 @@ impl DeleteConfirmer for LeaderConfirmer {
     {
         let (control, topic) = (self.control.clone(), topic.to_owned());
         Box::pin(async move {
-            if !control.applied_caught_up() {
-                return Err("this replica has not caught up with the log".into());
-            }
+            control
+                .caught_up_with_leader()
+                .await
+                .map_err(|why| format!("this replica has not caught up with the leader: {why}"))?;
             Ok(match control.leader_topic_view(&topic).await? {
                 LeaderTopicView::Absent => LeaderTopic::Absent,
                 LeaderTopicView::Present { incarnation } => LeaderTopic::Present(incarnation),
@@ -738,6 +790,10 @@ impl DeleteConfirmer for LeaderConfirmer {
 }
 
 impl ClusterView for ClusterNode {
+    fn control_plane_stopped(&self) -> Option<String> {
+        self.control.stopped()
+    }
+
     fn owner_partition_stats<'a>(
         &'a self,
         owner: &'a str,
@@ -815,7 +871,10 @@ impl ClusterView for ClusterNode {
             node_id: self.node_id.clone(),
             mode: ClusterMode::Cluster,
             role: match s.role {
+                _ if s.stopped.is_some() => ClusterRole::Stopped,
                 Role::Leader => ClusterRole::Leader,
+                // Only while this node's own shutdown runs (a core that
+                // quit on its own is `stopped` above).
                 Role::Follower | Role::Shutdown => ClusterRole::Follower,
                 Role::Candidate => ClusterRole::Candidate,
                 Role::Learner => ClusterRole::Learner,
@@ -828,6 +887,7 @@ impl ClusterView for ClusterNode {
             applied_index: s.last_applied,
             voters: s.voters,
             learners: s.learners,
+            stopped: s.stopped,
         }
     }
 }

@@ -148,6 +148,10 @@ pub enum ServerError {
     /// A final sync at shutdown failed.
     #[error("shutdown did not complete cleanly: {0}")]
     Shutdown(#[source] narad_broker::BrokerError),
+    /// The control plane stopped on a fatal error and the disk recovered:
+    /// the server stopped for its supervisor to start it afresh.
+    #[error("restart required: {0}")]
+    ControlPlaneStopped(String),
 }
 
 /// The router, for tests and for [`run`].
@@ -356,9 +360,25 @@ pub async fn run(
     let st = state.clone();
     let b = broker.clone();
     let leaving = cluster.clone();
+    // Set when the server stops because its control plane stopped (see
+    // `control_restart`): the run then ends in an error.
+    let restart_why: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let restart_needed = cluster.as_ref().map(|n| n.restart_needed());
+    let why_slot = restart_why.clone();
     let drain = async move {
-        shutdown.await;
-        info!("shutdown requested: draining in-flight requests");
+        let restart = async move {
+            match restart_needed {
+                Some(f) => f.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown => info!("shutdown requested: draining in-flight requests"),
+            why = restart => {
+                error!(reason = %why, "stopping for a restart: draining in-flight requests");
+                *why_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+            }
+        }
         st.shutting_down.store(true, Ordering::Release);
         b.begin_drain();
         if let Some(node) = leaving {
@@ -391,6 +411,9 @@ pub async fn run(
         node.shutdown().await;
     }
     stopped.map_err(ServerError::Shutdown)?;
+    if let Some(why) = restart_why.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(ServerError::ControlPlaneStopped(why));
+    }
     info!("narad stopped");
     Ok(())
 }

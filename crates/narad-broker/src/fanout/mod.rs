@@ -51,6 +51,18 @@
 //! records wait, the cursor's next slab); keyless records go around a
 //! child partition without a live owner (`fanout/slab.rs`).
 //!
+//! # A stale replica never acts
+//!
+//! On a cluster node the reconciler (cursor starts and resumes) and the
+//! sweep act only once this node's metadata replica has caught up with the
+//! Raft leader ([`ReplicaFreshness`]: a leader known and heard from within
+//! 5 s, and everything the leader had committed when asked applied here;
+//! SPEC §6, §7.1). A node restarted after missing a detach would otherwise
+//! start the detached child's cursors from its stale replica and copy
+//! records into it until it applied the detach. While it waits,
+//! `narad_fanout_waiting_for_replica` is 1 and a rate-limited INFO line
+//! says why.
+//!
 //! # A cursor that stops
 //!
 //! A cursor ends on its own only when it cannot go on: its parent
@@ -91,6 +103,20 @@ use cursor::{Cursor, CursorShared, NO_POSITION, StopReason};
 use cursor_file::{CursorFileOf, CursorState};
 
 pub use cursor::anchor;
+
+/// Whether this node's metadata replica has caught up with the Raft
+/// leader (implemented by the cluster's control plane).
+pub trait ReplicaFreshness: Send + Sync + std::fmt::Debug {
+    /// `Ok` once a leader is known and was heard from recently, and this
+    /// replica applied everything the leader had committed when asked;
+    /// `Err` says why not.
+    fn caught_up(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + '_>>;
+}
+
+/// How often the reconciler says it waits for the replica.
+const STALE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Identifies one cursor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -148,6 +174,9 @@ pub struct FanoutCtx {
     pub clock: ClockRef,
     /// Metrics.
     pub metrics: Arc<BrokerMetrics>,
+    /// On a cluster node, whether this replica caught up with the leader
+    /// (see the module docs). `None` on a single node: always.
+    pub freshness: Option<Arc<dyn ReplicaFreshness>>,
 }
 
 impl std::fmt::Debug for FanoutCtx {
@@ -469,10 +498,33 @@ impl FanoutRunner {
         let mut tick = tokio::time::interval(FANOUT_RECONCILE_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pass: u64 = 0;
+        let mut stale_log = crate::log_gate::LogGate::every(STALE_LOG_EVERY);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.changed() => break,
+            }
+            if let Some(freshness) = &self.ctx.freshness {
+                let checked = tokio::select! {
+                    checked = freshness.caught_up() => checked,
+                    _ = stop.changed() => break,
+                };
+                let waiting = &self.ctx.metrics.fanout_waiting_for_replica;
+                match checked {
+                    Ok(()) => {
+                        if waiting.get() != 0 {
+                            info!("this replica caught up with the raft leader: fan-out resumes");
+                        }
+                        waiting.set(0);
+                    }
+                    Err(why) => {
+                        waiting.set(1);
+                        if let Some(held) = stale_log.hit(self.ctx.clock.mono()) {
+                            info!(reason = %why, suppressed = held, "fan-out waits for this replica to catch up with the raft leader: no cursor starts, no sweep");
+                        }
+                        continue;
+                    }
+                }
             }
             let links = self.links.lock().await;
             let stopped = self.reconcile();

@@ -19,6 +19,20 @@
 //!   (503); a leader that cannot be dialled for that long likewise; a
 //!   transport failure after the request may have reached the leader →
 //!   `MetaError::Upstream` (502).
+//! * A fatal Raft error (a log or state machine write that failed, e.g. a
+//!   full disk: openraft quits its core) is noticed by the monitor within
+//!   [`MONITOR_INTERVAL`]: [`ControlPlane::stopped`] says why,
+//!   `narad_raft_stopped` turns 1, every write through this node answers
+//!   503, [`ControlPlane::applied_caught_up`] is false and the status's
+//!   role is [`Role::Shutdown`]. The core is not restarted in place (the
+//!   log store latched the failure and the metastore may hold a partial
+//!   apply; only reopening both from disk is sound): the server stops
+//!   the process once the disk accepts writes again, so its supervisor
+//!   starts it afresh (`narad-server`'s `cluster_node`).
+//! * A write answers success only once applied on this node: a forwarded
+//!   write the leader applied but this node did not apply within the
+//!   write's budget answers 503 (it is committed and will be visible here
+//!   once applied; a retried create answers 409).
 //! * Shutdown: a leader stops heartbeating, asks the most up-to-date voter
 //!   to campaign (33) as soon as its leader lease lapses, and waits up to
 //!   [`HANDOVER_WAIT`] for another leader before Raft stops. A voter that
@@ -231,7 +245,14 @@ pub struct RaftStatus {
     pub voters: Vec<String>,
     /// Learner ids, sorted.
     pub learners: Vec<String>,
+    /// Why Raft's core stopped on a fatal error (`None`: running, or
+    /// stopped by this node's own shutdown).
+    pub stopped: Option<String>,
 }
+
+/// How long [`ControlPlane::caught_up_with_leader`] waits for this replica
+/// to apply up to the leader's read index.
+pub const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 
 /// How long the leader's confirmation barrier may take (SPEC §7.1: 5 s).
 pub const CONFIRM_BARRIER: Duration = Duration::from_secs(5);
@@ -325,6 +346,13 @@ fn without_secrets(response: Response) -> Response {
     }
 }
 
+/// The body of ReadIndex's (op 36) 200.
+#[derive(Debug, Serialize, Deserialize)]
+struct ReadIndex {
+    /// The leader's read index.
+    index: u64,
+}
+
 /// The reply body of a ProposeCommand the leader applied.
 #[derive(Debug, Serialize, Deserialize)]
 struct Proposed {
@@ -361,6 +389,8 @@ pub struct ControlPlane {
     /// Membership changes run one at a time.
     join_lock: tokio::sync::Mutex<()>,
     stopping: AtomicBool,
+    /// Why Raft's core stopped on its own (a fatal error), once it did.
+    stopped: Mutex<Option<String>>,
     /// Set when this node's shutdown began (before its HTTP drains): it
     /// refuses to campaign for a leader that hands over.
     leaving: AtomicBool,
@@ -465,6 +495,7 @@ impl ControlPlane {
             leader_contact: Mutex::new(None),
             join_lock: tokio::sync::Mutex::new(()),
             stopping: AtomicBool::new(false),
+            stopped: Mutex::new(None),
             leaving: AtomicBool::new(false),
             tasks: Mutex::new(Vec::new()),
         });
@@ -521,6 +552,10 @@ impl ControlPlane {
         let mut last_leader = None;
         loop {
             let m = rx.borrow_and_update().clone();
+            if let Err(fatal) = &m.running_state {
+                self.note_stopped(fatal.to_string());
+                break;
+            }
             if m.current_leader != last_leader {
                 last_leader = m.current_leader;
                 let leader = self.leader().map(|l| l.id);
@@ -529,7 +564,20 @@ impl ControlPlane {
             let committed =
                 match self.raft.with_raft_state(|st| st.committed.map_or(0, |l| l.index)).await {
                     Ok(c) => c,
-                    Err(_) => break,
+                    Err(e) => {
+                        // The core quit: its metrics carry the reason as
+                        // soon as it finished quitting.
+                        let why = self
+                            .raft
+                            .wait(Some(Duration::from_secs(1)))
+                            .metrics(|m| m.running_state.is_err(), "raft core stopped")
+                            .await
+                            .ok()
+                            .and_then(|m| m.running_state.err())
+                            .map_or_else(|| e.to_string(), |f| f.to_string());
+                        self.note_stopped(why);
+                        break;
+                    }
                 };
             // `m` was read before the committed index: what it says was
             // applied was committed by then.
@@ -539,7 +587,8 @@ impl ControlPlane {
             self.metrics.leader.set(i64::from(m.state == ServerState::Leader));
             self.metrics.commit_index.set(committed as i64);
             self.metrics.applied_index.set(m.last_applied.map_or(0, |l| l.index) as i64);
-            if m.state == ServerState::Shutdown || m.running_state.is_err() {
+            if m.state == ServerState::Shutdown {
+                self.note_stopped("raft core shut down".to_owned());
                 break;
             }
             // A fixed cadence, not "wake on every metrics change": reading
@@ -548,6 +597,46 @@ impl ControlPlane {
             // this loop: an idle 3-node cluster spent ~45% of a core per
             // node in that loop. 100 ms also catches the committed index
             // moving on followers without a metrics change.
+            tokio::time::sleep(MONITOR_INTERVAL).await;
+        }
+    }
+
+    /// Records that Raft's core stopped on its own (not by
+    /// [`ControlPlane::shutdown`]): from now on this node refuses writes,
+    /// is not caught up and shows `stopped` (SPEC §7.1: a node must not
+    /// act on, or serve as current, a replica that no longer follows).
+    fn note_stopped(&self, why: String) {
+        if self.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut stopped = lock(&self.stopped);
+        if stopped.is_some() {
+            return;
+        }
+        tracing::error!(
+            node_id = %self.me.id,
+            reason = %why,
+            "the control plane stopped: raft's core quit on a fatal error; this node is not \
+             ready and refuses metadata writes until it restarts"
+        );
+        self.metrics.stopped.set(1);
+        self.metrics.leader.set(0);
+        *stopped = Some(why);
+    }
+
+    /// Why Raft's core stopped on a fatal error, once it did (`None`:
+    /// running, or stopped by this node's shutdown).
+    pub fn stopped(&self) -> Option<String> {
+        lock(&self.stopped).clone()
+    }
+
+    /// Resolves with the reason once Raft's core stopped on a fatal error
+    /// (never, while it runs).
+    pub async fn wait_stopped(&self) -> String {
+        loop {
+            if let Some(why) = self.stopped() {
+                return why;
+            }
             tokio::time::sleep(MONITOR_INTERVAL).await;
         }
     }
@@ -606,6 +695,7 @@ impl ControlPlane {
             Request::JoinCluster(j) => return Some(self.handle_join(j).await),
             Request::RaftCampaign => return Some(self.handle_campaign().await),
             Request::GetTopic(name) => return Some(self.handle_get_topic(name).await),
+            Request::ReadIndex => return Some(self.handle_read_index().await),
             _ => {}
         }
         let payload = match ControlPayload::decode(request)? {
@@ -657,6 +747,85 @@ impl ControlPlane {
                 json_reply(&TopicPresence { name: name.to_owned(), incarnation })
             }
             Err(why) => Reply::error(503, &format!("control plane temporarily unavailable: {why}")),
+        }
+    }
+
+    /// ReadIndex (op 36) on the leader: its read index once a quorum
+    /// confirmed it still leads.
+    async fn handle_read_index(&self) -> Reply {
+        if !self.is_leader() {
+            return self.not_leader();
+        }
+        match self.read_index_here().await {
+            Ok(index) => json_reply(&ReadIndex { index }),
+            Err(why) => Reply::error(503, &format!("control plane temporarily unavailable: {why}")),
+        }
+    }
+
+    /// As leader: the index a read must see (everything committed when
+    /// asked), after a quorum confirmed this node still leads; this node
+    /// has applied it when this returns.
+    async fn read_index_here(&self) -> Result<u64, String> {
+        match tokio::time::timeout(CONFIRM_BARRIER, self.raft.ensure_linearizable()).await {
+            Ok(Ok(read)) => Ok(read.map_or(0, |l| l.index)),
+            Ok(Err(e)) => Err(format!("leadership not confirmed: {e}")),
+            Err(_) => Err(format!("leadership not confirmed within {CONFIRM_BARRIER:?}")),
+        }
+    }
+
+    /// SPEC §6/§7.1's "caught up", asked of the leader: a leader is known,
+    /// this node leads or heard from it within [`LEADER_CONTACT_FRESH`],
+    /// and this replica has applied at least the leader's commit index at
+    /// the time of asking (op 36; waiting up to [`CATCH_UP_WAIT`] for it).
+    /// Unlike [`ControlPlane::applied_caught_up`] (this node's own idea of
+    /// what is committed, which a restarted follower holding a stale log
+    /// may believe complete) this cannot pass on a stale replica. Work
+    /// that destroys or copies data waits for it.
+    pub async fn caught_up_with_leader(&self) -> Result<(), String> {
+        if let Some(why) = self.stopped() {
+            return Err(format!("the control plane stopped: {why}"));
+        }
+        let (leader_id, leader) = self
+            .wait_leader(Duration::ZERO)
+            .await
+            .ok_or_else(|| "no raft leader is known".to_owned())?;
+        let index = if leader_id == self.raft_id {
+            self.read_index_here().await?
+        } else {
+            let fresh =
+                lock(&self.leader_contact).is_some_and(|t| t.elapsed() <= LEADER_CONTACT_FRESH);
+            if !fresh {
+                return Err(format!(
+                    "no contact with the raft leader {} within {LEADER_CONTACT_FRESH:?}",
+                    leader.id
+                ));
+            }
+            let peer = peer_of(&self.transport, &leader)?;
+            let reply = peer
+                .call_with_timeout(&Request::ReadIndex, CONFIRM_BARRIER)
+                .await
+                .map_err(|e| format!("asking the raft leader {}: {e}", leader.id))?;
+            if reply.status != 200 {
+                return Err(format!(
+                    "the raft leader {} answered {}: {}",
+                    leader.id,
+                    reply.status,
+                    error_text(&reply.body)
+                ));
+            }
+            let r: ReadIndex = serde_json::from_slice(&reply.body).map_err(|e| {
+                format!("the raft leader {} answered an unreadable read index: {e}", leader.id)
+            })?;
+            r.index
+        };
+        self.raft
+            .wait(Some(CATCH_UP_WAIT))
+            .applied_index_at_least(Some(index), "caught up with the leader")
+            .await
+            .map_err(|e| format!("not applied up to the leader's index {index} yet: {e}"))?;
+        match self.stopped() {
+            None => Ok(()),
+            Some(why) => Err(format!("the control plane stopped: {why}")),
         }
     }
 
@@ -885,6 +1054,11 @@ impl ControlPlane {
             if self.stopping.load(Ordering::Relaxed) {
                 return Err(MetaError::Unavailable("this node is shutting down".to_owned()));
             }
+            if let Some(why) = self.stopped() {
+                return Err(MetaError::Unavailable(format!(
+                    "this node's control plane stopped ({why}); write through another node"
+                )));
+            }
             let Some((leader_id, leader)) = self.wait_leader(LEADER_WAIT.min(remaining)).await
             else {
                 let why = unreachable.map_or_else(
@@ -932,7 +1106,7 @@ impl ControlPlane {
                             leader.id
                         ))
                     })?;
-                    self.await_applied(proposed.log_index, deadline).await;
+                    self.await_applied(proposed.log_index, deadline).await?;
                     return Ok(proposed.response);
                 }
                 Ok(reply) if reply.status == NOT_LEADER => {
@@ -982,14 +1156,28 @@ impl ControlPlane {
     }
 
     /// Waits (bounded by `deadline`, at least briefly) until this node has
-    /// applied `index`, so the caller reads its own write here.
-    async fn await_applied(&self, index: u64, deadline: Instant) {
+    /// applied `index`, so the caller reads its own write here. When it
+    /// has not (its Raft stopped, or it lags), the write is committed but
+    /// not visible here: 503, never a success the caller cannot read back.
+    async fn await_applied(&self, index: u64, deadline: Instant) -> Result<(), MetaError> {
         let wait =
             deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
         let waited =
             self.raft.wait(Some(wait)).applied_index_at_least(Some(index), "forwarded write").await;
-        if let Err(e) = waited {
-            tracing::warn!(index, error = %e, "a forwarded write is not applied here yet");
+        match waited {
+            Ok(_) if self.stopped().is_none() => Ok(()),
+            Ok(_) => Err(MetaError::Unavailable(format!(
+                "the write was committed (raft log index {index}) but this node's control plane \
+                 stopped; it is visible through the other nodes"
+            ))),
+            Err(e) => {
+                tracing::warn!(index, error = %e, "a forwarded write is not applied here");
+                Err(MetaError::Unavailable(format!(
+                    "the write was committed (raft log index {index}) but is not applied on this \
+                     node yet ({e}); it is visible through the leader and will be here once \
+                     applied (a retried create answers 409)"
+                )))
+            }
         }
     }
 
@@ -1044,6 +1232,7 @@ impl ControlPlane {
             millis_since_leader_contact,
             voters,
             learners,
+            stopped: self.stopped(),
         }
     }
 
@@ -1055,7 +1244,7 @@ impl ControlPlane {
         let fresh = s.role == Role::Leader
             || s.millis_since_leader_contact
                 .is_some_and(|ms| ms <= LEADER_CONTACT_FRESH.as_millis() as u64);
-        s.leader.is_some() && fresh && s.last_applied >= s.commit_index
+        s.stopped.is_none() && s.leader.is_some() && fresh && s.last_applied >= s.commit_index
     }
 
     /// Resolves once a leader is visible (join-only readiness), or never.

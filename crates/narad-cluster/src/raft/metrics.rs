@@ -1,5 +1,6 @@
 //! The control plane's metrics (SPEC §9): `narad_raft_term`,
-//! `narad_raft_leader` (1 while this node leads), `narad_raft_commit_index`,
+//! `narad_raft_leader` (1 while this node leads), `narad_raft_stopped` (1
+//! once Raft's core stopped on a fatal error), `narad_raft_commit_index`,
 //! `narad_raft_applied_index` (Raft log indexes) and
 //! `narad_raft_apply_duration_seconds` (one committed entry applied to the
 //! metastore, fsync included).
@@ -15,6 +16,8 @@ pub struct RaftMetrics {
     pub term: Gauge,
     /// `raft_leader`.
     pub leader: Gauge,
+    /// `raft_stopped`.
+    pub stopped: Gauge,
     /// `raft_commit_index`.
     pub commit_index: Gauge,
     /// `raft_applied_index`.
@@ -28,6 +31,7 @@ impl Default for RaftMetrics {
         RaftMetrics {
             term: Gauge::default(),
             leader: Gauge::default(),
+            stopped: Gauge::default(),
             commit_index: Gauge::default(),
             applied_index: Gauge::default(),
             // 50 µs .. ~3 s.
@@ -44,6 +48,12 @@ impl RaftMetrics {
             "raft_leader",
             "1 while this node is the Raft leader",
             self.leader.clone(),
+        );
+        registry.register(
+            "raft_stopped",
+            "1 once Raft's core stopped on a fatal error (a failed log or state machine write): \
+             the node is not ready and refuses metadata writes until it restarts",
+            self.stopped.clone(),
         );
         registry.register(
             "raft_commit_index",

@@ -43,7 +43,10 @@ pub async fn healthz(State(s): State<Shared>) -> Response {
 /// ready"}`. A latched ingress WAL makes the node unready for good (503
 /// `{"error":"ingress WAL failed: produce refused until restart"}`): every
 /// produce fails until a restart, and an orchestrator must be able to see
-/// that (narad v3 kept answering 200; a deliberate change).
+/// that (narad v3 kept answering 200; a deliberate change). So does a
+/// control plane whose Raft core stopped on a fatal error (503
+/// `{"error":"control plane stopped: ..."}`): its metadata is frozen and
+/// its writes refused.
 #[utoipa::path(
     get,
     operation_id = "readyz",
@@ -51,7 +54,7 @@ pub async fn healthz(State(s): State<Shared>) -> Response {
     tag = "operations",
     responses(
         (status = 200, description = "Ready", body = Status),
-        (status = 503, description = "Not ready, or the ingress WAL latched a failure", body = ErrorBody),
+        (status = 503, description = "Not ready, the ingress WAL latched a failure, or the control plane stopped", body = ErrorBody),
     )
 )]
 pub async fn readyz(State(s): State<Shared>) -> Response {
@@ -60,6 +63,11 @@ pub async fn readyz(State(s): State<Shared>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             r#"{"error":"ingress WAL failed: produce refused until restart"}"#.into(),
         )
+    } else if let Some(why) = s.cluster.as_ref().and_then(|c| c.control_plane_stopped()) {
+        let body = serde_json::json!({
+            "error": format!("control plane stopped: {why}; metadata writes refused until restart")
+        });
+        json_response(StatusCode::SERVICE_UNAVAILABLE, body.to_string())
     } else if s.ready.load(Ordering::Acquire) {
         json_response(StatusCode::OK, r#"{"status":"ready"}"#.into())
     } else {

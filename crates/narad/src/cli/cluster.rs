@@ -66,7 +66,13 @@ fn print_status(c: &Client, v: &Value) {
     let lines = [
         ("node", cell(&v["node_id"])),
         ("mode", cell(&v["mode"])),
-        ("role", cell(&v["role"])),
+        (
+            "role",
+            match &v["stopped"] {
+                Value::String(why) => format!("stopped: {why}"),
+                _ => cell(&v["role"]),
+            },
+        ),
         ("leader", leader),
         ("term", cell(&v["term"])),
         ("commit_index", cell(&v["commit_index"])),

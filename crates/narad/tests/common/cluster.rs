@@ -519,6 +519,27 @@ impl Cluster {
         );
     }
 
+    /// Waits (≤ `timeout`) for node `i` to exit on its own and returns its
+    /// exit status; panics with its log if it is still running then.
+    pub fn wait_exit(&mut self, i: usize, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let node = &mut self.nodes[i];
+        let c = node.child.as_mut().unwrap_or_else(|| panic!("{} is not running", node.id));
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                node.child = None;
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {timeout:?}; log:\n{}",
+                node.id,
+                node.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Starts node `i` again (after [`Cluster::kill9`] or
     /// [`Cluster::terminate`]) on the same ports and data directory,
     /// without waiting: follow with [`Cluster::wait_ready`].
