@@ -23,6 +23,7 @@ pub mod cluster_node;
 pub mod cluster_settings;
 pub mod config;
 pub mod conn;
+pub mod consume_any;
 pub mod csrf;
 pub mod duration;
 pub mod error;
