@@ -85,6 +85,18 @@ pub struct Delivered {
     pub receipt_handle: Option<String>,
 }
 
+/// Which partitions a consume takes from.
+#[derive(Debug, Clone)]
+enum Pick {
+    /// Every partition this node serves, starting at the next in turn.
+    Any,
+    /// One (a pinned consume).
+    One(u32),
+    /// These, in this order (those this node does not serve are passed
+    /// over).
+    Order(Vec<u32>),
+}
+
 /// One record of a batch produce, already decoded from the wire.
 #[derive(Debug, Clone)]
 pub struct ProduceRecord {
@@ -1046,32 +1058,65 @@ impl Broker {
         wait: Duration,
         max: usize,
     ) -> Result<Vec<Delivered>, BrokerError> {
+        let pick = match partition {
+            Some(p) => Pick::One(p),
+            None => Pick::Any,
+        };
+        self.consume_picked(topic, pick, wait, max).await
+    }
+
+    /// Leases up to `max` messages from `order`'s partitions, in that order
+    /// (those this node serves; others are passed over), without waiting:
+    /// a queue-mode consume that chose where to start (see the server's
+    /// `consume_any`).
+    pub async fn consume_in_order(
+        &self,
+        topic: &str,
+        order: Vec<u32>,
+        max: usize,
+    ) -> Result<Vec<Delivered>, BrokerError> {
+        self.consume_picked(topic, Pick::Order(order), Duration::ZERO, max).await
+    }
+
+    /// The topic's runtime, opened if need be (first touch of the topic on
+    /// this node: opening does I/O).
+    async fn open_rt(&self, t: &Topic) -> Result<Arc<TopicRt>, BrokerError> {
+        match self.topics.get_open(t.name(), t.incarnation()) {
+            Some(rt) => Ok(rt),
+            None => {
+                let (topics, t2) = (self.topics.clone(), t.clone());
+                blocking(move || topics.topic(&t2)).await
+            }
+        }
+    }
+
+    async fn consume_picked(
+        &self,
+        topic: &str,
+        pick: Pick,
+        wait: Duration,
+        max: usize,
+    ) -> Result<Vec<Delivered>, BrokerError> {
         let started = self.clock.mono();
         let deadline = started + wait;
         let t = self.topic(topic)?;
-        if let Some(p) = partition
+        if let Pick::One(p) = pick
             && p >= t.partitions()
         {
             return Err(BrokerError::Invalid("invalid partition".into()));
         }
-        let rt = match self.topics.get_open(t.name(), t.incarnation()) {
-            Some(rt) => rt,
-            None => {
-                // First touch of the topic on this node: opening does I/O.
-                let (topics, t2) = (self.topics.clone(), t.clone());
-                blocking(move || topics.topic(&t2)).await?
-            }
-        };
+        let rt = self.open_rt(&t).await?;
         let mut t = t;
+        let any = matches!(pick, Pick::Any);
         loop {
-            let notified = rt.wake.waiter(partition.is_some());
+            let notified = rt.wake.waiter(!any);
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (got, full) = self.take(&t, &rt, partition, max).inspect_err(|_| {
+            let (got, full) = self.take(&t, &rt, &pick, max).inspect_err(|_| {
                 // Other partitions may still hold what woke us.
                 rt.wake.pass_on();
             })?;
-            if full && partition.is_none() {
+            if full && any {
                 // Stopped at a limit, not because nothing was left.
                 rt.wake.pass_on();
             }
@@ -1111,6 +1156,76 @@ impl Broker {
         }
     }
 
+    /// How many messages a consume could lease now from each partition of
+    /// `topic` this node serves (on a cluster node: those it owns), in
+    /// partition order. A partition whose log is not open has none.
+    pub fn ready_counts(&self, topic: &str) -> Result<Vec<(u32, u64)>, BrokerError> {
+        let t = self.topic(topic)?;
+        let rt = self.topics.get_open(t.name(), t.incarnation());
+        Ok(self.ready_in(&t, rt.as_deref()))
+    }
+
+    fn ready_in(&self, t: &Topic, rt: Option<&TopicRt>) -> Vec<(u32, u64)> {
+        let limits = shard_limits(t);
+        let now_ms = self.clock.wall_ms();
+        let owned = self.owned_partitions(t);
+        owned
+            .into_iter()
+            .map(|p| {
+                let Some(part) = rt.and_then(|rt| rt.peek_partition(p)) else { return (p, 0) };
+                let hwm = part.log.high_watermark();
+                let n = match part.shard() {
+                    Ok(mut g) => g.as_mut().map_or(0, |s| {
+                        s.purge_expired(now_ms);
+                        s.ready(hwm, &limits)
+                    }),
+                    Err(_) => 0,
+                };
+                (p, n)
+            })
+            .collect()
+    }
+
+    /// [`Broker::ready_counts`] once some partition has a message ready,
+    /// or once `wait` is over (node RPC ReadyCounts: another node serving
+    /// a queue-mode consume waits on it). It leases nothing, and waits as
+    /// a partition waiter does, so it never takes the wake-up meant for a
+    /// consumer of this node.
+    pub async fn wait_ready(
+        &self,
+        topic: &str,
+        wait: Duration,
+    ) -> Result<Vec<(u32, u64)>, BrokerError> {
+        let deadline = self.clock.mono() + wait;
+        let mut t = self.topic(topic)?;
+        let rt = self.open_rt(&t).await?;
+        loop {
+            let notified = rt.wake.waiter(true);
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let counts = self.ready_in(&t, Some(&rt));
+            let now = self.clock.mono();
+            if counts.iter().any(|(_, n)| *n > 0)
+                || now >= deadline
+                || self.draining.load(Ordering::Acquire)
+            {
+                return Ok(counts);
+            }
+            let next_expiry = self
+                .next_expiry(&rt)
+                .map(|ms| Duration::from_millis(ms.saturating_sub(self.clock.wall_ms())));
+            let sleep = (deadline - now).min(next_expiry.unwrap_or(Duration::MAX));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+            t = self.topic(topic)?;
+            if rt.is_closed() || t.incarnation() != rt.incarnation {
+                return Err(BrokerError::TopicNotFound);
+            }
+        }
+    }
+
     fn next_expiry(&self, rt: &TopicRt) -> Option<u64> {
         rt.open_partitions()
             .iter()
@@ -1134,13 +1249,21 @@ impl Broker {
         &self,
         t: &Topic,
         rt: &TopicRt,
-        pinned: Option<u32>,
+        pick: &Pick,
         max: usize,
     ) -> Result<(Vec<Delivered>, bool), BrokerError> {
         let n = t.partitions();
-        let order: Vec<u32> = match pinned {
-            Some(p) => vec![p],
-            None => {
+        let order: Vec<u32> = match pick {
+            Pick::One(p) => vec![*p],
+            Pick::Order(order) => {
+                let owned = self.meta.is_replicated().then(|| self.owned_partitions(t));
+                order
+                    .iter()
+                    .copied()
+                    .filter(|p| *p < n && owned.as_ref().is_none_or(|o| o.contains(p)))
+                    .collect()
+            }
+            Pick::Any => {
                 let start = rt.consume_rr.fetch_add(1, Ordering::Relaxed) as u32 % n.max(1);
                 // Only a cluster node filters (a single node owns them all:
                 // no set built on its consume path).

@@ -117,11 +117,15 @@ pub enum Op {
     /// confirmed it still leads): how far a replica must apply to be
     /// caught up (SPEC §7.1).
     ReadIndex = 36,
+    /// 37: how many messages each of the receiver's partitions of a topic
+    /// has ready to lease, once one has some (a long poll that leases
+    /// nothing).
+    ReadyCounts = 37,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 36] = [
+    pub const ALL: [Op; 37] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -158,6 +162,7 @@ impl Op {
         Op::AnchorFanoutLink,
         Op::SettleFanoutLinks,
         Op::ReadIndex,
+        Op::ReadyCounts,
     ];
 
     /// The op of a code byte.
@@ -204,6 +209,7 @@ impl Op {
             Op::AnchorFanoutLink => "anchor_fanout_link",
             Op::SettleFanoutLinks => "settle_fanout_links",
             Op::ReadIndex => "read_index",
+            Op::ReadyCounts => "ready_counts",
         }
     }
 }
@@ -231,6 +237,21 @@ pub struct Consume {
     /// At most this many messages, in the batch shape (`max=` of the HTTP
     /// consume); 1 with the single-message shape.
     pub max: u32,
+}
+
+/// ReadyCounts (37): `topic, wait_nanos i64`. The receiver answers 200
+/// with `{"ready":[[partition, messages], ...]}`, every partition of the
+/// topic it owns and how many of its messages a consume could lease now,
+/// as soon as one of them has any or once the wait (clamped to
+/// [`CONSUME_MAX_WAIT`]) is over. It leases nothing: a node that serves a
+/// queue-mode consume learns from it which other owners have messages
+/// (wait 0) and when one gets some (a long wait).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyCounts {
+    /// Topic name.
+    pub topic: String,
+    /// How long to wait for a message, in nanoseconds.
+    pub wait_nanos: i64,
 }
 
 /// The largest `max` of a forwarded consume (the HTTP consume's bound).
@@ -459,6 +480,8 @@ pub enum Request {
     SettleFanoutLinks(u64),
     /// 36: no fields.
     ReadIndex,
+    /// 37.
+    ReadyCounts(ReadyCounts),
 }
 
 impl Request {
@@ -493,6 +516,7 @@ impl Request {
             Request::AnchorFanoutLink(_) => Op::AnchorFanoutLink,
             Request::SettleFanoutLinks(_) => Op::SettleFanoutLinks,
             Request::ReadIndex => Op::ReadIndex,
+            Request::ReadyCounts(_) => Op::ReadyCounts,
         }
     }
 
@@ -503,8 +527,9 @@ impl Request {
             Request::CreateTopic(_) => CREATE_FORWARD_TIMEOUT,
             Request::DeleteTopic(_) => DELETE_FORWARD_TIMEOUT,
             Request::PurgeTopic(_) => PURGE_TIMEOUT,
-            Request::Consume(c) => {
-                let wait = Duration::from_nanos(c.wait_nanos.max(0) as u64).min(CONSUME_MAX_WAIT);
+            Request::Consume(Consume { wait_nanos, .. })
+            | Request::ReadyCounts(ReadyCounts { wait_nanos, .. }) => {
+                let wait = Duration::from_nanos((*wait_nanos).max(0) as u64).min(CONSUME_MAX_WAIT);
                 (wait + LONG_POLL_SLACK).max(REPLY_TIMEOUT)
             }
             _ => REPLY_TIMEOUT,
@@ -515,7 +540,7 @@ impl Request {
     pub fn lane(&self) -> Lane {
         match self {
             Request::CommitProduce(_) | Request::CommitProduceBatch(_) => Lane::Produce,
-            Request::Consume(_) => Lane::Consume,
+            Request::Consume(_) | Request::ReadyCounts(_) => Lane::Consume,
             Request::Ack(_) | Request::ExtendAck(_) | Request::Nack(_) => Lane::Ack,
             _ => Lane::Control,
         }
@@ -617,6 +642,9 @@ impl Request {
             }
             Request::SettleFanoutLinks(index) => {
                 e.u64(*index);
+            }
+            Request::ReadyCounts(r) => {
+                e.str(&r.topic).i64(r.wait_nanos);
             }
         }
         e.into_chunks()
@@ -729,6 +757,10 @@ impl Request {
             Op::AnchorFanoutLink => Request::AnchorFanoutLink(anchor(&mut d)?),
             Op::SettleFanoutLinks => Request::SettleFanoutLinks(d.u64("applied_index")?),
             Op::ReadIndex => Request::ReadIndex,
+            Op::ReadyCounts => Request::ReadyCounts(ReadyCounts {
+                topic: d.string("topic")?,
+                wait_nanos: d.i64("wait_nanos")?,
+            }),
             Op::Produce
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk

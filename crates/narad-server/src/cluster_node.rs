@@ -55,8 +55,9 @@ const ORPHAN_CONFIRM_INTERVAL: Duration = Duration::from_secs(2);
 /// Answers node RPC: the control plane's ops (20, 21, 29-33), a
 /// partition's figures (8), commits of records other nodes accepted for
 /// partitions this node owns (10, 11), consume, replay and ack of this
-/// node's partitions for clients of other nodes (2, 3, 18, 19), and fan-out
-/// link changes and lag for the parent partitions it owns (17, 34, 35).
+/// node's partitions for clients of other nodes (2, 3, 18, 19), its
+/// partitions' ready counts (37), and fan-out link changes and lag for the
+/// parent partitions it owns (17, 34, 35).
 /// Any other op is answered `400 unsupported rpc operation N`.
 #[derive(Debug)]
 struct NodeHandler {
@@ -85,7 +86,8 @@ impl Handler for NodeHandler {
             | Request::Nack(_)
             | Request::FanoutCursors(_)
             | Request::AnchorFanoutLink(_)
-            | Request::SettleFanoutLinks(_) => match self.broker.get() {
+            | Request::SettleFanoutLinks(_)
+            | Request::ReadyCounts(_) => match self.broker.get() {
                 Some(broker) => self.data_plane(broker, request).await,
                 None => starting(),
             },
@@ -140,6 +142,7 @@ impl NodeHandler {
             Request::SettleFanoutLinks(index) => {
                 crate::fanout_peers::settle_for_peer(broker, index).await
             }
+            Request::ReadyCounts(r) => crate::consume_any::ready_for_peer(broker, r).await,
             other => unsupported(&other),
         }
     }

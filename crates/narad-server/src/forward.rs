@@ -10,10 +10,8 @@
 //! | a dead member | 503 `partition owner is down; retry later: ...` naming it |
 //! | none assigned yet | 421 `this node does not own the requested partition` |
 //!
-//! A queue-mode consume takes from this node's own partitions first, then
-//! asks every other alive owner of the topic's partitions for one of its
-//! own (op 2 with `local_only`), and long-polls here in between (see
-//! `routes::consume`).
+//! A queue-mode consume is served by every partition of the topic in
+//! turn, this node's and the other owners' (see `consume_any`).
 
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};

@@ -24,6 +24,7 @@ pub mod cluster_settings;
 pub mod config;
 pub mod conn;
 pub mod control_restart;
+pub mod consume_any;
 pub mod csrf;
 pub mod duration;
 pub mod error;

@@ -263,7 +263,9 @@ mod tests {
         .unwrap();
         let security =
             Security::new(None, RateLimiter::new(LimitsConfig::default()), &mut registry);
+        let any_partition = crate::consume_any::AnyPartition::new(&mut registry);
         Arc::new(AppState {
+            any_partition,
             broker,
             registry,
             http,

@@ -320,7 +320,9 @@ pub async fn run(
     let boot = Gauge::<f64, AtomicU64>::default();
     boot.set(boot_started.elapsed().as_secs_f64());
     registry.register("boot_duration_seconds", "Time the node took to start serving", boot);
+    let any_partition = crate::consume_any::AnyPartition::new(&mut registry);
     let state = Arc::new(AppState {
+        any_partition,
         broker: broker.clone(),
         registry,
         http,

@@ -30,6 +30,9 @@ pub struct AppState {
     pub security: Security,
     /// The control plane (`None`: a single node, no peers).
     pub cluster: Option<Arc<dyn ClusterView>>,
+    /// Which partition serves the next queue-mode consume on a cluster
+    /// node, and what it knows of the other owners' backlogs.
+    pub any_partition: crate::consume_any::AnyPartition,
 }
 
 /// The handle handlers receive.

@@ -210,6 +210,25 @@ impl Shard {
         self.leases.len() >= limits.max_in_flight || self.ahead_full(limits)
     }
 
+    /// How many offsets below `hwm` a consume could lease now (after
+    /// [`Shard::purge_expired`]): none while the in-flight cap holds, at
+    /// most the head while the acked-ahead set is full, else every offset
+    /// from the frontier that is not leased, acked ahead or skipped. A
+    /// consume through another node reads it to pick partitions (node RPC
+    /// ReadyCounts), so it never counts what [`Shard::reserve`] would not
+    /// hand out.
+    pub fn ready(&self, hwm: u64, limits: &ShardLimits) -> u64 {
+        if self.leases.len() >= limits.max_in_flight || self.next >= hwm {
+            return 0;
+        }
+        if self.ahead_full(limits) {
+            return u64::from(!self.leases.contains_key(&self.next));
+        }
+        // Leases, acked-ahead and corrupt offsets all lie in next..hwm.
+        let held = (self.leases.len() + self.acked_ahead.len() + self.corrupt.len()) as u64;
+        (hwm - self.next).saturating_sub(held)
+    }
+
     fn ahead_full(&self, limits: &ShardLimits) -> bool {
         self.acked_ahead.len() + self.corrupt.len() >= limits.max_acked_ahead
     }

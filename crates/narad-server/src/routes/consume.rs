@@ -180,7 +180,7 @@ pub async fn consume(
     };
     let t = s.broker.topic(&topic)?;
     let Some(p) = q.partition else {
-        return consume_anywhere(&s, &*cluster, &topic, wait, q.max).await;
+        return crate::consume_any::consume_anywhere(&s, &cluster, &topic, wait, q.max).await;
     };
     if p >= t.partitions() {
         return Err(ApiError::bad_request("invalid partition"));
@@ -215,81 +215,10 @@ pub async fn consume(
     }
 }
 
-/// How long a queue-mode consume on a cluster node long-polls its own
-/// partitions before asking the other owners again.
-pub const ANY_PARTITION_POLL: Duration = Duration::from_millis(200);
-
-/// How long a queue-mode consume waits for another owner's answer (it asks
-/// without waiting, so a healthy owner answers in a round trip); an owner
-/// that does not answer is left out of the next rounds for a few seconds.
-pub const CONSUME_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// A queue-mode consume on a cluster node: this node's own partitions
-/// first, then each other alive owner of the topic's partitions for one of
-/// its own (op 2, `local_only`, no wait), then a long-poll here of at most
-/// [`ANY_PARTITION_POLL`] before the owners are asked again, until `wait`
-/// is over. An owner that does not answer is skipped.
-async fn consume_anywhere(
-    s: &Shared,
-    cluster: &dyn crate::cluster::ClusterView,
-    topic: &str,
-    wait: Duration,
-    max: Option<usize>,
-) -> Result<Response, ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut peers = cluster.serving_peers(topic);
-    // Start with a different owner each time, so no owner's records wait
-    // behind another's.
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    if !peers.is_empty() {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % peers.len();
-        peers.rotate_left(n);
-    }
-    let mut slice = Duration::ZERO;
-    loop {
-        if let Some(json) = consume_here(&s.broker, topic, None, None, slice, max).await? {
-            return Ok(json_response(StatusCode::OK, json));
-        }
-        for owner in &peers {
-            let request = Request::Consume(rpc::Consume {
-                topic: topic.to_owned(),
-                partition: 0,
-                has_partition: false,
-                offset: 0,
-                has_offset: false,
-                wait_nanos: 0,
-                local_only: true,
-                max: max.map_or(1, |m| m as u32),
-            });
-            match cluster.forward(owner, request, CONSUME_PROBE_TIMEOUT).await {
-                Ok(reply) if reply.status == 200 => {
-                    return Ok(relay(as_batch_if(reply, max == Some(1))));
-                }
-                Ok(reply) if reply.status == 204 => {}
-                Ok(reply) => tracing::debug!(topic, owner, status = reply.status,
-                    error = %forward::reply_message(&reply), "an owner refused a queue-mode consume"),
-                Err(why) => {
-                    tracing::debug!(
-                        topic,
-                        owner,
-                        why,
-                        "an owner did not answer a queue-mode consume"
-                    )
-                }
-            }
-        }
-        let now = tokio::time::Instant::now();
-        if now >= deadline {
-            return Ok(StatusCode::NO_CONTENT.into_response());
-        }
-        slice = (deadline - now).min(ANY_PARTITION_POLL);
-    }
-}
-
 /// An owner's single-message answer in the batch shape, when the client
 /// asked for `max=1` (a forwarded consume of one message travels in the
 /// single shape: SPEC's op 2 has no batch size below 2).
-fn as_batch_if(reply: Reply, batch_of_one: bool) -> Reply {
+pub(crate) fn as_batch_if(reply: Reply, batch_of_one: bool) -> Reply {
     if !batch_of_one || reply.status != 200 {
         return reply;
     }
@@ -324,7 +253,19 @@ pub async fn consume_here(
         return Ok(messages_json(&got, false).map(|(json, _)| json));
     }
     let got = broker.consume(topic, partition, wait, max.unwrap_or(1)).await?;
-    let Some((json, sent)) = messages_json(&got, max.is_some()) else { return Ok(None) };
+    Ok(answer_of(broker, topic, &got, max.is_some()))
+}
+
+/// The JSON answer of leased messages `got` (the batch shape with
+/// `batch`), `None` for none. Leased messages that do not fit the answer
+/// are given back at once.
+pub(crate) fn answer_of(
+    broker: &Broker,
+    topic: &str,
+    got: &[Delivered],
+    batch: bool,
+) -> Option<String> {
+    let (json, sent) = messages_json(got, batch)?;
     // What did not fit is given back at once, not left leased until its
     // visibility timeout. (A nack that finds the lease gone is harmless.)
     for d in &got[sent..] {
@@ -332,7 +273,7 @@ pub async fn consume_here(
             let _ = broker.resolve(topic, h, AckAction::Nack);
         }
     }
-    Ok(Some(json))
+    Some(json)
 }
 
 /// Parses `extend=`: absent, bare, empty or `false` ack; `true`/`1` extend;
