@@ -113,11 +113,14 @@ pub enum Op {
     /// 35: apply the metastore up to an index and stop the fan-out cursors
     /// of links gone by then.
     SettleFanoutLinks = 35,
+    /// 36: stop a request this connection sent that is still running (its
+    /// requester went away); served by the transport, never a handler.
+    CancelRequest = 36,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 35] = [
+    pub const ALL: [Op; 36] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -153,6 +156,7 @@ impl Op {
         Op::RaftCampaign,
         Op::AnchorFanoutLink,
         Op::SettleFanoutLinks,
+        Op::CancelRequest,
     ];
 
     /// The op of a code byte.
@@ -198,6 +202,7 @@ impl Op {
             Op::RaftCampaign => "raft_campaign",
             Op::AnchorFanoutLink => "anchor_fanout_link",
             Op::SettleFanoutLinks => "settle_fanout_links",
+            Op::CancelRequest => "cancel_request",
         }
     }
 }
@@ -451,6 +456,10 @@ pub enum Request {
     AnchorFanoutLink(AnchorFanoutLink),
     /// 35: `applied_index u64`.
     SettleFanoutLinks(u64),
+    /// 36: `request_id u64`, the id of a NodeRequest this connection sent
+    /// (answered 204 when it was running and is stopped, 404 when nothing
+    /// runs under that id).
+    CancelRequest(u64),
 }
 
 impl Request {
@@ -484,6 +493,7 @@ impl Request {
             Request::FanoutCursors(_) => Op::FanoutCursors,
             Request::AnchorFanoutLink(_) => Op::AnchorFanoutLink,
             Request::SettleFanoutLinks(_) => Op::SettleFanoutLinks,
+            Request::CancelRequest(_) => Op::CancelRequest,
         }
     }
 
@@ -500,6 +510,14 @@ impl Request {
             }
             _ => REPLY_TIMEOUT,
         }
+    }
+
+    /// Whether the server may stop the request half-way when its requester
+    /// asks (CancelRequest) or its connection ends: only a consume, whose
+    /// handler leases nothing until its last, synchronous step (a long poll
+    /// stopped while it waits holds nothing). Writes never are.
+    pub fn cancellable(&self) -> bool {
+        matches!(self, Request::Consume(_))
     }
 
     /// The lane (stream pool) the request travels on.
@@ -608,6 +626,9 @@ impl Request {
             }
             Request::SettleFanoutLinks(index) => {
                 e.u64(*index);
+            }
+            Request::CancelRequest(id) => {
+                e.u64(*id);
             }
         }
         e.into_chunks()
@@ -719,6 +740,7 @@ impl Request {
             }),
             Op::AnchorFanoutLink => Request::AnchorFanoutLink(anchor(&mut d)?),
             Op::SettleFanoutLinks => Request::SettleFanoutLinks(d.u64("applied_index")?),
+            Op::CancelRequest => Request::CancelRequest(d.u64("request_id")?),
             Op::Produce
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk
