@@ -104,6 +104,30 @@ impl Error {
         }
     }
 
+    /// Whether the failure says the peer could not be reached (no dial, no
+    /// reply in time, a connection or stream lost, socket I/O), as opposed
+    /// to a peer that answered something this node could not use: such a
+    /// failure makes the peer suspect (`suspect.rs`).
+    pub fn means_unreachable(&self) -> bool {
+        match self {
+            Error::Timeout { .. } | Error::Dial { .. } | Error::Connection(_) | Error::Io(_) => {
+                true
+            }
+            Error::BadMagic(_)
+            | Error::BadVersion(_)
+            | Error::BadFrameType(_)
+            | Error::BadReserved(_)
+            | Error::FrameTooLarge { .. }
+            | Error::Truncated { .. }
+            | Error::UnsupportedOp(_)
+            | Error::TrailingBytes(_)
+            | Error::InvalidField { .. }
+            | Error::Protocol(_)
+            | Error::Remote(_)
+            | Error::Config(_) => false,
+        }
+    }
+
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {

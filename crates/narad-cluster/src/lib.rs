@@ -18,6 +18,7 @@ pub mod members;
 pub mod metrics;
 pub mod raft;
 pub mod rpc;
+pub mod suspect;
 pub mod tls;
 pub mod transport;
 
@@ -28,4 +29,5 @@ pub use handshake::PeerIdentity;
 pub use members::{LeaderView, Membership};
 pub use metrics::RpcMetrics;
 pub use rpc::{Lane, Op, Reply, Request};
+pub use suspect::Suspicion;
 pub use transport::{Handler, Peer, Transport};

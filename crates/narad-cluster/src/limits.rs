@@ -25,6 +25,12 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// connection (its new endpoint does not know it), which would otherwise
 /// look healthy until the idle timeout.
 pub const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// A watched call ([`crate::Peer::call_watched`]) pings its peer this
+/// often while it waits for the reply.
+pub const WATCH_PING_EVERY: Duration = Duration::from_secs(1);
+/// How long a CancelRequest (op 38) waits for its answer (sent in the
+/// background; nothing waits on it).
+pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Reply timeout of CommitProduce / CommitProduceBatch.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Reply timeout of a CreateTopic forwarded to the leader.

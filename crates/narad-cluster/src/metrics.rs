@@ -66,6 +66,22 @@ pub struct ProbeLabels {
     pub outcome: String,
 }
 
+/// `{peer}`: a peer's address.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerAddrLabels {
+    /// The peer's node RPC address.
+    pub peer: String,
+}
+
+/// `{outcome}` of a cancel a peer sent.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CancelLabels {
+    /// `stopped` (the request was running: its handler was dropped),
+    /// `finished` (nothing was running under that id any more), or
+    /// `disconnected` (the requester's connection ended with it running).
+    pub outcome: String,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~105 s: covers the 75 s create forward.
     Histogram::new(exponential_buckets(0.0001, 2.0, 21))
@@ -89,6 +105,13 @@ pub struct RpcMetrics {
     pub connections_rejected: Family<ConnRejectLabels, Counter>,
     /// `node_rpc_unauthenticated_connections`.
     pub unauthenticated: Gauge,
+    /// `node_rpc_peer_suspected_total{peer}`: times a peer became suspect.
+    pub suspected: Family<PeerAddrLabels, Counter>,
+    /// `node_rpc_suspect_peers`: peers suspect now.
+    pub suspect_peers: Gauge,
+    /// `node_rpc_requests_cancelled_total{outcome}`: requests a peer asked
+    /// this node to stop (its requester went away).
+    pub cancelled: Family<CancelLabels, Counter>,
 }
 
 impl Default for RpcMetrics {
@@ -101,6 +124,9 @@ impl Default for RpcMetrics {
             probes: Family::default(),
             connections_rejected: Family::default(),
             unauthenticated: Gauge::default(),
+            suspected: Family::default(),
+            suspect_peers: Gauge::default(),
+            cancelled: Family::default(),
         }
     }
 }
@@ -143,6 +169,25 @@ impl RpcMetrics {
             "Pings of a peer's connection after a call to it timed out or the peer connected anew, by trigger and outcome",
             self.probes.clone(),
         );
+        registry.register(
+            "node_rpc_peer_suspected",
+            "Times a peer became suspect: a call to it failed in transport (no dial, no reply in time, a lost connection, an unanswered ping); forwarded requests to it answer 503 at once until a ping comes back",
+            self.suspected.clone(),
+        );
+        registry.register(
+            "node_rpc_suspect_peers",
+            "Peers suspect now (no frame from them since a call to them failed in transport)",
+            self.suspect_peers.clone(),
+        );
+        registry.register(
+            "node_rpc_requests_cancelled",
+            "Requests a peer asked this node to stop because their requester went away, by outcome",
+            self.cancelled.clone(),
+        );
+    }
+
+    pub(crate) fn cancel(&self, outcome: &str) {
+        self.cancelled.get_or_create(&CancelLabels { outcome: outcome.to_owned() }).inc();
     }
 
     pub(crate) fn observe(&self, op: &str, side: &str, seconds: f64, error: Option<&str>) {

@@ -121,11 +121,14 @@ pub enum Op {
     /// has ready to lease, once one has some (a long poll that leases
     /// nothing).
     ReadyCounts = 37,
+    /// 38: stop a request this connection sent that is still running (its
+    /// requester went away); served by the transport, never a handler.
+    CancelRequest = 38,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 37] = [
+    pub const ALL: [Op; 38] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -163,6 +166,7 @@ impl Op {
         Op::SettleFanoutLinks,
         Op::ReadIndex,
         Op::ReadyCounts,
+        Op::CancelRequest,
     ];
 
     /// The op of a code byte.
@@ -210,6 +214,7 @@ impl Op {
             Op::SettleFanoutLinks => "settle_fanout_links",
             Op::ReadIndex => "read_index",
             Op::ReadyCounts => "ready_counts",
+            Op::CancelRequest => "cancel_request",
         }
     }
 }
@@ -482,6 +487,10 @@ pub enum Request {
     ReadIndex,
     /// 37.
     ReadyCounts(ReadyCounts),
+    /// 38: `request_id u64`, the id of a NodeRequest this connection sent
+    /// (answered 204 when it was running and is stopped, 404 when nothing
+    /// runs under that id).
+    CancelRequest(u64),
 }
 
 impl Request {
@@ -517,6 +526,7 @@ impl Request {
             Request::SettleFanoutLinks(_) => Op::SettleFanoutLinks,
             Request::ReadIndex => Op::ReadIndex,
             Request::ReadyCounts(_) => Op::ReadyCounts,
+            Request::CancelRequest(_) => Op::CancelRequest,
         }
     }
 
@@ -534,6 +544,14 @@ impl Request {
             }
             _ => REPLY_TIMEOUT,
         }
+    }
+
+    /// Whether the server may stop the request half-way when its requester
+    /// asks (CancelRequest) or its connection ends: only a consume, whose
+    /// handler leases nothing until its last, synchronous step (a long poll
+    /// stopped while it waits holds nothing). Writes never are.
+    pub fn cancellable(&self) -> bool {
+        matches!(self, Request::Consume(_))
     }
 
     /// The lane (stream pool) the request travels on.
@@ -645,6 +663,9 @@ impl Request {
             }
             Request::ReadyCounts(r) => {
                 e.str(&r.topic).i64(r.wait_nanos);
+            }
+            Request::CancelRequest(id) => {
+                e.u64(*id);
             }
         }
         e.into_chunks()
@@ -761,6 +782,7 @@ impl Request {
                 topic: d.string("topic")?,
                 wait_nanos: d.i64("wait_nanos")?,
             }),
+            Op::CancelRequest => Request::CancelRequest(d.u64("request_id")?),
             Op::Produce
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk

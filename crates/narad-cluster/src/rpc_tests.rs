@@ -59,6 +59,7 @@ const GOLDEN: &[(&str, &str)] = &[
     ("settle_fanout_links", "23000000000000002a"),
     ("read_index", "24"),
     ("ready_counts", "25000000066f726465727300000002540be400"),
+    ("cancel_request", "260000000000000107"),
     (
         "reply_ok",
         "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
@@ -244,6 +245,7 @@ fn samples() -> Vec<(&'static str, Request)> {
                 wait_nanos: 10_000_000_000,
             }),
         ),
+        ("cancel_request", Request::CancelRequest(263)),
     ]
 }
 
@@ -297,7 +299,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         assert_eq!(Op::from_u8(*op as u8), Some(*op));
     }
     assert_eq!(Op::from_u8(0), None);
-    assert_eq!(Op::from_u8(38), None);
+    assert_eq!(Op::from_u8(39), None);
     assert_eq!(
         (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
         (11, 20, 21)
@@ -316,11 +318,12 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
     assert_eq!((Op::AnchorFanoutLink as u8, Op::SettleFanoutLinks as u8), (34, 35));
     assert_eq!(Op::ReadIndex as u8, 36);
     assert_eq!(Op::ReadyCounts as u8, 37);
+    assert_eq!(Op::CancelRequest as u8, 38);
 }
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 22, 28, 38, 99, 255] {
+    for code in [0u8, 1, 22, 28, 39, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);

@@ -17,6 +17,18 @@
 //! Error) and Pong under the same id, in whatever order the handler
 //! finishes. A malformed or oversized frame ends the stream with one Error
 //! frame (id 0) naming the fault.
+//!
+//! Cancellation (issue 36): a request ids are unique per connection, so a
+//! client whose caller went away sends CancelRequest (op 38) naming the id,
+//! on any stream of the same connection; the server stops that request if
+//! it is still running and [`Request::cancellable`] (a consume: its long
+//! poll ends, leasing nothing) and answers it 499. A connection that ends
+//! stops every cancellable request still running on it. The transport
+//! serves op 38 itself; a handler never sees it.
+//!
+//! Suspicion (`suspect.rs`): a call that fails in transport makes its peer
+//! suspect until a frame comes back from it; the transport pings suspect
+//! peers.
 
 use crate::auth::{ClusterAuth, WarnLimiter};
 use crate::error::{Error, Result};
@@ -24,12 +36,14 @@ use crate::frame::{Frame, FrameType, read_frame, write_frame, write_frame_chunks
 use crate::gate::{Admission, Gate};
 use crate::handshake::{self, EXPORTER_LABEL, EXPORTER_LEN, HandshakeError, PeerIdentity};
 use crate::limits::{
-    AUTH_TIMEOUT, CLIENT_AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD, IDLE_TIMEOUT,
-    KEEP_ALIVE_INTERVAL, LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM,
-    MAX_STREAMS_PER_CONNECTION, PRE_AUTH_RECEIVE_WINDOW, REPLY_TIMEOUT,
+    AUTH_TIMEOUT, CANCEL_TIMEOUT, CLIENT_AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD,
+    IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL, LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM,
+    MAX_STREAMS_PER_CONNECTION, PRE_AUTH_RECEIVE_WINDOW, REPLY_TIMEOUT, WATCH_PING_EVERY,
 };
+use crate::metrics::PeerAddrLabels;
 use crate::metrics::{RpcMetrics, status_kind};
 use crate::rpc::{Lane, Op, Reply, Request};
+use crate::suspect::{SUSPECT_PING_EVERY, SuspectState, Suspicion};
 use crate::tls;
 use bytes::Bytes;
 use quinn::VarInt;
@@ -301,6 +315,8 @@ impl Transport {
                     warn: self.warn.clone(),
                     metrics: self.metrics.clone(),
                     conn: tokio::sync::Mutex::new(None),
+                    dial_failed: Mutex::new(None),
+                    suspect: SuspectState::default(),
                     lanes: Lane::ALL.map(|_| tokio::sync::Mutex::new(Pool::default())),
                     next_id: AtomicU64::new(1),
                 })
@@ -335,6 +351,13 @@ pub struct Peer {
     metrics: RpcMetrics,
     /// An authenticated connection, once dialled.
     conn: tokio::sync::Mutex<Option<quinn::Connection>>,
+    /// When the last dial failed, and why: a call that waited for the
+    /// connection while that dial ran fails with it rather than dial
+    /// again (calls queued on a dead peer would otherwise spend a dial
+    /// timeout each, one after another).
+    dial_failed: Mutex<Option<(Instant, String)>>,
+    /// Whether a call to it failed in transport since it last answered.
+    suspect: SuspectState,
     lanes: [tokio::sync::Mutex<Pool>; 4],
     next_id: AtomicU64,
 }
@@ -443,12 +466,179 @@ impl Peer {
         if !matches!(result, Err(Error::Timeout { .. })) {
             unfinished.0 = None;
         }
-        let kind = match &result {
+        self.finish_call(op, start, &result);
+        result
+    }
+
+    /// Counts a finished call and updates the suspicion: an answer clears
+    /// it, a transport failure sets it.
+    fn finish_call(&self, op: Op, start: Instant, result: &Result<Reply>) {
+        let kind = match result {
             Ok(r) => status_kind(r.status),
             Err(e) => Some(e.kind()),
         };
         self.metrics.observe(op.name(), "client", start.elapsed().as_secs_f64(), kind);
+        match result {
+            Ok(_) => self.answered(),
+            Err(e) if e.means_unreachable() => self.suspect_now(&e.to_string()),
+            Err(_) => {}
+        }
+    }
+
+    /// Sends `request` and waits up to `timeout` for its reply, pinging the
+    /// peer every [`WATCH_PING_EVERY`] meanwhile: a peer that does not
+    /// answer a ping within [`LIVENESS_PROBE_TIMEOUT`] (killed, its machine
+    /// gone, cut off) fails the call at once and becomes suspect. A slow but
+    /// live peer answers the pings (they travel on their own stream) and
+    /// the call goes on.
+    pub async fn call_watched(&self, request: &Request, timeout: Duration) -> Result<Reply> {
+        self.call_cancellable(request, timeout, std::future::pending()).await
+    }
+
+    /// [`Peer::call_watched`]; when `cancelled` resolves first, the peer is
+    /// asked to stop the request (CancelRequest, op 38) and the call goes
+    /// on waiting for its reply: a request stopped in time answers 499, one
+    /// that had finished answers what it did (the caller gives back what
+    /// that reply holds).
+    pub async fn call_cancellable(
+        &self,
+        request: &Request,
+        timeout: Duration,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<Reply> {
+        let start = Instant::now();
+        let op = request.op();
+        let mut unfinished = ProbeOnDrop(Some(self.me.clone()));
+        let result = self.watched_inner(request, op, timeout, cancelled).await;
+        if !matches!(result, Err(Error::Timeout { .. })) {
+            unfinished.0 = None;
+        }
+        self.finish_call(op, start, &result);
         result
+    }
+
+    async fn watched_inner(
+        &self,
+        request: &Request,
+        op: Op,
+        timeout: Duration,
+        cancelled: impl Future<Output = ()>,
+    ) -> Result<Reply> {
+        let payload = request.encode_chunks();
+        let len = payload.iter().map(Bytes::len).sum::<usize>();
+        if len > FRAME_MAX_PAYLOAD {
+            return Err(Error::FrameTooLarge { len: len as u64, max: FRAME_MAX_PAYLOAD });
+        }
+        let timed_out = || Error::Timeout { op: op.name(), after: timeout };
+        let deadline = tokio::time::Instant::now() + timeout;
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.send(request.lane(), FrameType::NodeRequest, payload),
+        )
+        .await;
+        let (stream, id, rx) = sent.map_err(|_| timed_out())??;
+        let _slot = Slot { pending: &stream.pending, id };
+        tokio::pin!(rx);
+        tokio::pin!(cancelled);
+        let first = tokio::time::Instant::now() + WATCH_PING_EVERY;
+        let mut watch = tokio::time::interval_at(first, WATCH_PING_EVERY);
+        let mut cancel_sent = false;
+        let f = loop {
+            tokio::select! {
+                f = &mut rx => break f.map_err(|_| Error::Connection("stream ended".into()))??,
+                _ = tokio::time::sleep_until(deadline) => return Err(timed_out()),
+                _ = &mut cancelled, if !cancel_sent => {
+                    cancel_sent = true;
+                    self.send_cancel(id);
+                }
+                _ = watch.tick() => {
+                    let pong = tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, self.ping()).await;
+                    if !matches!(pong, Ok(Ok(_))) {
+                        return Err(Error::Connection(format!(
+                            "no pong within {LIVENESS_PROBE_TIMEOUT:?} while {} was in flight",
+                            op.name()
+                        )));
+                    }
+                }
+            }
+        };
+        match f.kind {
+            FrameType::NodeReply => Reply::decode(&f.payload),
+            FrameType::Error => Err(Error::Remote(Frame::error_message(&f.payload)?)),
+            other => Err(Error::Protocol(format!("{other:?} frame in reply to a request"))),
+        }
+    }
+
+    /// Asks the peer, in the background, to stop request `id`.
+    fn send_cancel(&self, id: u64) {
+        let (Some(me), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move {
+            let _ = me.call_with_timeout(&Request::CancelRequest(id), CANCEL_TIMEOUT).await;
+        });
+    }
+
+    /// Closes the connection of a suspect peer that did not answer a ping
+    /// (unless a dial holds it: then it is being replaced already), so the
+    /// next ping dials: a peer restarted on the same address cannot reset
+    /// the old connection.
+    fn close_unresponsive(&self) {
+        if let Ok(conn) = self.conn.try_lock()
+            && let Some(c) = conn.as_ref()
+        {
+            tracing::debug!(peer = %self.addr, "suspect peer did not answer a ping: closing the connection to dial again");
+            c.close(0u32.into(), b"peer unresponsive");
+        }
+    }
+
+    /// Why this peer is suspect, if it is: a call to it failed in transport
+    /// and nothing came back from it since (`suspect.rs`). Asking keeps the
+    /// suspicion (and its pings) alive.
+    pub fn suspicion(&self) -> Option<Suspicion> {
+        self.suspect.ask(Instant::now())
+    }
+
+    /// A call failed in transport: the peer is suspect (pinged until it
+    /// answers).
+    fn suspect_now(&self, why: &str) {
+        if !self.suspect.mark(why, Instant::now()) {
+            return;
+        }
+        self.metrics.suspected.get_or_create(&PeerAddrLabels { peer: self.addr.to_string() }).inc();
+        self.metrics.suspect_peers.inc();
+        tracing::info!(peer = %self.addr, why, "peer suspect: calls to it failed; forwarded requests answer 503 until it answers a ping");
+        if let (Some(me), Ok(rt)) = (self.me.upgrade(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(me.ping_while_suspect());
+        }
+    }
+
+    /// Something came back from the peer: it is not suspect.
+    fn answered(&self) {
+        if self.suspect.clear() {
+            self.metrics.suspect_peers.dec();
+            tracing::info!(peer = %self.addr, "suspect peer answers again");
+        }
+    }
+
+    /// Pings a suspect peer every [`SUSPECT_PING_EVERY`] until it answers
+    /// (the pong clears it) or nobody asked about it for a while.
+    async fn ping_while_suspect(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(SUSPECT_PING_EVERY).await;
+            if !self.suspect.is_suspect() {
+                return;
+            }
+            if self.suspect.forget_stale(Instant::now()) {
+                self.metrics.suspect_peers.dec();
+                return;
+            }
+            let budget = DIAL_TIMEOUT + CLIENT_AUTH_TIMEOUT + LIVENESS_PROBE_TIMEOUT;
+            if matches!(tokio::time::timeout(budget, self.ping()).await, Ok(Ok(_))) {
+                return;
+            }
+            self.close_unresponsive();
+        }
     }
 
     async fn call_inner(&self, request: &Request, op: Op, timeout: Duration) -> Result<Reply> {
@@ -506,6 +696,7 @@ impl Peer {
             self.metrics.probed(trigger.as_str(), "alive");
         } else {
             self.metrics.probed(trigger.as_str(), "closed");
+            self.suspect_now(&format!("no pong within {LIVENESS_PROBE_TIMEOUT:?}"));
             tracing::info!(peer = %self.addr, trigger = trigger.as_str(), "peer did not answer a ping: closing the connection to dial again");
             conn.close(0u32.into(), b"peer unresponsive");
         }
@@ -524,10 +715,25 @@ impl Peer {
         if f.kind != FrameType::Pong || f.payload != nonce {
             return Err(Error::Protocol(format!("{:?} frame in reply to a ping", f.kind)));
         }
+        self.answered();
         Ok(start.elapsed())
     }
 
     async fn roundtrip(&self, lane: Lane, kind: FrameType, payload: Vec<Bytes>) -> Result<Frame> {
+        let (stream, id, rx) = self.send(lane, kind, payload).await?;
+        let _slot = Slot { pending: &stream.pending, id };
+        rx.await.map_err(|_| Error::Connection("stream ended".into()))?
+    }
+
+    /// Writes a frame with a fresh id on a stream of `lane`: the stream,
+    /// the id and where its reply will come (the caller holds a [`Slot`]
+    /// while it waits).
+    async fn send(
+        &self,
+        lane: Lane,
+        kind: FrameType,
+        payload: Vec<Bytes>,
+    ) -> Result<(Arc<ClientStream>, u64, oneshot::Receiver<Result<Frame>>)> {
         let stream = self.stream(lane).await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -538,7 +744,8 @@ impl Peer {
             }
             p.waiting.insert(id, tx);
         }
-        let _slot = Slot { pending: &stream.pending, id };
+        // Removes the waiter if this future is dropped mid-write.
+        let slot = Slot { pending: &stream.pending, id };
         {
             let mut send = stream.send.lock().await;
             if let Err(e) = write_frame_chunks(&mut send, kind, id, payload).await {
@@ -547,7 +754,8 @@ impl Peer {
                 return Err(e);
             }
         }
-        rx.await.map_err(|_| Error::Connection("stream ended".into()))?
+        std::mem::forget(slot);
+        Ok((stream, id, rx))
     }
 
     /// A live stream of the lane: a new one while the pool is not full,
@@ -573,11 +781,22 @@ impl Peer {
     }
 
     async fn connection(&self) -> Result<quinn::Connection> {
+        let asked = Instant::now();
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref().filter(|c| c.close_reason().is_none()) {
             return Ok(c.clone());
         }
-        let dial = |reason: String| Error::Dial { addr: self.addr, reason };
+        let failed = self.dial_failed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((at, reason)) = failed
+            && at >= asked
+        {
+            return Err(Error::Dial { addr: self.addr, reason });
+        }
+        let dial = |reason: String| {
+            *self.dial_failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((Instant::now(), reason.clone()));
+            Error::Dial { addr: self.addr, reason }
+        };
         let connecting = self
             .endpoint
             .connect_with(self.client.clone(), self.addr, &self.server_name)
@@ -784,13 +1003,23 @@ impl<H: Handler> Server<H> {
 
     async fn serve_connection(self: Arc<Self>, conn: quinn::Connection, from: Arc<PeerIdentity>) {
         let remote = conn.remote_address();
+        let running = Running::default();
         loop {
             match conn.accept_bi().await {
                 Ok((send, recv)) => {
-                    tokio::spawn(self.clone().serve_stream(from.clone(), send, recv));
+                    let running = running.clone();
+                    tokio::spawn(self.clone().serve_stream(from.clone(), running, send, recv));
                 }
                 Err(e) => {
                     tracing::debug!(%remote, error = %e, "cluster connection ended");
+                    // Nobody is left to read their answers.
+                    let stopped: Vec<_> =
+                        running.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+                    for (_, stop) in stopped {
+                        if stop.send(()).is_ok() {
+                            self.metrics.cancel("disconnected");
+                        }
+                    }
                     return;
                 }
             }
@@ -800,6 +1029,7 @@ impl<H: Handler> Server<H> {
     async fn serve_stream(
         self: Arc<Self>,
         from: Arc<PeerIdentity>,
+        running: Running,
         send: quinn::SendStream,
         mut recv: quinn::RecvStream,
     ) {
@@ -816,8 +1046,9 @@ impl<H: Handler> Server<H> {
             match frame.kind {
                 FrameType::NodeRequest => {
                     let (server, send, from) = (self.clone(), send.clone(), from.clone());
+                    let running = running.clone();
                     tokio::spawn(async move {
-                        server.answer(from, frame, &send).await;
+                        server.answer(from, &running, frame, &send).await;
                         drop(permit);
                     });
                 }
@@ -848,12 +1079,23 @@ impl<H: Handler> Server<H> {
     async fn answer(
         &self,
         from: Arc<PeerIdentity>,
+        running: &Running,
         frame: Frame,
         send: &tokio::sync::Mutex<quinn::SendStream>,
     ) {
         let start = Instant::now();
         let op = frame.payload.first().and_then(|c| Op::from_u8(*c)).map_or("unknown", Op::name);
         let reply = match Request::decode(&frame.payload) {
+            Ok(Request::CancelRequest(id)) => self.cancel(running, id),
+            Ok(request) if request.cancellable() => {
+                let (stop, stopped) = oneshot::channel();
+                running.lock().unwrap_or_else(|p| p.into_inner()).insert(frame.request_id, stop);
+                let _entry = RunningEntry { running, id: frame.request_id };
+                tokio::select! {
+                    reply = self.handler.handle(from, request) => reply,
+                    _ = stopped => Reply::error(499, "request cancelled: its requester went away"),
+                }
+            }
             Ok(request) => self.handler.handle(from, request).await,
             Err(e) => Reply::for_decode_error(&e),
         };
@@ -879,6 +1121,40 @@ impl<H: Handler> Server<H> {
             (Ok(()), false) => status_kind(reply.status),
         };
         self.metrics.observe(op, "server", start.elapsed().as_secs_f64(), kind);
+    }
+}
+
+/// The cancellable requests running on one connection, by request id
+/// (each with what stops it).
+type Running = Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>;
+
+/// Removes a request from [`Running`] once it is answered.
+struct RunningEntry<'a> {
+    running: &'a Running,
+    id: u64,
+}
+
+impl Drop for RunningEntry<'_> {
+    fn drop(&mut self) {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
+}
+
+impl<H: Handler> Server<H> {
+    /// CancelRequest (38): stops request `id` of this connection if it is
+    /// still running (204), else 404.
+    fn cancel(&self, running: &Running, id: u64) -> Reply {
+        let stop = running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        match stop.map(|s| s.send(())) {
+            Some(Ok(())) => {
+                self.metrics.cancel("stopped");
+                Reply { status: 204, content_type: String::new(), body: Bytes::new() }
+            }
+            _ => {
+                self.metrics.cancel("finished");
+                Reply::error(404, &format!("no request {id} is running on this connection"))
+            }
+        }
     }
 }
 

@@ -117,8 +117,14 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
     fn serving_peers(&self, topic: &str) -> Vec<String>;
 
     /// Sends `request` to member `member` and waits at most `timeout` for
-    /// its reply; `Err` says why there is none. A member that gave none is
-    /// left out of [`ClusterView::serving_peers`] for a few seconds.
+    /// its reply; `Err` says why there is none. A member that cannot be
+    /// reached (the call failed on a dial, a timeout, a lost connection or
+    /// an unanswered ping), or that is suspect because an earlier call did
+    /// and it has not answered since, is answered here at once as if it
+    /// had said 503 `partition owner N is unreachable; retry later`, and is
+    /// left out of [`ClusterView::serving_peers`] until it answers a ping.
+    /// A forwarded consume whose caller goes away is stopped on the owner,
+    /// and what it leased is given back (`forwarded_consume`).
     fn forward<'a>(
         &'a self,
         member: &'a str,

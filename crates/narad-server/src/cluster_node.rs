@@ -312,11 +312,10 @@ pub struct ClusterNode {
     /// the disk once the control plane stopped).
     storage: (FsRef, std::path::PathBuf),
     orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Members a forwarded request got no answer from, and until when they
-    /// are left out of the queue-mode consume's rounds.
-    unreachable: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// `narad_cluster_forwarded_requests_total{op,peer,outcome}`.
     forwarded: Family<ForwardLabels, Counter>,
+    /// What forwarded consumes whose caller went away gave back.
+    releases: crate::forwarded_consume::Releases,
 }
 
 /// Labels of the forwarded-request counter.
@@ -326,13 +325,12 @@ pub struct ForwardLabels {
     pub op: &'static str,
     /// The member it went to.
     pub peer: String,
-    /// The owner's status class (`2xx`, `4xx`, `5xx`), or `unreachable`.
+    /// The owner's status class (`2xx`, `4xx`, `5xx`); `unreachable` (the
+    /// call failed in transport: answered 503 naming the owner), `suspect`
+    /// (not sent: a call to it failed and it has not answered since;
+    /// answered 503 at once), or `failed` (another transport failure: 502).
     pub outcome: &'static str,
 }
-
-/// How long a member that did not answer a forwarded request is left out
-/// of queue-mode consumes (a pinned consume or an ack still tries it).
-pub const PEER_UNREACHABLE_BACKOFF: Duration = Duration::from_secs(3);
 
 /// Why the cluster side could not start.
 #[derive(Debug, thiserror::Error)]
@@ -505,8 +503,8 @@ impl ClusterNode {
             membership: OnceLock::new(),
             storage,
             orphan_task: std::sync::Mutex::new(None),
-            unreachable: Default::default(),
             forwarded,
+            releases: crate::forwarded_consume::Releases::new(registry),
         }))
     }
 
@@ -587,16 +585,32 @@ impl ClusterNode {
         }
     }
 
-    /// Sends `request` to `member`, waiting at most `timeout`.
+    /// The connection to `member`.
+    fn peer_of(&self, member: &str) -> Result<Arc<narad_cluster::Peer>, String> {
+        let addr = member_addr(&self.meta, member)?;
+        Ok(self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME))
+    }
+
+    /// Whether a call to `member` failed in transport and it has not
+    /// answered since (`narad_cluster::suspect`).
+    fn is_suspect(&self, member: &str) -> bool {
+        self.peer_of(member).is_ok_and(|p| p.suspicion().is_some())
+    }
+
+    /// Sends `request` to `member`, waiting at most `timeout` (a watched
+    /// call: an owner that stops answering pings fails it within about
+    /// 1.5 s); a suspect member is not asked.
     async fn call_member(
         &self,
         member: &str,
         request: &Request,
         timeout: Duration,
     ) -> Result<Reply, String> {
-        let addr = member_addr(&self.meta, member)?;
-        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
-        peer.call_with_timeout(request, timeout).await.map_err(|e| format!("{member}: {e}"))
+        let peer = self.peer_of(member)?;
+        if let Some(s) = peer.suspicion() {
+            return Err(format!("{member} is unreachable: {}", s.why));
+        }
+        peer.call_watched(request, timeout).await.map_err(|e| format!("{member}: {e}"))
     }
 
     /// The figures of `topic`'s partition `partition` as its owner `owner`
@@ -820,9 +834,6 @@ impl ClusterView for ClusterNode {
 
     fn serving_peers(&self, topic: &str) -> Vec<String> {
         let snap = self.meta.snapshot();
-        let now = std::time::Instant::now();
-        let mut unreachable = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
-        unreachable.retain(|_, until| *until > now);
         let mut out: Vec<String> = Vec::new();
         for a in snap.assignments(topic).into_iter().flat_map(|a| a.values()) {
             let alive = snap
@@ -830,8 +841,8 @@ impl ClusterView for ClusterNode {
                 .is_some_and(|m| m.status == narad_meta::MemberStatus::Alive);
             if a.owner_id != self.node_id
                 && alive
-                && !unreachable.contains_key(&a.owner_id)
                 && !out.contains(&a.owner_id)
+                && !self.is_suspect(&a.owner_id)
             {
                 out.push(a.owner_id.clone());
             }
@@ -847,24 +858,43 @@ impl ClusterView for ClusterNode {
     ) -> BoxFuture<'a, Result<Reply, String>> {
         Box::pin(async move {
             let op = request.op().name();
-            let reply = self.call_member(member, &request, timeout).await;
-            let outcome = match &reply {
-                Ok(r) if r.status < 300 => "2xx",
-                Ok(r) if r.status < 500 => "4xx",
-                Ok(_) => "5xx",
-                Err(_) => "unreachable",
+            let count = |outcome| {
+                self.forwarded
+                    .get_or_create(&ForwardLabels { op, peer: member.to_owned(), outcome })
+                    .inc()
             };
-            self.forwarded
-                .get_or_create(&ForwardLabels { op, peer: member.to_owned(), outcome })
-                .inc();
-            if reply.is_err() {
-                let until = std::time::Instant::now() + PEER_UNREACHABLE_BACKOFF;
-                self.unreachable
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(member.to_owned(), until);
+            let unreachable = || forward::reply_of(forward::owner_unreachable(member));
+            let peer = self.peer_of(member)?;
+            if peer.suspicion().is_some() {
+                count("suspect");
+                return Ok(unreachable());
             }
-            reply
+            let reply = match request {
+                Request::Consume(_) => {
+                    crate::forwarded_consume::call(peer, request, timeout, self.releases.clone())
+                        .await
+                }
+                request => peer.call_watched(&request, timeout).await,
+            };
+            match reply {
+                Ok(r) => {
+                    count(match r.status {
+                        0..300 => "2xx",
+                        300..500 => "4xx",
+                        _ => "5xx",
+                    });
+                    Ok(r)
+                }
+                Err(e) if e.means_unreachable() => {
+                    count("unreachable");
+                    tracing::debug!(peer = member, op, error = %e, "a forwarded request found its owner unreachable");
+                    Ok(unreachable())
+                }
+                Err(e) => {
+                    count("failed");
+                    Err(format!("{member}: {e}"))
+                }
+            }
         })
     }
 

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | this node | served here |
 //! | another alive member | forwarded (consume: op 2, waiting `wait + 2 s`; ack: 3, 18, 19) |
+//! | an alive member that cannot be reached (suspect) | 503 `partition owner N is unreachable; retry later`, at once |
 //! | a dead member | 503 `partition owner is down; retry later: ...` naming it |
 //! | none assigned yet | 421 `this node does not own the requested partition` |
 //!
@@ -44,6 +45,17 @@ pub fn owner_down(topic: &str, partition: u32, owner: &str) -> ApiError {
             "partition owner is down; retry later: {topic}/{partition} is owned by {owner}, \
              which is not alive"
         ),
+    }
+}
+
+/// The 503 for a partition whose owner is alive as far as membership
+/// knows but cannot be reached: a call to it failed in transport and it
+/// has not answered since (issue 36). Answered at once until the owner
+/// answers a ping or membership marks it dead ([`owner_down`]).
+pub fn owner_unreachable(owner: &str) -> ApiError {
+    ApiError::Json {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: format!("partition owner {owner} is unreachable; retry later"),
     }
 }
 

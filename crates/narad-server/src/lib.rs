@@ -31,6 +31,7 @@ pub mod error;
 pub mod fanout_peers;
 pub mod fast;
 pub mod forward;
+pub mod forwarded_consume;
 pub mod http_metrics;
 pub mod limits;
 pub mod objects_only;

@@ -221,7 +221,7 @@ impl RemoteOwner {
         let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
         let request = encode_batch(&batch, with_ids);
         let sent = std::time::Instant::now();
-        let mut reply = call_watched(&peer, &request).await;
+        let mut reply = peer.call_watched(&request, request.timeout()).await;
         if with_ids
             && batch.records.iter().any(|r| r.incarnation.is_some())
             && reply.as_ref().is_ok_and(refuses_incarnation_section)
@@ -229,7 +229,8 @@ impl RemoteOwner {
             warn!(peer = %member, topic = %batch.topic, partition = batch.partition,
                 "owner refused the topic incarnation section (an older release); sending without ids for 2 minutes");
             self.mark_legacy(&member);
-            reply = call_watched(&peer, &encode_batch(&batch, false)).await;
+            let again = encode_batch(&batch, false);
+            reply = peer.call_watched(&again, again.timeout()).await;
         }
         if reply.is_ok() {
             let label = PeerLabel { peer: member.clone() };
@@ -280,43 +281,15 @@ impl RemoteOwner {
     }
 }
 
-/// How long a commit waits for its reply before the owner is pinged, and
-/// how often after that.
-pub const OWNER_PING_EVERY: Duration = Duration::from_secs(1);
-
-/// A commit call, with the owner pinged every [`OWNER_PING_EVERY`] while it
-/// runs: an owner that does not answer a ping within the transport's
-/// liveness bound (killed, its machine gone) fails the commit at once
-/// instead of after the commit's 30 s budget, so its records reroute after
-/// the 3 s grace. A slow but live owner answers pings (they travel on
-/// their own stream) and its commit goes on. A commit abandoned this way
-/// may still land (a duplicate, never a loss: its records stay in the WAL).
-async fn call_watched(
-    peer: &narad_cluster::Peer,
-    request: &Request,
-) -> Result<Reply, narad_cluster::Error> {
-    let call = peer.call(request);
-    tokio::pin!(call);
-    let start = tokio::time::Instant::now() + OWNER_PING_EVERY;
-    let mut ping = tokio::time::interval_at(start, OWNER_PING_EVERY);
-    loop {
-        tokio::select! {
-            reply = &mut call => return reply,
-            _ = ping.tick() => {
-                let alive = tokio::time::timeout(
-                    narad_cluster::limits::LIVENESS_PROBE_TIMEOUT,
-                    peer.ping(),
-                )
-                .await;
-                if !matches!(alive, Ok(Ok(_))) {
-                    return Err(narad_cluster::Error::Remote(
-                        "the owner did not answer a ping while a commit was in flight".into(),
-                    ));
-                }
-            }
-        }
-    }
-}
+// A commit is a watched call (`Peer::call_watched`): the owner is pinged
+// every second while it runs, and an owner that does not answer a ping
+// within the transport's liveness bound (killed, its machine gone) fails
+// the commit at once instead of after the commit's 30 s budget, so its
+// records reroute after the 3 s grace. A slow but live owner answers pings
+// (they travel on their own stream) and its commit goes on. A commit
+// abandoned this way may still land (a duplicate, never a loss: its
+// records stay in the WAL). The failure also makes the owner suspect for
+// the node's forwarded consumes and acks (`narad_cluster::suspect`).
 
 /// Whether an owner's answer is the refusal of the incarnation section by
 /// a release that does not know it: 400 naming trailing bytes.

@@ -390,12 +390,19 @@ pub async fn ack(
         )));
     }
     s.broker.topic(&topic)?;
+    // Every handle at once: a batch spanning owners answers within the
+    // slowest owner's budget, not the sum of one call per handle (an
+    // unreachable owner's handles all fail within its first call's watch).
+    let resolved = futures_util::future::join_all(
+        b.receipt_handles.iter().map(|h| resolve_anywhere(&s, &topic, h, action)),
+    )
+    .await;
     let mut out = String::from("{\"results\":[");
-    for (i, h) in b.receipt_handles.iter().enumerate() {
+    for (i, resolved) in resolved.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
-        let failed = match resolve_anywhere(&s, &topic, h, action).await {
+        let failed = match resolved {
             Ok(()) => None,
             Err(Resolved::Here(api)) => {
                 let msg = match &api {
