@@ -31,6 +31,7 @@ pub mod fast;
 pub mod forward;
 pub mod http_metrics;
 pub mod limits;
+pub mod node_identity;
 pub mod objects_only;
 pub mod openapi;
 pub mod query;
