@@ -361,6 +361,19 @@ pub enum ClusterStartError {
         /// Why its state cannot be used.
         why: &'static str,
     },
+    /// An upgraded single node's partitions are owned by another id than
+    /// the one it starts under.
+    #[error(
+        "this node's partitions are owned by node id {owner:?}, and it starts as {node_id:?}: a \
+         node's id cannot change. Start it with --node-id {owner} and name it {owner} in the \
+         peers and initial members"
+    )]
+    Renamed {
+        /// The id owning its partitions.
+        owner: String,
+        /// The configured id.
+        node_id: String,
+    },
     /// Consensus could not start (raft.redb damaged, bad configuration).
     #[error("cannot start the control plane: {0}")]
     Control(#[source] narad_cluster::raft::Error),
@@ -403,8 +416,9 @@ fn raft_timings_from_env() -> Result<RaftTimings, ClusterStartError> {
 /// A node whose metastore applied commands before it had any Raft state
 /// (an upgraded single node) brings state the Raft log does not hold. The
 /// group's state machines agree only if every member starts from the same
-/// state: that node must bootstrap alone, and the others start empty and
-/// receive its state through the log or a snapshot. Two such nodes, or one
+/// state: that node must bootstrap alone (it files its state as the
+/// group's first snapshot, `narad_cluster::raft::upgrade`), and the others
+/// start empty and install that snapshot. Two such nodes, or one
 /// that joins or bootstraps with others, would diverge (different topics,
 /// different incarnation ids) silently, so the start is refused.
 fn refuse_diverging_state(
@@ -425,6 +439,15 @@ fn refuse_diverging_state(
     } else if bootstrappers != [settings.node_id.as_str()] {
         "it would bootstrap together with other nodes that do not hold that state"
     } else {
+        // The single node's partitions are owned by the id it ran under:
+        // under another one they would be owned by nobody alive.
+        let foreign = crate::node_identity::foreign_owners(meta, &settings.node_id, &[]);
+        if let Some(owner) = foreign.first() {
+            return Err(ClusterStartError::Renamed {
+                owner: owner.clone(),
+                node_id: settings.node_id.clone(),
+            });
+        }
         return Ok(());
     };
     Err(ClusterStartError::PreClusterState { applied, node_id: settings.node_id.clone(), why })

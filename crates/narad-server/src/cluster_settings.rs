@@ -9,7 +9,8 @@
 //!
 //! Rules, each with its own error naming the key:
 //! * `cluster.addr` is a `host:port` socket address (the UDP address the
-//!   node RPC listens on); loopback with `--dev` when peers are set.
+//!   node RPC listens on); loopback with `--dev` when peers are set; set
+//!   (to other than its default) without peers is an error.
 //! * `security.cluster_tls_{cert,key,ca}_file`: all three or none.
 //! * with peers: `cluster.node_id` set; peer ids match
 //!   `^[A-Za-z0-9._-]{1,64}$` and are unique; addresses resolve and are
@@ -201,6 +202,19 @@ pub fn resolve(c: &Config) -> Result<Option<ClusterSettings>, String> {
     })?;
     let tls = cluster_tls_files(c)?;
     if cl.peers.is_empty() {
+        // A cluster address asks for a cluster: without peers this would be
+        // a single node that writes state of its own, after which every
+        // start with the right peers is refused (issue 35). (Set to exactly
+        // its default it cannot be told from unset.)
+        let default = if dev { DEFAULT_DEV_CLUSTER_ADDR } else { DEFAULT_CLUSTER_ADDR };
+        if cl.addr != default {
+            return Err(format!(
+                "cluster.addr ({}) is set but cluster.peers is not: a cluster node needs its \
+                 peers (--peers id@host:port,... or NARAD_CLUSTER_PEERS, this node included); \
+                 a single node sets neither",
+                cl.addr
+            ));
+        }
         if !cl.initial_members.is_empty() {
             return Err("cluster.initial_members needs cluster.peers (a single node has no \
                         members to bootstrap with)"

@@ -42,8 +42,14 @@ pub struct ServerConfig {
     pub addr: SocketAddr,
     /// The data directory.
     pub data_dir: PathBuf,
-    /// This node's id.
+    /// This node's id: the configured one, or without one the host name
+    /// (what a data directory from a release before `node.id` is owned
+    /// by); [`run`] settles it against the data directory's
+    /// [`node_identity`](crate::node_identity) file.
     pub node_id: String,
+    /// Whether `node_id` was configured (flag, environment, file) rather
+    /// than defaulted.
+    pub node_id_configured: bool,
     /// Topic defaults.
     pub topic_defaults: TopicDefaults,
     /// Partition log settings.
@@ -101,6 +107,7 @@ impl ServerConfig {
             } else {
                 c.cluster.node_id.clone()
             },
+            node_id_configured: !c.cluster.node_id.is_empty(),
             topic_defaults: c.topic.clone(),
             log: c.log_config(),
             wal: WalOptions { prealloc: c.storage.ingress_wal_prealloc, ..WalOptions::default() },
@@ -142,6 +149,13 @@ pub enum ServerError {
     /// The HTTP server failed.
     #[error("http server failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// The node id is not the data directory's, or its file is unusable.
+    #[error("cannot start: {0}")]
+    Identity(#[source] crate::node_identity::IdentityError),
+    /// The data directory is not this start's to use as configured (a
+    /// cluster member's without peers, a renamed node's).
+    #[error("cannot start: {0}")]
+    Refused(String),
     /// The cluster side (node RPC, consensus) could not start.
     #[error("cannot start: {0}")]
     Cluster(#[source] crate::cluster_node::ClusterStartError),
@@ -189,7 +203,7 @@ pub fn router(state: Shared) -> Router {
 
 /// Runs the server until `shutdown` resolves, then drains and stops.
 pub async fn run(
-    config: ServerConfig,
+    mut config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let boot_started = std::time::Instant::now();
@@ -197,6 +211,27 @@ pub async fn run(
     // server has stopped (the process's life).
     let _data_dir_lock =
         narad_fs::DirLock::acquire(&config.data_dir).map_err(ServerError::DataDir)?;
+    let (fs, clock) = (RealFs::shared(), SystemClock::shared());
+    let settled = crate::node_identity::settle(
+        &*fs,
+        &config.data_dir,
+        config.node_id_configured.then_some(config.node_id.as_str()),
+        &config.node_id,
+    )
+    .map_err(ServerError::Identity)?;
+    match &settled {
+        crate::node_identity::Settled::Stored(id) => {
+            tracing::info!(node_id = %id, "node id (from the data directory)")
+        }
+        crate::node_identity::Settled::Adopted(id) => {
+            tracing::info!(node_id = %id, "node id adopted by a data directory from an older release, now recorded in it")
+        }
+        crate::node_identity::Settled::New(id) => {
+            tracing::info!(node_id = %id, "node id recorded in the new data directory; keep it: a later start under another id is refused")
+        }
+    }
+    config.node_id = settled.id().to_owned();
+    let adopted = matches!(settled, crate::node_identity::Settled::Adopted(_));
     let tls = match &config.tls {
         Some(f) => Some(
             crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
@@ -229,12 +264,28 @@ pub async fn run(
         wal: config.wal,
         idle_log_eviction_ms: config.idle_log_eviction_ms,
     };
-    let (fs, clock) = (RealFs::shared(), SystemClock::shared());
     let (broker, cluster) = match &config.cluster {
         None => {
-            let broker = Broker::open(broker_config, fs, clock, metrics)
+            let meta = Broker::open_meta(&broker_config, fs.clone(), clock.clone())
                 .await
                 .map_err(ServerError::Start)?;
+            crate::node_identity::refuse_single_start(&config.data_dir, &meta, &config.node_id)
+                .map_err(ServerError::Refused)?;
+            if adopted {
+                crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
+                    .map_err(ServerError::Identity)?;
+            }
+            let broker = Broker::open_on(
+                broker_config,
+                fs,
+                clock,
+                metrics,
+                meta,
+                Registration::Now,
+                narad_broker::Routing::Local,
+            )
+            .await
+            .map_err(ServerError::Start)?;
             (broker, None)
         }
         Some(settings) => {
@@ -253,6 +304,15 @@ pub async fn run(
             )
             .await
             .map_err(ServerError::Cluster)?;
+            if adopted {
+                // Checked by the start (a pre-cluster state's owners).
+                if let Err(e) =
+                    crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
+                {
+                    node.shutdown().await;
+                    return Err(ServerError::Identity(e));
+                }
+            }
             let routing = node.routing(clock.clone(), &mut registry);
             let broker = match Broker::open_on(
                 broker_config,

@@ -33,22 +33,24 @@ fn http_url(config: &Config) -> String {
     format!("{scheme}://{}", config.http.addr)
 }
 
-/// Logs the banner of `config` (its node id already filled in).
+/// Logs the banner of `config` (a single node without a configured id
+/// settles it later, from its data directory).
 pub fn log_start(config: &Config) {
     let version = env!("CARGO_PKG_VERSION");
     let c = &config.cluster;
     let security = security_mode(config);
     let data_dir = config.storage.data_dir.display();
     if c.peers.is_empty() {
+        let node_id = if c.node_id.is_empty() { "(the data directory's)" } else { &c.node_id };
         tracing::info!(
             version,
-            node_id = %c.node_id,
+            node_id = %node_id,
             mode = "single",
             http = %http_url(config),
             data_dir = %data_dir,
             security,
             "narad {version} starting: node {} (single node)",
-            c.node_id
+            node_id
         );
         return;
     }

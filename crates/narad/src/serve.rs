@@ -32,8 +32,9 @@ pub struct ServeArgs {
     /// Development mode: a single node on loopback with security off.
     #[arg(long)]
     pub dev: bool,
-    /// This node's id (cluster.node_id; default: the host name; required
-    /// with peers).
+    /// This node's id (cluster.node_id; required with peers). Recorded in
+    /// the data directory at its first start; a later start under another
+    /// id is refused. Default: the recorded one, or a generated one.
     #[arg(long)]
     pub node_id: Option<String>,
     /// Where the node RPC listens, UDP (cluster.addr; used with peers).
@@ -115,11 +116,10 @@ pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
     flag("http.tls_key_file", a.tls_key.clone().map(path_value));
     flag("http.tls_client_ca_file", a.tls_client_ca.clone().map(path_value));
     let env = std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")).collect();
-    let mut config = Config::load(Sources { file: a.config.as_deref(), env, flags, dev: a.dev })?;
-    if config.cluster.node_id.is_empty() {
-        config.cluster.node_id = host_name();
-    }
-    Ok(config)
+    // An id left unset is settled at start against the data directory's
+    // `node.id` (narad_server::node_identity), with the host name only for
+    // a directory from a release before that file.
+    Config::load(Sources { file: a.config.as_deref(), env, flags, dev: a.dev })
 }
 
 /// Raises the soft limit on open files to the hard limit: every open

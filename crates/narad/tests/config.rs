@@ -142,7 +142,7 @@ fn an_impossible_cluster_config_stops_the_start_naming_the_key() {
     let dir = temp_dir("config-cluster-bad");
     let peers = "n1@127.0.0.1:7001,n2@127.0.0.1:7002";
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [&'a str]);
-    let cases: [Case; 7] = [
+    let cases: [Case; 9] = [
         (
             "set NARAD_CLUSTER_SECRET",
             &[("NARAD_CLUSTER_PEERS", peers), ("NARAD_CLUSTER_ADDR", "0.0.0.0:7001")],
@@ -180,6 +180,18 @@ fn an_impossible_cluster_config_stops_the_start_naming_the_key() {
             ],
         ),
         ("cluster.addr", &[("NARAD_CLUSTER_ADDR", "nowhere")], &[]),
+        // A cluster address without peers (issue 35): a quick-start node
+        // whose terminal lost NARAD_CLUSTER_PEERS must not run alone.
+        (
+            "cluster.addr (127.0.0.1:7001) is set but cluster.peers is not",
+            &[],
+            &["--dev", "--cluster-addr", "127.0.0.1:7001"],
+        ),
+        (
+            "cluster.addr (127.0.0.1:7001) is set but cluster.peers is not",
+            &[("NARAD_CLUSTER_ADDR", "127.0.0.1:7001")],
+            &["--dev"],
+        ),
         ("security.cluster_tls_", &[("NARAD_CLUSTER_TLS_CA_FILE", "ca.pem")], &[]),
     ];
     for (needle, env, args) in cases {

@@ -6,6 +6,10 @@
 //!   group with the identical voter set (all peers); with a list, the
 //!   listed nodes do. openraft makes simultaneous initialisation with the
 //!   same membership safe; a node already initialised skips it.
+//! * A bootstrapping node without Raft state first asks its peers
+//!   whether the group already runs with a leader that knows it as a
+//!   member: then its data directory was wiped, and the start is refused
+//!   with what to do (issue 35).
 //! * Join-only (a node not in a non-empty `initial_members`): sends
 //!   JoinCluster (21) to every peer every [`JOIN_INTERVAL`] until it sees a
 //!   leader. The leader answers by adding the node as a learner and then
@@ -74,6 +78,9 @@ pub const JOIN_INTERVAL: Duration = Duration::from_secs(2);
 pub const LEADER_WAIT: Duration = Duration::from_secs(2);
 /// How long the leader waits for its own write to be committed and applied.
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a node without Raft state waits for each peer's answer to
+/// "does the group already run?" before it bootstraps.
+pub const GROUP_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a leader that shuts down waits for another leader.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 
@@ -353,6 +360,15 @@ struct ReadIndex {
     index: u64,
 }
 
+/// The body of JoinCluster's 200. `known_member`: the leader's state has
+/// a member record of the node (absent from releases before issue 35).
+#[derive(Debug, Serialize, Deserialize)]
+struct Joined {
+    joined: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    known_member: Option<bool>,
+}
+
 /// The reply body of a ProposeCommand the leader applied.
 #[derive(Debug, Serialize, Deserialize)]
 struct Proposed {
@@ -476,6 +492,12 @@ impl ControlPlane {
         let sm = StateMachine::new(meta.clone(), cfg.fs.clone(), metrics.clone());
         let log = LogStore::<TypeConfig>::open(&*cfg.fs, &cfg.data_dir)?
             .with_purge_floor(sm.purge_floor());
+        if cfg.initial_members == [cfg.node_id.clone()]
+            || (cfg.initial_members.is_empty() && cfg.peers.len() == 1)
+        {
+            let me = RaftNode { http_addr: String::new(), ..me.clone() };
+            super::upgrade::seed_group(&meta, &log, &me)?;
+        }
         let id = raft_id(&cfg.node_id);
         let raft = Raft::new(id, Arc::new(config), Network::new(transport.clone()), log, sm)
             .await
@@ -504,6 +526,29 @@ impl ControlPlane {
             cfg.initial_members.is_empty() || cfg.initial_members.contains(&cfg.node_id);
         let initialized =
             plane.raft.is_initialized().await.map_err(|e| Error::Raft(e.to_string()))?;
+        if bootstraps && !initialized && cfg.peers.len() > 1 {
+            // A member whose data directory was wiped, restarted under its
+            // id, must not bootstrap again: its new log would contradict
+            // what the leader recorded it acknowledged (issue 35: "hole in
+            // the raft log", ready with commit 0; letting it follow with an
+            // empty log makes openraft's leader panic on the conflict
+            // below its matched index). A late starter of a new group is
+            // not a member the leader's state knows, and bootstraps as
+            // before (its bootstrap entry is the group's own).
+            if let Some(leader) = plane.known_member_of_running_group().await {
+                plane.shutdown().await;
+                return Err(Error::Config(format!(
+                    "node {id:?} is a member of the running cluster (the leader, {leader}, knows \
+                     it), but this data directory has no Raft state: it was wiped or lost. It \
+                     cannot rejoin under {id:?}. Start it on this empty directory under a new \
+                     id that joins: --node-id <new id>, --peers with <new id>@<this cluster \
+                     address> in place of {id}@..., and NARAD_CLUSTER_INITIAL_MEMBERS naming \
+                     the running members; {id:?} stays listed as a dead member \
+                     (docs/CLUSTER.md, \"A node's data directory was wiped\")",
+                    id = cfg.node_id
+                )));
+            }
+        }
         if bootstraps && !initialized {
             let voters: BTreeMap<NodeId, RaftNode> = cfg
                 .peers
@@ -656,6 +701,29 @@ impl ControlPlane {
             }
         });
         futures_util::future::join_all(pings).await;
+    }
+
+    /// Asks every other peer once (JoinCluster, [`GROUP_PROBE_TIMEOUT`]
+    /// each, all at once) whether the group already runs and its leader
+    /// knows this node as a member: the leader's id when it does; `None`
+    /// when no leader answers (a group being formed, peers down) or it
+    /// does not know this node (a late starter of a new group).
+    async fn known_member_of_running_group(&self) -> Option<String> {
+        let request = Request::JoinCluster(JoinCluster {
+            id: self.me.id.clone(),
+            cluster_addr: self.me.cluster_addr.clone(),
+            http_addr: Some(self.me.http_addr.clone()),
+        });
+        let asks = self.peers.iter().filter(|p| p.id != self.me.id).map(|p| {
+            let peer = self.transport.peer(p.addr, crate::tls::DEFAULT_SERVER_NAME);
+            let request = &request;
+            async move {
+                let reply = peer.call_with_timeout(request, GROUP_PROBE_TIMEOUT).await.ok()?;
+                let joined: Joined = serde_json::from_slice(&reply.body).ok()?;
+                (reply.status == 200 && joined.known_member == Some(true)).then(|| p.id.clone())
+            }
+        });
+        futures_util::future::join_all(asks).await.into_iter().flatten().next()
     }
 
     /// A join-only node: JoinCluster to every peer until a leader is seen.
@@ -875,6 +943,14 @@ impl ControlPlane {
     }
 
     /// JoinCluster on the leader: the node becomes a learner, then a voter.
+    /// JoinCluster's 200: joined, and whether this leader's state knows
+    /// the node as a member (it heartbeated before: a node without Raft
+    /// state asking is one that lost it).
+    fn joined(&self, id: &str) -> Reply {
+        let known_member = Some(self.meta.snapshot().member(id).is_some());
+        json_reply(&Joined { joined: true, known_member })
+    }
+
     async fn handle_join(&self, j: &JoinCluster) -> Reply {
         if !self.is_leader() {
             return self.not_leader();
@@ -902,7 +978,7 @@ impl ControlPlane {
         }
         let is_voter = m.voter_ids().any(|v| v == id);
         if is_voter && m.get_node(&id) == Some(&node) {
-            return Reply::json(200, r#"{"joined":true}"#);
+            return self.joined(&j.id);
         }
         let step = async {
             match m.get_node(&id) {
@@ -930,7 +1006,7 @@ impl ControlPlane {
         match tokio::time::timeout(REPLY_TIMEOUT - Duration::from_millis(500), step).await {
             Ok(Ok(())) => {
                 tracing::info!(node_id = %j.id, cluster_addr = %j.cluster_addr, "node joined the raft group as a voter");
-                Reply::json(200, r#"{"joined":true}"#)
+                self.joined(&j.id)
             }
             Ok(Err(e)) => {
                 tracing::warn!(node_id = %j.id, error = %e, "join failed");

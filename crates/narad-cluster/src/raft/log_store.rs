@@ -279,6 +279,30 @@ impl<C: RaftTypeConfig> LogStore<C> {
     }
 }
 
+impl<C: RaftTypeConfig> LogStore<C> {
+    /// On a pristine log (no entry, nothing purged, no vote), records
+    /// `log_id` as purged, so the log starts after it, and answers true;
+    /// on any other, changes nothing and answers false. For a group formed
+    /// around state that no entry holds (see `raft::upgrade`): openraft
+    /// sends a follower whose log is behind the purged id a snapshot.
+    pub fn start_after(&self, log_id: &LogId<C::NodeId>) -> Result<bool, String> {
+        let shared = &self.shared;
+        let purged: Option<LogId<C::NodeId>> = shared.meta_row(KEY_PURGED)?;
+        let pristine =
+            purged.is_none() && shared.bounds()? == (1, 0) && shared.vote::<C>()?.is_none();
+        if !pristine {
+            return Ok(false);
+        }
+        let row = encode_value(log_id);
+        shared.write(|txn| {
+            let mut meta = txn.open_table(META).map_err(|e| format!("start after: {e}"))?;
+            meta.insert(KEY_PURGED, row.as_slice()).map_err(|e| format!("start after: {e}"))?;
+            Ok(())
+        })?;
+        Ok(true)
+    }
+}
+
 impl<C> LogStore<C> {
     /// Purges from now on stop at `floor()`, the index the state machine
     /// has durably applied (see the module docs); the first floor set wins.

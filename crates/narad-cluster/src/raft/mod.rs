@@ -8,6 +8,7 @@
 //! * [`network`] — Raft's RPCs over the node RPC transport (ops 30-32);
 //! * [`control`] — the [`ControlPlane`]: bootstrap and join (op 21), writes
 //!   forwarded to the leader (op 29), leadership handover (op 33), status;
+//! * [`upgrade`] — a group formed around a node's existing state;
 //! * [`metrics`] — `narad_raft_*`.
 
 pub mod control;
@@ -16,6 +17,7 @@ pub mod metrics;
 pub mod network;
 pub mod state_machine;
 pub mod types;
+pub mod upgrade;
 
 #[cfg(test)]
 mod storage_suite;

@@ -385,6 +385,55 @@ impl Cluster {
         node.paused = false;
     }
 
+    /// Starts node `i`'s process as a single node, as an operator would
+    /// before it joined a cluster: `--dev` on its HTTP port and data
+    /// directory, no peers and no cluster address, with `--node-id` only
+    /// when `node_id` is given. Follow with [`Cluster::wait_ready`] (or
+    /// [`Cluster::wait_exit`] for a start that must be refused).
+    pub fn spawn_single(&mut self, i: usize, node_id: Option<&str>) {
+        let node = &self.nodes[i];
+        assert!(node.child.is_none(), "{} is already running", node.id);
+        assert!(node.ns.is_none(), "a single node runs on the host");
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&node.log_path).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")) {
+            cmd.env_remove(k);
+        }
+        cmd.args(["serve", "--dev", "--addr"])
+            .arg(format!("127.0.0.1:{}", node.http_port))
+            .arg("--data-dir")
+            .arg(&node.data_dir)
+            .env("NARAD_LOG_LEVEL", "info");
+        if let Some(id) = node_id {
+            cmd.arg("--node-id").arg(id);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("start narad (single)");
+        let node = &mut self.nodes[i];
+        node.child = Some(child);
+        node.paused = false;
+    }
+
+    /// Waits (≤ `timeout`) for node `i`'s process to exit by itself and
+    /// returns its status; kills it and panics with its log if it is still
+    /// running then (a start that must be refused, and was not).
+    pub fn wait_exit(&mut self, i: usize, timeout: Duration) -> ExitStatus {
+        let node = &mut self.nodes[i];
+        let mut c = node.child.take().unwrap_or_else(|| panic!("{} is not running", node.id));
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            if Instant::now() >= deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("{} still running after {timeout:?}; log:\n{}", node.id, node.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits until node `i` answers `/readyz` 200; panics with its log if
     /// it exits or `timeout` passes.
     pub fn wait_ready(&mut self, i: usize, timeout: Duration) {
@@ -517,27 +566,6 @@ impl Cluster {
             || running().then_some(()),
             || format!("threads of {pid}: {:?}", thread_states(pid)),
         );
-    }
-
-    /// Waits (≤ `timeout`) for node `i` to exit on its own and returns its
-    /// exit status; panics with its log if it is still running then.
-    pub fn wait_exit(&mut self, i: usize, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        let node = &mut self.nodes[i];
-        let c = node.child.as_mut().unwrap_or_else(|| panic!("{} is not running", node.id));
-        loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                node.child = None;
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit within {timeout:?}; log:\n{}",
-                node.id,
-                node.log_tail()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     /// Starts node `i` again (after [`Cluster::kill9`] or
