@@ -310,7 +310,7 @@ mod tests {
             serde_json::json!({
                 "node_id": "n1", "mode": "single", "role": "leader", "term": 0,
                 "leader": "n1", "commit_index": 7, "applied_index": 7,
-                "voters": ["n1"], "learners": [],
+                "voters": ["n1"], "learners": [], "stopped": null,
             })
         );
     }
