@@ -17,8 +17,9 @@ to partition 0 of a topic (`--partition 0`):
     client on another node (remote commits), single and batch: the CPU of
     all three nodes per message, remote against local (target <= 2 x);
   * produce -> consumable p50/p99 at a fixed rate (`narad bench flow
-    --rate`), producers on the owner or on another node, consumers on the
-    owner.
+    --rate`): producers on the owner or on another node with consumers on
+    the owner, and producers on one non-owner with consumers on the other
+    ("elsewhere": queue-mode consume through a node not owning the partition).
 Usage: bench/cluster/produce.py [--binary target/release/narad]
        [--secs 8] [--clients 16] [--rate 2000] [--phases spread,remote]
        [--secret S]  (every node gets NARAD_CLUSTER_SECRET=S: node RPC authenticated)
@@ -166,18 +167,21 @@ def remote(a):
             print(f"{shape}: remote-commit CPU per record {r:.2f}x local (target <= 2)")
         topic = "r-latency"
         lat = {}
-        for where in ["local", "remote"]:
+        # "elsewhere": produced through one non-owner, consumed through the
+        # other (queue-mode consume through any node, issue 36).
+        for where in ["local", "remote", "elsewhere"]:
             create(c, topic, 3)
             o = owner_of(c, topic)
             i = o if where == "local" else (o + 1) % 3
+            k = (o + 2) % 3 if where == "elsewhere" else o
             lat[where] = cpu_run(a.binary, c, f"http://127.0.0.1:{c.http[i]}", topic, 3, 1, a.secs, 4, "flow",
                                  ("--partition", "0", "--rate", str(a.rate), "--consumers", "2", "--consume-batch", "100",
-                                  "--consume-url", f"http://127.0.0.1:{c.http[o]}"))
+                                  "--consume-url", f"http://127.0.0.1:{c.http[k]}"))
             req(c.url(0, f"/v1/topics/{topic}"), "DELETE")
         for where, f in lat.items():
             if "e2e_p50_ms" not in f:
                 raise SystemExit(f"{where}: no produce -> consume figures: {f}")
-            print(f"produce -> consumable, {where} owner, {a.rate} msgs/s: p50 {f['e2e_p50_ms']:.2f} ms, "
+            print(f"produce -> consumable, {where}, {a.rate} msgs/s: p50 {f['e2e_p50_ms']:.2f} ms, "
                   f"p99 {f['e2e_p99_ms']:.2f} ms ({f['e2e_samples']:.0f} samples)")
     finally:
         c.close()
