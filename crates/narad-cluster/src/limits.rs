@@ -28,6 +28,13 @@ pub const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// A watched call ([`crate::Peer::call_watched`]) pings its peer this
 /// often while it waits for the reply.
 pub const WATCH_PING_EVERY: Duration = Duration::from_secs(1);
+/// A cancellable request (a consume's long poll) whose requester has
+/// pinged its connection since the request started, then sent nothing at
+/// all for this long, is stopped: the requester watches its calls (a ping
+/// every [`WATCH_PING_EVERY`]), so this silence means it was killed or cut
+/// off, and the poll would lease records for nobody until QUIC's
+/// [`IDLE_TIMEOUT`] closed the connection.
+pub const REQUESTER_SILENT_AFTER: Duration = Duration::from_secs(4);
 /// How long a CancelRequest (op 38) waits for its answer (sent in the
 /// background; nothing waits on it).
 pub const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -106,6 +113,10 @@ const _: () = {
     assert!(MAX_UNAUTHENTICATED_PER_SOURCE <= MAX_UNAUTHENTICATED);
     assert!(CLIENT_AUTH_TIMEOUT.as_millis() < AUTH_TIMEOUT.as_millis());
     assert!(KEEP_ALIVE_INTERVAL.as_millis() < IDLE_TIMEOUT.as_millis());
+    // Several watch pings fit in the silence that stops a poll, and the
+    // silence is noticed well before the idle timeout would.
+    assert!(3 * WATCH_PING_EVERY.as_millis() < REQUESTER_SILENT_AFTER.as_millis());
+    assert!(REQUESTER_SILENT_AFTER.as_millis() < IDLE_TIMEOUT.as_millis());
     assert!(DIAL_TIMEOUT.as_millis() < REPLY_TIMEOUT.as_millis());
     assert!(REPLY_TIMEOUT.as_millis() <= COMMIT_TIMEOUT.as_millis());
     assert!((3 * DATA_LANE_STREAMS + CONTROL_LANE_STREAMS) as u32 <= MAX_STREAMS_PER_CONNECTION);

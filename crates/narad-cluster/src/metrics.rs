@@ -109,8 +109,10 @@ pub struct RpcMetrics {
     pub suspected: Family<PeerAddrLabels, Counter>,
     /// `node_rpc_suspect_peers`: peers suspect now.
     pub suspect_peers: Gauge,
-    /// `node_rpc_requests_cancelled_total{outcome}`: requests a peer asked
-    /// this node to stop (its requester went away).
+    /// `node_rpc_requests_cancelled_total{outcome}`: requests stopped
+    /// because their requester went away: `stopped` / `finished` (it asked,
+    /// op 38), `disconnected` (its connection ended), `silent` (it stopped
+    /// pinging during the request).
     pub cancelled: Family<CancelLabels, Counter>,
 }
 

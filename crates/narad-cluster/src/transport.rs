@@ -23,8 +23,14 @@
 //! on any stream of the same connection; the server stops that request if
 //! it is still running and [`Request::cancellable`] (a consume: its long
 //! poll ends, leasing nothing) and answers it 499. A connection that ends
-//! stops every cancellable request still running on it. The transport
-//! serves op 38 itself; a handler never sees it.
+//! stops every cancellable request still running on it. A requester that
+//! was killed cannot cancel, and its connection lives on until the idle
+//! timeout; but it watches its calls (a Ping every second on the same
+//! connection), so a cancellable request during which the connection has
+//! pinged and then gone silent for [`REQUESTER_SILENT_AFTER`] is stopped
+//! the same way (a requester that never pings, an older release, is not
+//! judged by it). The transport serves op 38 itself; a handler never sees
+//! it.
 //!
 //! Suspicion (`suspect.rs`): a call that fails in transport makes its peer
 //! suspect until a frame comes back from it; the transport pings suspect
@@ -38,7 +44,8 @@ use crate::handshake::{self, EXPORTER_LABEL, EXPORTER_LEN, HandshakeError, PeerI
 use crate::limits::{
     AUTH_TIMEOUT, CANCEL_TIMEOUT, CLIENT_AUTH_TIMEOUT, DIAL_TIMEOUT, FRAME_MAX_PAYLOAD,
     IDLE_TIMEOUT, KEEP_ALIVE_INTERVAL, LIVENESS_PROBE_TIMEOUT, MAX_IN_FLIGHT_PER_STREAM,
-    MAX_STREAMS_PER_CONNECTION, PRE_AUTH_RECEIVE_WINDOW, REPLY_TIMEOUT, WATCH_PING_EVERY,
+    MAX_STREAMS_PER_CONNECTION, PRE_AUTH_RECEIVE_WINDOW, REPLY_TIMEOUT, REQUESTER_SILENT_AFTER,
+    WATCH_PING_EVERY,
 };
 use crate::metrics::PeerAddrLabels;
 use crate::metrics::{RpcMetrics, status_kind};
@@ -1004,11 +1011,12 @@ impl<H: Handler> Server<H> {
     async fn serve_connection(self: Arc<Self>, conn: quinn::Connection, from: Arc<PeerIdentity>) {
         let remote = conn.remote_address();
         let running = Running::default();
+        let heard = Arc::new(Heard::new());
         loop {
             match conn.accept_bi().await {
                 Ok((send, recv)) => {
-                    let running = running.clone();
-                    tokio::spawn(self.clone().serve_stream(from.clone(), running, send, recv));
+                    let conn = ConnState { running: running.clone(), heard: heard.clone() };
+                    tokio::spawn(self.clone().serve_stream(from.clone(), conn, send, recv));
                 }
                 Err(e) => {
                     tracing::debug!(%remote, error = %e, "cluster connection ended");
@@ -1029,7 +1037,7 @@ impl<H: Handler> Server<H> {
     async fn serve_stream(
         self: Arc<Self>,
         from: Arc<PeerIdentity>,
-        running: Running,
+        conn: ConnState,
         send: quinn::SendStream,
         mut recv: quinn::RecvStream,
     ) {
@@ -1043,12 +1051,13 @@ impl<H: Handler> Server<H> {
                 Ok(None) => break None,
                 Err(e) => break Some(e),
             };
+            conn.heard.frame(frame.kind == FrameType::Ping);
             match frame.kind {
                 FrameType::NodeRequest => {
                     let (server, send, from) = (self.clone(), send.clone(), from.clone());
-                    let running = running.clone();
+                    let conn = conn.clone();
                     tokio::spawn(async move {
-                        server.answer(from, &running, frame, &send).await;
+                        server.answer(from, &conn, frame, &send).await;
                         drop(permit);
                     });
                 }
@@ -1079,21 +1088,31 @@ impl<H: Handler> Server<H> {
     async fn answer(
         &self,
         from: Arc<PeerIdentity>,
-        running: &Running,
+        conn: &ConnState,
         frame: Frame,
         send: &tokio::sync::Mutex<quinn::SendStream>,
     ) {
         let start = Instant::now();
         let op = frame.payload.first().and_then(|c| Op::from_u8(*c)).map_or("unknown", Op::name);
+        let running = &conn.running;
         let reply = match Request::decode(&frame.payload) {
             Ok(Request::CancelRequest(id)) => self.cancel(running, id),
             Ok(request) if request.cancellable() => {
                 let (stop, stopped) = oneshot::channel();
                 running.lock().unwrap_or_else(|p| p.into_inner()).insert(frame.request_id, stop);
                 let _entry = RunningEntry { running, id: frame.request_id };
+                let remote = from.addr;
                 tokio::select! {
                     reply = self.handler.handle(from, request) => reply,
                     _ = stopped => Reply::error(499, "request cancelled: its requester went away"),
+                    silent = conn.heard.silence_after(Instant::now()) => {
+                        self.metrics.cancel("silent");
+                        tracing::info!(
+                            %remote, op, silent_ms = silent.as_millis() as u64,
+                            "stopped a request whose requester stopped pinging (killed or cut off?)"
+                        );
+                        Reply::error(499, "request cancelled: its requester went silent")
+                    }
                 }
             }
             Ok(request) => self.handler.handle(from, request).await,
@@ -1127,6 +1146,62 @@ impl<H: Handler> Server<H> {
 /// The cancellable requests running on one connection, by request id
 /// (each with what stops it).
 type Running = Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>;
+
+/// What the streams of one server-side connection share.
+#[derive(Clone)]
+struct ConnState {
+    running: Running,
+    heard: Arc<Heard>,
+}
+
+/// When a server-side connection last received a frame, and a Ping, as
+/// milliseconds since [`Heard::epoch`] (0: never).
+struct Heard {
+    epoch: Instant,
+    frame_ms: AtomicU64,
+    ping_ms: AtomicU64,
+}
+
+impl Heard {
+    fn new() -> Heard {
+        Heard { epoch: Instant::now(), frame_ms: AtomicU64::new(0), ping_ms: AtomicU64::new(0) }
+    }
+
+    fn now_ms(&self) -> u64 {
+        // +1: a frame in the connection's first millisecond is not "never".
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn frame(&self, ping: bool) {
+        let now = self.now_ms();
+        self.frame_ms.fetch_max(now, Ordering::Relaxed);
+        if ping {
+            self.ping_ms.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Resolves (with how long it was silent) once the connection has
+    /// pinged after `since` and then received nothing for
+    /// [`REQUESTER_SILENT_AFTER`]; never, for a requester that does not
+    /// ping. Checked every [`WATCH_PING_EVERY`].
+    async fn silence_after(&self, since: Instant) -> Duration {
+        let since_ms = since.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+        let mut tick = tokio::time::interval(WATCH_PING_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.ping_ms.load(Ordering::Relaxed) < since_ms {
+                continue;
+            }
+            let silent = Duration::from_millis(
+                self.now_ms().saturating_sub(self.frame_ms.load(Ordering::Relaxed)),
+            );
+            if silent >= REQUESTER_SILENT_AFTER {
+                return silent;
+            }
+        }
+    }
+}
 
 /// Removes a request from [`Running`] once it is answered.
 struct RunningEntry<'a> {

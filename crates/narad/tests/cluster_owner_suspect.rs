@@ -210,3 +210,76 @@ fn a_forwarded_poll_whose_client_left_leases_nothing() {
     assert!(took < Duration::from_secs(4), "consumable {took:?} after it was produced");
     eprintln!("record produced after the forwarded poll's client left: consumable {took:?} later");
 }
+
+/// A pinned `wait=25s` consume through a node that does not own the
+/// partition, and that node killed (`kill -9`) 3 s later: its connection
+/// to the owner stays open (QUIC's idle timeout is 30 s), but the owner
+/// stops the poll once the requester's watch pings stop (within
+/// `REQUESTER_SILENT_AFTER`, 4 s), so the record produced 8 s after the
+/// kill is not leased for the dead node but consumable through the owner
+/// at once, and the owner counts the poll under outcome `silent`. Before,
+/// the owner's poll ran on and leased that record for nobody (hidden for
+/// the 30 s visibility timeout) in 2 of 5 runs; in the other 3 something
+/// else ended the dead node's poll first, which is why the count is
+/// checked too.
+#[test]
+fn a_forwarded_poll_whose_node_was_killed_leases_nothing() {
+    // Polls may wait 25 s: the dead node's would outlive the test.
+    let mut c = Cluster::start(
+        3,
+        ClusterOpts::dev()
+            .env("NARAD_HTTP_MAX_CONSUME_WAIT", "25s")
+            .env("NARAD_HTTP_SHUTDOWN_GRACE", "25s"),
+    );
+    let leader = c.leader(Duration::from_secs(15));
+    let owners = create_placed(&c, leader, "orphans", 3);
+    // The entry: a follower; the partition: one the entry does not own.
+    let entry = (0..3).find(|&i| i != leader).unwrap();
+    let p = owners.iter().position(|o| *o != c.node(entry).id).unwrap() as u32;
+    let owner = c.index_of(&owners[p as usize]).unwrap();
+    let addr = format!("127.0.0.1:{}", c.node(entry).http_port);
+    let mut s = TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "GET /v1/topics/orphans/consume?partition={p}&wait=25s HTTP/1.1\r\nHost: {addr}\r\n\r\n"
+    )
+    .unwrap();
+    // Long enough for the entry's first watch pings (one a second).
+    std::thread::sleep(Duration::from_secs(3));
+    c.kill9(entry);
+    let killed = Instant::now();
+    drop(s);
+    std::thread::sleep(Duration::from_secs(8));
+    let path = format!("/v1/topics/orphans/produce?partition={p}");
+    let r = c.request(owner, Method::POST, &path).body(json!({"i": 9}).to_string()).send();
+    assert_eq!(r.unwrap().status().as_u16(), 202);
+    let produced = Instant::now();
+    let path = format!("/v1/topics/orphans/consume?partition={p}&wait=5s");
+    let r = c.request(owner, Method::GET, &path).send().unwrap();
+    let took = produced.elapsed();
+    let status = r.status().as_u16();
+    assert_eq!(
+        status,
+        200,
+        "the record produced {:?} after the forwarding node {} was killed, through its owner {}: \
+         {status} after {took:?} (leased for the dead node's poll?)\n{}",
+        produced - killed,
+        c.node(entry).id,
+        owners[p as usize],
+        c.node(owner).log_tail()
+    );
+    let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+    assert_eq!(v["payload"]["i"], 9);
+    assert!(took < Duration::from_secs(4), "consumable {took:?} after it was produced");
+    // And it was the silence that stopped the dead node's poll.
+    let metrics = c.request(owner, Method::GET, "/metrics").send().unwrap().text().unwrap();
+    let silent = metrics
+        .lines()
+        .find(|l| l.starts_with("narad_node_rpc_requests_cancelled_total{outcome=\"silent\"}"));
+    assert_eq!(
+        silent.and_then(|l| l.split_whitespace().last()),
+        Some("1"),
+        "the owner's count of polls stopped for a silent requester"
+    );
+    eprintln!("record produced 8 s after the forwarding node's kill: consumable {took:?} later");
+}
