@@ -1140,19 +1140,7 @@ impl Broker {
                 }
                 return Ok(got);
             }
-            let next_expiry = self
-                .next_expiry(&rt)
-                .map(|ms| Duration::from_millis(ms.saturating_sub(self.clock.wall_ms())));
-            let sleep = (deadline - now).min(next_expiry.unwrap_or(Duration::MAX));
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep(sleep) => {}
-            }
-            // The topic may have been deleted or altered meanwhile.
-            t = self.topic(topic)?;
-            if rt.is_closed() || t.incarnation() != rt.incarnation {
-                return Err(BrokerError::TopicNotFound);
-            }
+            t = self.nap(topic, &rt, notified.as_mut(), deadline - now).await?;
         }
     }
 
@@ -1211,19 +1199,33 @@ impl Broker {
             {
                 return Ok(counts);
             }
-            let next_expiry = self
-                .next_expiry(&rt)
-                .map(|ms| Duration::from_millis(ms.saturating_sub(self.clock.wall_ms())));
-            let sleep = (deadline - now).min(next_expiry.unwrap_or(Duration::MAX));
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep(sleep) => {}
-            }
-            t = self.topic(topic)?;
-            if rt.is_closed() || t.incarnation() != rt.incarnation {
-                return Err(BrokerError::TopicNotFound);
-            }
+            t = self.nap(topic, &rt, notified.as_mut(), deadline - now).await?;
         }
+    }
+
+    /// A long poll's wait between two looks: until `notified` fires, the
+    /// next lease of `rt` expires or `left` is over. Then `topic` is read
+    /// again: it may have been deleted or altered meanwhile.
+    async fn nap<F: std::future::Future>(
+        &self,
+        topic: &str,
+        rt: &TopicRt,
+        notified: std::pin::Pin<&mut F>,
+        left: Duration,
+    ) -> Result<Arc<Topic>, BrokerError> {
+        let next_expiry = self
+            .next_expiry(rt)
+            .map(|ms| Duration::from_millis(ms.saturating_sub(self.clock.wall_ms())));
+        let sleep = left.min(next_expiry.unwrap_or(Duration::MAX));
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+        let t = self.topic(topic)?;
+        if rt.is_closed() || t.incarnation() != rt.incarnation {
+            return Err(BrokerError::TopicNotFound);
+        }
+        Ok(t)
     }
 
     fn next_expiry(&self, rt: &TopicRt) -> Option<u64> {
