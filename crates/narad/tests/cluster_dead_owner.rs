@@ -17,11 +17,10 @@ use serde_json::{Value, json};
 /// Creates `name` with `partitions` partitions through node `i` once every
 /// node is alive, and waits until every node shows them owned; the owners.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
-    c.wait_all_alive(Duration::from_secs(20));
-    let body = json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 30_000});
-    let r = c.request(i, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.wait_placed(name)
+    c.create_placed(
+        i,
+        json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 30_000}),
+    )
 }
 
 /// The sum of the samples of `series` in node `i`'s metrics.

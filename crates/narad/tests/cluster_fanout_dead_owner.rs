@@ -11,16 +11,6 @@ use common::cluster::{Cluster, ClusterOpts, key_partition};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-/// Creates `body`'s topic through node `i` once every node is alive, and
-/// waits until every node shows its partitions owned; the owners.
-fn create_placed(c: &Cluster, i: usize, body: Value) -> Vec<String> {
-    c.wait_all_alive(Duration::from_secs(20));
-    let name = body["name"].as_str().unwrap().to_owned();
-    let r = c.request(i, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.wait_placed(&name)
-}
-
 /// Produces `messages` to `topic` through node `node` in batch requests of
 /// 200; each must answer 202.
 fn produce(c: &Cluster, node: usize, topic: &str, messages: &[Value]) {
@@ -71,8 +61,8 @@ fn drain_until(
 fn a_dead_child_partition_owner_holds_back_only_the_records_keyed_to_it() {
     let mut c = Cluster::start(3, ClusterOpts::dev());
     let leader = c.leader(Duration::from_secs(15));
-    create_placed(&c, leader, json!({"name": "fp", "partitions": 3}));
-    let child = create_placed(&c, leader, json!({"name": "fc", "partitions": 3, "parent": "fp"}));
+    c.create_placed(leader, json!({"name": "fp", "partitions": 3}));
+    let child = c.create_placed(leader, json!({"name": "fc", "partitions": 3, "parent": "fp"}));
     let victim = (0..3)
         .find(|&i| i != leader && child.contains(&c.node(i).id))
         .expect("a node other than the leader owns a child partition");

@@ -20,11 +20,10 @@ use serde_json::{Value, json};
 /// Creates `name` (`partitions` partitions, 30 s visibility) through node
 /// `i` once every node is alive; its owners by partition, once placed.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
-    c.wait_all_alive(Duration::from_secs(20));
-    let body = json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 30_000});
-    let r = c.request(i, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.wait_placed(name)
+    c.create_placed(
+        i,
+        json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 30_000}),
+    )
 }
 
 /// A client that waits long enough to see how slow a slow answer is.

@@ -16,17 +16,10 @@ use serde_json::{Value, json};
 /// spread over all of them), and waits until every node shows every
 /// partition owned; returns the owners by partition.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
-    c.wait_all_alive(Duration::from_secs(20));
-    let r = c
-        .request(i, Method::POST, "/v1/topics")
-        .body(
-            json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 1000})
-                .to_string(),
-        )
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.wait_placed(name)
+    c.create_placed(
+        i,
+        json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 1000}),
+    )
 }
 
 /// Whether a partition directory holds a segment with a frame (more than

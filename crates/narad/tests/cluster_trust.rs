@@ -27,17 +27,10 @@ fn cluster_addr(c: &Cluster, i: usize) -> SocketAddr {
 /// Creates `name` through node `i` once every node is alive, and waits
 /// until every node shows every partition owned: the owners by partition.
 fn create_placed(c: &Cluster, i: usize, name: &str, partitions: u32) -> Vec<String> {
-    c.wait_all_alive(Duration::from_secs(20));
-    let r = c
-        .request(i, Method::POST, "/v1/topics")
-        .body(
-            json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 2000})
-                .to_string(),
-        )
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
-    c.wait_placed(name)
+    c.create_placed(
+        i,
+        json!({"name": name, "partitions": partitions, "visibility_timeout_ms": 2000}),
+    )
 }
 
 /// Drains `topic` through `nodes` (acking) until every record of `want` was

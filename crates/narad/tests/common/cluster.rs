@@ -655,6 +655,16 @@ impl Cluster {
         got
     }
 
+    /// Creates the topic `body` describes through node `i` once every node
+    /// is alive (201 or a panic); its owners by partition, once placed.
+    pub fn create_placed(&self, i: usize, body: Value) -> Vec<String> {
+        self.wait_all_alive(Duration::from_secs(20));
+        let name = body["name"].as_str().expect("the topic's name").to_owned();
+        let r = self.request(i, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
+        assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
+        self.wait_placed(&name)
+    }
+
     /// Waits until every node shows every partition of `topic` owned, all
     /// alike (within 20 s, else a panic with every node's state); returns
     /// the owners by partition.
