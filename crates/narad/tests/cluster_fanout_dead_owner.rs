@@ -54,7 +54,8 @@ fn drain_until(
 /// partitions meanwhile (the cursors move them off the dead partition),
 /// records keyed to the dead partition wait for it and arrive after its
 /// restart, and every record reaches the child with duplicates well under
-/// 1.2x. Before the fix the cursors resent each slab whole every second
+/// 1.2x (`NARAD_SOAK=1`: the owner stays dead for 3 minutes while 100,000
+/// keyless records go through). Before the fix the cursors resent each slab whole every second
 /// (issue 34: 300 parent records became 5,600 child records in 150 s) and
 /// the partitions after the dead one got nothing.
 #[test]
@@ -71,11 +72,20 @@ fn a_dead_child_partition_owner_holds_back_only_the_records_keyed_to_it() {
     c.kill9(victim);
     let killed = Instant::now();
 
-    let keyless: Vec<u64> = (0..600).collect();
-    let msgs: Vec<Value> = keyless.iter().map(|i| json!({"payload": {"i": i}})).collect();
-    produce(&c, live[0], "fp", &msgs);
+    // NARAD_SOAK=1: the owner stays dead for 3 minutes while 100,000
+    // keyless records go through, drained as they come.
+    let soak = std::env::var("NARAD_SOAK").is_ok_and(|v| v == "1");
+    let (count, hold) = if soak { (100_000, Duration::from_secs(180)) } else { (600, Duration::ZERO) };
+    let keyless: Vec<u64> = (0..count).collect();
     let mut delivered: BTreeMap<u64, u32> = BTreeMap::new();
-    let deadline = killed + Duration::from_secs(30);
+    let slices: Vec<&[u64]> = keyless.chunks(if soak { 500 } else { 600 }).collect();
+    for (k, slice) in slices.iter().enumerate() {
+        let msgs: Vec<Value> = slice.iter().map(|i| json!({"payload": {"i": i}})).collect();
+        produce(&c, live[k % live.len()], "fp", &msgs);
+        let due = killed + hold.mul_f64((k + 1) as f64 / slices.len() as f64);
+        drain_until(&c, &live, "fc", &mut delivered, due, |_| false);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
     let kept_up = drain_until(&c, &live, "fc", &mut delivered, deadline, |d| {
         keyless.iter().all(|i| d.contains_key(i))
     });
@@ -83,14 +93,15 @@ fn a_dead_child_partition_owner_holds_back_only_the_records_keyed_to_it() {
     assert!(
         kept_up,
         "with child partition {dead}'s owner dead: {} of {} keyless records reached the child \
-         within 30 s\n{}",
+         within 30 s of the last produce\n{}",
         keyless.iter().filter(|i| delivered.contains_key(i)).count(),
         keyless.len(),
         c.describe()
     );
 
     // Keyed records, some of them for the dead partition: those wait.
-    let keyed: Vec<(u64, String)> = (10_000..10_060).map(|i| (i, format!("key-{i}"))).collect();
+    let keyed: Vec<(u64, String)> =
+        (1_000_000..1_000_060).map(|i| (i, format!("key-{i}"))).collect();
     let aimed: Vec<u64> =
         keyed.iter().filter(|(_, k)| key_partition(k, 3) == dead).map(|(i, _)| *i).collect();
     assert!(!aimed.is_empty(), "some keys hash to partition {dead}");
@@ -123,9 +134,9 @@ fn a_dead_child_partition_owner_holds_back_only_the_records_keyed_to_it() {
     let deliveries: u32 = delivered.values().sum();
     let ratio = f64::from(deliveries) / want.len() as f64;
     eprintln!(
-        "child partition {dead}'s owner dead: 600 keyless records all in the child {keyless_in:?} \
-         after the kill; {} records keyed to it delivered {:?} after the restart; {deliveries} \
-         deliveries of {} records ({ratio:.3}x)",
+        "child partition {dead}'s owner dead: {count} keyless records all in the child \
+         {keyless_in:?} after the kill; {} records keyed to it delivered {:?} after the restart; \
+         {deliveries} deliveries of {} records ({ratio:.3}x)",
         aimed.len(),
         restarted.elapsed(),
         want.len()
