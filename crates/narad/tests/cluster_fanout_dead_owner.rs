@@ -75,7 +75,8 @@ fn a_dead_child_partition_owner_holds_back_only_the_records_keyed_to_it() {
     // NARAD_SOAK=1: the owner stays dead for 3 minutes while 100,000
     // keyless records go through, drained as they come.
     let soak = std::env::var("NARAD_SOAK").is_ok_and(|v| v == "1");
-    let (count, hold) = if soak { (100_000, Duration::from_secs(180)) } else { (600, Duration::ZERO) };
+    let (count, hold) =
+        if soak { (100_000, Duration::from_secs(180)) } else { (600, Duration::ZERO) };
     let keyless: Vec<u64> = (0..count).collect();
     let mut delivered: BTreeMap<u64, u32> = BTreeMap::new();
     let slices: Vec<&[u64]> = keyless.chunks(if soak { 500 } else { 600 }).collect();
