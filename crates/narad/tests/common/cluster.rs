@@ -576,6 +576,13 @@ impl Cluster {
         self.spawn(i);
     }
 
+    /// [`Cluster::restart`] with an extra environment variable of node `i`
+    /// (for this and later starts).
+    pub fn restart_with_env(&mut self, i: usize, k: &str, v: &str) {
+        self.opts.node_env.push((i, k.into(), v.into()));
+        self.restart(i);
+    }
+
     /// A request to node `i` (with the root's credentials when security is
     /// on).
     pub fn request(&self, i: usize, method: Method, path: &str) -> RequestBuilder {
