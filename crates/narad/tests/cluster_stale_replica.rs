@@ -52,6 +52,9 @@ fn records(c: &Cluster, i: usize, topic: &str, p: usize) -> Option<(u64, u64)> {
     (v["partial"] != true).then(|| (hwm.iter().sum(), hwm[p]))
 }
 
+/// How long the restarted owner's state machine applies nothing.
+const APPLY_DELAY_MS: u64 = 10_000;
+
 /// Issue 35 case 6: a child detached while the owner of a parent partition
 /// was dead gets nothing more once that owner restarts. Before the fix the
 /// restarted owner resumed its cursor from its stale replica (which still
@@ -86,7 +89,11 @@ fn a_child_detached_while_a_parent_owner_was_dead_gets_nothing_after_that_owner_
     // back: from its stale replica it would copy them into the child.
     produce_to(&c, entry, "sp", p as u32, 1_000, 30);
 
-    c.restart(victim);
+    // The restarted owner's catch-up is slow (its state machine applies
+    // nothing for its first APPLY_DELAY_MS, test hook): it learns of the
+    // detach long after the 30 records land in its partition. Without the
+    // gate its cursor copies them from the stale replica meanwhile.
+    c.restart_with_env(victim, "NARAD_TEST_DELAY_RAFT_APPLY_MS", &APPLY_DELAY_MS.to_string());
     c.wait_ready(victim, Duration::from_secs(30));
     let restarted = Instant::now();
     wait_for(
@@ -96,9 +103,11 @@ fn a_child_detached_while_a_parent_owner_was_dead_gets_nothing_after_that_owner_
         || format!("{:?}\n{}", records(&c, entry, "sp", p), c.describe()),
     );
     let landed = restarted.elapsed();
-    // A generous settle: a cursor running from the stale replica copies
-    // within a second of the records landing.
-    std::thread::sleep(Duration::from_secs(5));
+    // A generous settle past the apply delay: a cursor running from the
+    // stale replica copies within a second of the records landing, well
+    // before the restarted owner applies the detach.
+    std::thread::sleep(Duration::from_millis(APPLY_DELAY_MS).saturating_sub(landed));
+    std::thread::sleep(Duration::from_secs(4));
     let child: Vec<Option<(u64, u64)>> = (0..3).map(|i| records(&c, i, "sc", 0)).collect();
     eprintln!(
         "parent records in the restarted owner {landed:?} after its restart; child: {child:?}"

@@ -78,6 +78,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Clone)]
 pub struct StateMachine {
     shared: Arc<Shared>,
+    /// [`DELAY_APPLY_ENV`]'s deadline, until the first apply passes it.
+    delay_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for StateMachine {
@@ -92,10 +94,23 @@ pub struct SnapshotBuilder {
     sm: StateMachine,
 }
 
+/// Test-only: applies nothing until this many milliseconds after the state
+/// machine was opened (a restarted node whose catch-up is slow; issue 35
+/// case 6). Unset or unparsable: no delay.
+pub const DELAY_APPLY_ENV: &str = "NARAD_TEST_DELAY_RAFT_APPLY_MS";
+
+/// When [`DELAY_APPLY_ENV`] lets the state machine apply again.
+fn apply_delay_deadline() -> Option<Instant> {
+    let ms: u64 = std::env::var(DELAY_APPLY_ENV).ok()?.trim().parse().ok()?;
+    tracing::warn!(ms, "test hook: the raft state machine applies nothing for {ms} ms");
+    Some(Instant::now() + std::time::Duration::from_millis(ms))
+}
+
 impl StateMachine {
     /// The state machine over `meta` (opened on `fs`).
     pub fn new(meta: Arc<MetaStore>, fs: FsRef, metrics: RaftMetrics) -> Self {
         StateMachine {
+            delay_until: apply_delay_deadline(),
             shared: Arc::new(Shared {
                 meta,
                 fs,
@@ -189,6 +204,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: openraft::OptionalSend,
     {
         let entries: Vec<Entry> = entries.into_iter().collect();
+        if let Some(until) = self.delay_until.take() {
+            tokio::time::sleep_until(until.into()).await;
+        }
         let shared = self.shared.clone();
         blocking(shared.fs.in_memory(), move || {
             let _gate = lock(&shared.gate);

@@ -576,6 +576,23 @@ impl Cluster {
         self.spawn(i);
     }
 
+    /// Node `i`'s next starts listen on cluster port `port` (the other
+    /// nodes' peers still name the old one; node `i`'s own name `port`).
+    pub fn move_cluster_port(&mut self, i: usize, port: u16) {
+        let old = format!("{}@127.0.0.1:{}", self.nodes[i].id, self.nodes[i].cluster_port);
+        let new = format!("{}@127.0.0.1:{port}", self.nodes[i].id);
+        self.nodes[i].cluster_port = port;
+        let own = self.peers.replace(&old, &new);
+        self.opts.node_env.push((i, "NARAD_CLUSTER_PEERS".into(), own));
+    }
+
+    /// [`Cluster::restart`] with an extra environment variable of node `i`
+    /// (for this and later starts).
+    pub fn restart_with_env(&mut self, i: usize, k: &str, v: &str) {
+        self.opts.node_env.push((i, k.into(), v.into()));
+        self.restart(i);
+    }
+
     /// A request to node `i` (with the root's credentials when security is
     /// on).
     pub fn request(&self, i: usize, method: Method, path: &str) -> RequestBuilder {
