@@ -64,8 +64,8 @@ use narad_cluster::raft::{
 use narad_cluster::rpc::Request;
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
 use narad_meta::{
-    Member, Command, CreateTopicRequest, DeleteTopic, MetaState, MetaStore, MetaStoreOptions, Response,
-    TopicDefaults,
+    Command, CreateTopicRequest, DeleteTopic, Member, MetaState, MetaStore, MetaStoreOptions,
+    Response, TopicDefaults,
 };
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -842,9 +842,9 @@ impl Sim {
                 && metrics.iter().enumerate().all(|(k, m)| {
                     self.refused[k]
                         || m.as_ref().is_some_and(|m| {
-                        m.last_applied.map(|l| l.index) == Some(last)
-                            && m.current_leader == leader.current_leader
-                    })
+                            m.last_applied.map(|l| l.index) == Some(last)
+                                && m.current_leader == leader.current_leader
+                        })
                 })
             {
                 return last;
@@ -1027,8 +1027,7 @@ fn seeds() -> Vec<u64> {
     }
     let n: u64 = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
     // `NARAD_SEED_FROM=F`: seeds F..F+N (a long soak run in slices).
-    let from: u64 =
-        std::env::var("NARAD_SEED_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let from: u64 = std::env::var("NARAD_SEED_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     (from..from + n).collect()
 }
 
