@@ -1144,6 +1144,9 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
     let mut last_landed = vec![0u64; n];
     // The values that landed, per member.
     let mut sent: Vec<HashSet<i64>> = vec![HashSet::new(); n];
+    // When each member's record last changed value (any beat, new or not):
+    // the leader's ages may restart from there.
+    let mut last_change = vec![0u64; n];
     let mut ages = HeartbeatAges::default();
     let (mut leader_since, mut mono_offset, mut tick_phase) = (0u64, rng.range(0, 10_000), 0u64);
     for t in 0..SECS {
@@ -1187,6 +1190,9 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
             // compares values at its ticks only: not counted as a beat
             // (seeds 3601 and 13789, docs/DURABILITY.md).
             let same = !sent[k].insert(wall);
+            if state.member(&node_name(k)).is_none_or(|m| m.last_heartbeat != wall) {
+                last_change[k] = t;
+            }
             if apply(&mut state, &Command::MemberJoin(narad_meta::MemberJoin { member })) {
                 if same {
                     tally.same_value_beats += 1;
@@ -1223,7 +1229,7 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
                     step[k]
                 );
                 if dies.is_some_and(|(d, _)| d == k) {
-                    let from = last_landed[k].max(leader_since);
+                    let from = last_change[k].max(leader_since);
                     tally.final_deaths += 1;
                     tally.slowest_final_death_ms =
                         tally.slowest_final_death_ms.max((t - from) * 1_000);
@@ -1234,7 +1240,7 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
             && t >= at
             && flight.iter().all(|f| f.1 != d)
         {
-            let from = last_landed[d].max(leader_since);
+            let from = last_change[d].max(leader_since);
             let alive = state
                 .member(&node_name(d))
                 .is_some_and(|m| m.status == narad_meta::MemberStatus::Alive);
