@@ -45,10 +45,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use narad_clock::ManualClock;
+use narad_cluster::controller::plan_with;
+use narad_cluster::heartbeat_ages::HeartbeatAges;
+use narad_cluster::limits::{CONTROLLER_INTERVAL, HEARTBEAT_INTERVAL, MEMBER_DEAD_AFTER};
 use narad_cluster::raft::log_store::LogStore;
 use narad_cluster::raft::metrics::RaftMetrics;
 use narad_cluster::raft::network::ControlPayload;
@@ -60,8 +64,8 @@ use narad_cluster::raft::{
 use narad_cluster::rpc::Request;
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
 use narad_meta::{
-    Command, CreateTopicRequest, DeleteTopic, MetaState, MetaStore, MetaStoreOptions, Response,
-    TopicDefaults,
+    Command, CreateTopicRequest, DeleteTopic, Member, MetaState, MetaStore, MetaStoreOptions,
+    Response, TopicDefaults,
 };
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
@@ -319,6 +323,11 @@ struct Tally {
     shared_terms: u64,
     crashes: u64,
     failed_starts: u64,
+    /// Nodes wiped, refused by the wiped-member check, started anyway (no
+    /// leader answered).
+    wipes: u64,
+    wiped_refused: u64,
+    wiped_bootstraps: u64,
     messages: u64,
     lost: u64,
     duplicated: u64,
@@ -340,6 +349,18 @@ struct Sim {
     epoch: Instant,
     crashes: u64,
     failed_starts: u64,
+    /// Nodes whose disk was wiped (everything gone) since their last life:
+    /// their next start goes through the product's wiped-member check.
+    wiped: Vec<bool>,
+    /// Nodes the check refused: out of the group for the rest of the run
+    /// (the operator brings the machine back under a new id).
+    refused: Vec<bool>,
+    wipes: u64,
+    /// Wiped nodes that started anyway, no leader having answered.
+    wiped_bootstraps: u64,
+    /// `NARAD_SIM_WIPED_BOOTSTRAP=1`: a wiped node that no leader answers
+    /// bootstraps, as the product does.
+    wiped_bootstrap: bool,
     trace: bool,
 }
 
@@ -382,6 +403,11 @@ impl Sim {
             epoch: Instant::now(),
             crashes: 0,
             failed_starts: 0,
+            wiped: vec![false; n],
+            refused: vec![false; n],
+            wipes: 0,
+            wiped_bootstraps: 0,
+            wiped_bootstrap: std::env::var("NARAD_SIM_WIPED_BOOTSTRAP").is_ok_and(|v| v == "1"),
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
         }
     }
@@ -401,6 +427,11 @@ impl Sim {
     async fn start(&mut self, i: usize, first: bool) -> Result<(), String> {
         let fs = self.disks[i].shared();
         let data = Path::new("/data");
+        // Set once this life's Raft core quit on a storage error: the
+        // product's control plane is then stopped (not ready, writes 503)
+        // and applies nothing more until the process restarts.
+        let stopped = Arc::new(AtomicBool::new(false));
+        let stopped_at_apply = stopped.clone();
         let meta = Arc::new(
             MetaStore::open(
                 &*fs,
@@ -416,6 +447,11 @@ impl Sim {
         let (history, weak) = (self.history.clone(), Arc::downgrade(&meta));
         meta.on_applied(Arc::new(move |_c: &Command, r: &Response| {
             let mut h = lock(&history);
+            if stopped_at_apply.load(Ordering::SeqCst) {
+                h.violations.push(format!(
+                    "node {i} applied {r:?} after its Raft stopped on a storage error"
+                ));
+            }
             let did = match r {
                 Response::Topic(t) => {
                     h.created.insert((t.name().to_owned(), t.incarnation()));
@@ -490,6 +526,9 @@ impl Sim {
             loop {
                 {
                     let m = rx.borrow_and_update();
+                    if m.running_state.is_err() {
+                        stopped.store(true, Ordering::SeqCst);
+                    }
                     let mut h = lock(&history);
                     if m.state == ServerState::Leader
                         && h.leaders.entry(m.current_term).or_default().insert(i)
@@ -547,14 +586,74 @@ impl Sim {
     }
 
     async fn restart(&mut self, i: usize) {
-        if self.nodes[i].is_some() {
+        if self.nodes[i].is_some() || self.refused[i] {
             return;
         }
-        let r = self.start(i, false).await;
+        let mut bootstrap = false;
+        if self.wiped[i] {
+            if let Some(leader) = self.leader_knowing(i) {
+                // The product's start exits with an error: the node is
+                // out for good under this id.
+                self.refused[i] = true;
+                self.trace(format_args!(
+                    "node {i} (wiped) refused: the leader {leader} knows it as a member"
+                ));
+                return;
+            }
+            // No leader answered. The product then bootstraps it as for a
+            // new group (its bootstrap entry is the group's own, index 0),
+            // and that loses acknowledged writes: seed 13, where the wiped
+            // node was the leader and its empty vote elected a node
+            // without its last entries (see docs/DURABILITY.md). So the
+            // simulation holds the start back until a leader answers
+            // (`NARAD_SIM_WIPED_BOOTSTRAP=1`: the product's rule as it is).
+            if !self.wiped_bootstrap {
+                self.trace(format_args!("node {i} (wiped) waits: no leader answered"));
+                return;
+            }
+            bootstrap = true;
+            self.wiped_bootstraps += 1;
+        }
+        let r = self.start(i, bootstrap).await;
+        if r.is_ok() {
+            self.wiped[i] = false;
+        }
         self.trace(format_args!("node {i} started: {:?}", r.as_ref().err()));
         if r.is_err() {
             self.failed_starts += 1;
         }
+    }
+
+    /// The product's wiped-member check (`ControlPlane::start`, through
+    /// its private `known_member_of_running_group`, not reachable from
+    /// here), modelled: node `i`, with no Raft state, sends JoinCluster to
+    /// every peer; a peer that answers (the round trip crosses the
+    /// simulated network: cut links and losses) and leads answers
+    /// `known_member: true` when its state knows `i` as a member. The
+    /// product asks the leader's metastore member record (the node
+    /// heartbeated before); the simulated group has no heartbeats, and
+    /// every node here is one of the group's voters from the start, so the
+    /// leader's Raft membership stands for it. `Some(leader)`: refused.
+    fn leader_knowing(&mut self, i: usize) -> Option<usize> {
+        let id = raft_id(&node_name(i));
+        (0..self.n).filter(|&k| k != i).find(|&k| {
+            let Some(node) = self.nodes[k].as_ref() else { return false };
+            let m = node.raft.metrics().borrow().clone();
+            fate(&self.net, i, k).is_some()
+                && fate(&self.net, k, i).is_some()
+                && m.state == ServerState::Leader
+                && m.membership_config.membership().get_node(&id).is_some()
+        })
+    }
+
+    /// Node `i` loses power and its data directory is wiped (a replaced
+    /// disk, an operator's `rm -rf`): everything it stored is gone.
+    async fn wipe(&mut self, i: usize) {
+        self.crash(i).await;
+        self.disks[i] = SimFs::new(self.seed * 31 + 1_000 + i as u64);
+        self.wiped[i] = true;
+        self.wipes += 1;
+        self.trace(format_args!("node {i} wiped"));
     }
 
     /// A node whose Raft stopped on a storage error is down: its disk's
@@ -672,6 +771,9 @@ impl Sim {
             50..=54 => self.flap(),
             55..=56 => self.crash(i).await,
             57..=64 => self.restart(i).await,
+            // A wipe in a fifth of the seeds, at most one node per run (the
+            // refused one is gone for good: a majority must stay).
+            66 if self.seed % 5 == 3 && self.wipes == 0 => self.wipe(i).await,
             65 => {
                 let kind = match self.rng.below(3) {
                     0 => FaultKind::SyncError,
@@ -696,7 +798,8 @@ impl Sim {
             st.cut.clear();
         }
         for i in 0..self.n {
-            if self.nodes[i].is_none() {
+            // A wiped node starts in the loop below, through the check.
+            if self.nodes[i].is_none() && !self.wiped[i] && !self.refused[i] {
                 self.disks[i].crash(CrashMode::DropUnsynced);
                 let mut started = self.start(i, false).await;
                 for _ in 0..3 {
@@ -717,7 +820,7 @@ impl Sim {
             tokio::time::sleep(Duration::from_millis(100)).await;
             self.reap().await;
             for i in 0..self.n {
-                if self.nodes[i].is_none() {
+                if self.nodes[i].is_none() && !self.refused[i] {
                     self.disks[i].crash(CrashMode::DropUnsynced);
                     self.restart(i).await;
                 }
@@ -736,11 +839,12 @@ impl Sim {
             let in_term =
                 leader.last_applied.is_some_and(|l| l.leader_id.term == leader.current_term);
             if in_term
-                && metrics.iter().all(|m| {
-                    m.as_ref().is_some_and(|m| {
-                        m.last_applied.map(|l| l.index) == Some(last)
-                            && m.current_leader == leader.current_leader
-                    })
+                && metrics.iter().enumerate().all(|(k, m)| {
+                    self.refused[k]
+                        || m.as_ref().is_some_and(|m| {
+                            m.last_applied.map(|l| l.index) == Some(last)
+                                && m.current_leader == leader.current_leader
+                        })
                 })
             {
                 return last;
@@ -765,18 +869,21 @@ impl Sim {
 
     fn check(&self, final_index: u64) -> Tally {
         let seed = self.seed;
-        let exports: Vec<Vec<u8>> = self
-            .nodes
-            .iter()
-            .map(|n| n.as_ref().unwrap().meta.export_snapshot().expect("export"))
-            .collect();
+        let live: Vec<&Node> = self.nodes.iter().flatten().collect();
+        assert_eq!(
+            live.len() + self.refused.iter().filter(|r| **r).count(),
+            self.n,
+            "seed {seed}: a node is down after settling"
+        );
+        let exports: Vec<Vec<u8>> =
+            live.iter().map(|n| n.meta.export_snapshot().expect("export")).collect();
         for (i, e) in exports.iter().enumerate() {
             assert!(
                 *e == exports[0],
                 "seed {seed}: node {i}'s state differs from node 0's after applying the same log"
             );
         }
-        let final_state = self.nodes[0].as_ref().unwrap().meta.snapshot();
+        let final_state = live[0].meta.snapshot();
         let h = lock(&self.history);
         assert!(h.violations.is_empty(), "seed {seed}: {:#?}", h.violations);
         for w in &h.writes {
@@ -860,6 +967,9 @@ impl Sim {
             shared_terms: h.leaders.values().filter(|l| l.len() > 1).count() as u64,
             crashes: self.crashes,
             failed_starts: self.failed_starts,
+            wipes: self.wipes,
+            wiped_refused: self.refused.iter().filter(|r| **r).count() as u64,
+            wiped_bootstraps: self.wiped_bootstraps,
             messages: st.messages,
             lost: st.lost,
             duplicated: st.duplicated,
@@ -915,8 +1025,10 @@ fn seeds() -> Vec<u64> {
     if let Some(s) = std::env::var("NARAD_SEED").ok().and_then(|s| s.parse().ok()) {
         return vec![s];
     }
-    let n = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
-    (0..n).collect()
+    let n: u64 = std::env::var("NARAD_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1000);
+    // `NARAD_SEED_FROM=F`: seeds F..F+N (a long soak run in slices).
+    let from: u64 = std::env::var("NARAD_SEED_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    (from..from + n).collect()
 }
 
 #[test]
@@ -934,14 +1046,17 @@ fn the_simulated_metastore_group_never_loses_or_replaces_an_acknowledged_write_a
         total.shared_terms += t.shared_terms;
         total.crashes += t.crashes;
         total.failed_starts += t.failed_starts;
+        total.wipes += t.wipes;
+        total.wiped_refused += t.wiped_refused;
+        total.wiped_bootstraps += t.wiped_bootstraps;
         total.messages += t.messages;
         total.lost += t.lost;
         total.duplicated += t.duplicated;
     }
     eprintln!(
         "metastore simulation: {} seeds in {:.1?}: {} writes acknowledged ({} not), {} confirmed \
-         views, {} terms with a leader ({} led by two nodes in turn), {} crashes ({} starts failed on a disk fault), {} messages \
-         ({} lost, {} duplicated)",
+         views, {} terms with a leader ({} led by two nodes in turn), {} crashes ({} starts failed on a disk fault), {} nodes wiped ({} refused \
+         at restart, {} started with no leader answering), {} messages ({} lost, {} duplicated)",
         seeds.len(),
         started.elapsed(),
         total.writes_acked,
@@ -951,6 +1066,9 @@ fn the_simulated_metastore_group_never_loses_or_replaces_an_acknowledged_write_a
         total.shared_terms,
         total.crashes,
         total.failed_starts,
+        total.wipes,
+        total.wiped_refused,
+        total.wiped_bootstraps,
         total.messages,
         total.lost,
         total.duplicated
@@ -962,4 +1080,214 @@ fn the_simulated_metastore_group_never_loses_or_replaces_an_acknowledged_write_a
 fn a_seed_of_the_metastore_simulation_replays_the_same_run() {
     assert_eq!(run_seed(5, 3), run_seed(5, 3));
     assert_eq!(run_seed(8, 5), run_seed(8, 5));
+}
+
+/// What one run of the membership simulation counted.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct MemberTally {
+    beats: u64,
+    lost_beats: u64,
+    deaths: u64,
+    /// Deaths of a node dead for good, and the longest time it took (ms
+    /// after its last heartbeat landed or the leader's first look).
+    final_deaths: u64,
+    slowest_final_death_ms: u64,
+    leader_changes: u64,
+    clock_steps: u64,
+    /// Beats that landed with a value their member had sent before.
+    same_value_beats: u64,
+}
+
+/// Dead-marking under skewed clocks (issue 35), one seed: `n` members
+/// heartbeat ([`HEARTBEAT_INTERVAL`], each at its own phase) with their own
+/// wall clock, skewed by up to ±100 s from the seed (and, in half the
+/// seeds, one clock stepped by up to ±60 s mid-run); heartbeats are lost
+/// (1 in 10) or land late (up to 3 s). The leader runs the product's
+/// controller tick every [`CONTROLLER_INTERVAL`]: [`HeartbeatAges`] on its
+/// own monotonic clock (an offset of its own) and [`plan_with`], applying
+/// the planned `MemberDead`s with [`narad_meta::apply`] (refused when a
+/// beat landed since the plan). Leadership moves now and then (the new
+/// leader starts with no ages). Members pause (stop beating 5-60 s, then
+/// beat again) and, in half the seeds, one dies for good. In real
+/// (simulated) time, with second steps:
+/// * a member is marked dead only after real silence: more than
+///   [`MEMBER_DEAD_AFTER`] since its last heartbeat landed (a live member
+///   beating is never marked dead, whatever its clock);
+/// * a member dead for good is marked dead within [`MEMBER_DEAD_AFTER`] +
+///   2 × [`CONTROLLER_INTERVAL`] of the later of its last heartbeat's
+///   landing and the current leader's start.
+fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
+    const START_S: i64 = 1_700_000_000;
+    const SECS: u64 = 900;
+    let mut rng = SimRng::new(seed ^ 0x6d65_6d62);
+    let mut tally = MemberTally::default();
+    let skew: Vec<i64> = (0..n).map(|_| rng.range(0, 201) as i64 - 100).collect();
+    let phase: Vec<u64> = (0..n).map(|_| rng.below(5)).collect();
+    let step_at = rng.chance(1, 2).then(|| (rng.below(n as u64) as usize, rng.range(60, 800)));
+    let mut step = vec![0i64; n];
+    let dies = rng.chance(1, 2).then(|| (rng.below(n as u64) as usize, rng.range(60, 600)));
+    let mut paused_until = vec![0u64; n];
+    let mut state = MetaState::default();
+    let mut index = 0u64;
+    let mut apply = |state: &mut MetaState, c: &Command| -> bool {
+        index += 1;
+        match narad_meta::apply(state, index, c) {
+            Ok(a) => {
+                *state = a.state;
+                true
+            }
+            Err(_) => false,
+        }
+    };
+    // Heartbeats in flight: (lands at, member, value).
+    let mut flight: Vec<(u64, usize, i64)> = Vec::new();
+    let mut last_landed = vec![0u64; n];
+    // The values that landed, per member.
+    let mut sent: Vec<HashSet<i64>> = vec![HashSet::new(); n];
+    // When each member's record last changed value (any beat, new or not):
+    // the leader's ages may restart from there.
+    let mut last_change = vec![0u64; n];
+    let mut ages = HeartbeatAges::default();
+    let (mut leader_since, mut mono_offset, mut tick_phase) = (0u64, rng.range(0, 10_000), 0u64);
+    for t in 0..SECS {
+        if let Some((k, at)) = step_at
+            && t == at
+        {
+            step[k] = rng.range(0, 121) as i64 - 60;
+            tally.clock_steps += 1;
+        }
+        for k in 0..n {
+            let dead = dies.is_some_and(|(d, at)| d == k && t >= at);
+            if dead || t < paused_until[k] {
+                continue;
+            }
+            if t > 0 && rng.chance(1, 400) {
+                paused_until[k] = t + rng.range(5, 61);
+                continue;
+            }
+            if t % HEARTBEAT_INTERVAL.as_secs() == phase[k] || t == 0 {
+                tally.beats += 1;
+                if t > 0 && rng.chance(1, 10) {
+                    tally.lost_beats += 1;
+                } else {
+                    let wall = START_S + t as i64 + skew[k] + step[k];
+                    flight.push((t + rng.below(4), k, wall));
+                }
+            }
+        }
+        let (landing, later): (Vec<_>, Vec<_>) = flight.drain(..).partition(|f| f.0 <= t);
+        flight = later;
+        for (_, k, wall) in landing {
+            let member = Member {
+                id: node_name(k),
+                addr: format!("10.0.0.{}:7942", k + 1),
+                cluster_addr: None,
+                status: narad_meta::MemberStatus::Alive,
+                last_heartbeat: wall,
+            };
+            // A beat repeating a value its member sent before (its clock
+            // stepped back) may look like no change to the leader, which
+            // compares values at its ticks only: not counted as a beat
+            // (seeds 3601 and 13789, docs/DURABILITY.md).
+            let same = !sent[k].insert(wall);
+            if state.member(&node_name(k)).is_none_or(|m| m.last_heartbeat != wall) {
+                last_change[k] = t;
+            }
+            if apply(&mut state, &Command::MemberJoin(narad_meta::MemberJoin { member })) {
+                if same {
+                    tally.same_value_beats += 1;
+                } else {
+                    last_landed[k] = t;
+                }
+            }
+        }
+        if t > 0 && rng.chance(1, 120) {
+            // A new leader: its own monotonic clock, no ages, its own tick.
+            ages = HeartbeatAges::default();
+            leader_since = t;
+            mono_offset = rng.range(0, 10_000);
+            tick_phase = rng.below(CONTROLLER_INTERVAL.as_secs());
+            tally.leader_changes += 1;
+        }
+        if t % CONTROLLER_INTERVAL.as_secs() == tick_phase {
+            let mono = Duration::from_secs(t + mono_offset);
+            ages.observe(&state, mono);
+            let plan = plan_with(&state, &|m: &Member| ages.overdue(m, mono));
+            for c in plan {
+                let Command::MemberDead(d) = &c else { continue };
+                let k: usize = d.id.trim_start_matches('n').parse().expect("n<k>");
+                if !apply(&mut state, &c) {
+                    continue;
+                }
+                tally.deaths += 1;
+                let silent = t - last_landed[k];
+                assert!(
+                    silent > MEMBER_DEAD_AFTER.as_secs(),
+                    "seed {seed}: member {k} (clock skew {}s, step {}s) marked dead at t={t}s \
+                     after {silent}s of real silence",
+                    skew[k],
+                    step[k]
+                );
+                if dies.is_some_and(|(d, _)| d == k) {
+                    let from = last_change[k].max(leader_since);
+                    tally.final_deaths += 1;
+                    tally.slowest_final_death_ms =
+                        tally.slowest_final_death_ms.max((t - from) * 1_000);
+                }
+            }
+        }
+        if let Some((d, at)) = dies
+            && t >= at
+            && flight.iter().all(|f| f.1 != d)
+        {
+            let from = last_change[d].max(leader_since);
+            let alive = state
+                .member(&node_name(d))
+                .is_some_and(|m| m.status == narad_meta::MemberStatus::Alive);
+            let bound = MEMBER_DEAD_AFTER.as_secs() + 2 * CONTROLLER_INTERVAL.as_secs();
+            assert!(
+                !(alive && t > from + bound),
+                "seed {seed}: member {d} (clock skew {}s, step {}s), dead for good since its \
+                 last heartbeat landed at t={}s, still alive at t={t}s (leader since {leader_since}s)",
+                skew[d],
+                step[d],
+                last_landed[d]
+            );
+        }
+    }
+    tally
+}
+
+#[test]
+fn dead_marking_follows_real_silence_whatever_the_members_clocks() {
+    let started = std::time::Instant::now();
+    let seeds = seeds();
+    let mut total = MemberTally::default();
+    for &seed in &seeds {
+        let t = run_membership_seed(seed, nodes_of(seed));
+        total.beats += t.beats;
+        total.lost_beats += t.lost_beats;
+        total.deaths += t.deaths;
+        total.final_deaths += t.final_deaths;
+        total.slowest_final_death_ms = total.slowest_final_death_ms.max(t.slowest_final_death_ms);
+        total.leader_changes += t.leader_changes;
+        total.clock_steps += t.clock_steps;
+        total.same_value_beats += t.same_value_beats;
+    }
+    eprintln!(
+        "membership simulation (skewed clocks): {} seeds in {:.1?}: {} heartbeats ({} lost), {} \
+         members marked dead ({} dead for good, the slowest {} ms after its last beat or the \
+         leader's start), {} leader changes, {} clock steps ({} beats repeated an earlier value)",
+        seeds.len(),
+        started.elapsed(),
+        total.beats,
+        total.lost_beats,
+        total.deaths,
+        total.final_deaths,
+        total.slowest_final_death_ms,
+        total.leader_changes,
+        total.clock_steps,
+        total.same_value_beats
+    );
+    assert!(total.deaths > 0 && total.final_deaths > 0, "{total:?}");
 }
