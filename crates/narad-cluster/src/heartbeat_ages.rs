@@ -9,9 +9,10 @@
 //! clocks: it notes, on its monotonic clock, when it first saw each
 //! member's `last_heartbeat` take its current value, and a member is
 //! overdue once that value has not changed for [`MEMBER_DEAD_AFTER`].
-//! Any change counts (a clock stepped back still beats), and the value
-//! itself stays in the record only to tell beats apart (and for
-//! `MemberDead`'s check that no beat landed since the plan).
+//! Any change counts, and the value itself stays in the record only to
+//! tell beats apart (and for `MemberDead`'s check that no beat landed
+//! since the plan); so a sender never repeats one (`members::beat_value`:
+//! always above its last, even when its clock stepped back).
 //!
 //! The ages live only on the leader, in memory: a node that starts to
 //! lead (or leads again) knows nothing of the past and gives every member

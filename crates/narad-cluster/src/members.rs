@@ -212,16 +212,34 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The `last_heartbeat` of a beat sent at wall-clock second `now_s`
+/// after one carrying `last_sent`: the clock's value, but always above the
+/// last one sent, so a clock stepped back never repeats a value and every
+/// beat is a change the leader's [`HeartbeatAges`] sees (a repeat could
+/// equal the value it held and look like silence: the metastore
+/// simulation's seeds 3601 and 13789). The value runs ahead of a clock
+/// stepped back until the clock catches up; nothing compares it with
+/// another clock.
+///
+/// [`HeartbeatAges`]: crate::heartbeat_ages::HeartbeatAges
+pub fn beat_value(now_s: i64, last_sent: Option<i64>) -> i64 {
+    last_sent.map_or(now_s, |last| now_s.max(last.saturating_add(1)))
+}
+
 async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
     let mut tick = interval_at(Instant::now(), HEARTBEAT_INTERVAL);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // A previous life's beats count as sent (a restart after a step back).
+    let mut last_sent = ctx.meta.snapshot().member(&ctx.me.id).map(|m| m.last_heartbeat);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = stopped(&mut stop) => return,
         }
+        let value = beat_value(ctx.now_s(), last_sent);
+        last_sent = Some(value);
         let member =
-            Member { status: MemberStatus::Alive, last_heartbeat: ctx.now_s(), ..ctx.me.clone() };
+            Member { status: MemberStatus::Alive, last_heartbeat: value, ..ctx.me.clone() };
         let meta = ctx.meta.clone();
         match blocking(&mut stop, move || meta.member_join(member)).await {
             None => return,

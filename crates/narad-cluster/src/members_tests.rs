@@ -303,3 +303,20 @@ async fn a_members_clock_skew_neither_marks_it_dead_while_it_beats_nor_keeps_it_
     }
     assert_eq!(node.errors("controller"), 0);
 }
+
+#[test]
+fn a_heartbeat_value_never_repeats_even_when_the_clock_steps_back() {
+    use crate::members::beat_value;
+    assert_eq!(beat_value(100, None), 100);
+    assert_eq!(beat_value(105, Some(100)), 105);
+    // Stepped back 50 s: each beat still one above the last sent.
+    let mut last = Some(105);
+    let mut sent = vec![105];
+    for now in [60, 65, 70, 110, 115, 116] {
+        let v = beat_value(now, last);
+        assert!(v > *sent.last().unwrap(), "{v} after {sent:?}");
+        sent.push(v);
+        last = Some(v);
+    }
+    assert_eq!(sent, [105, 106, 107, 108, 110, 115, 116]);
+}

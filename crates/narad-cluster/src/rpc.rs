@@ -124,11 +124,14 @@ pub enum Op {
     /// 38: stop a request this connection sent that is still running (its
     /// requester went away); served by the transport, never a handler.
     CancelRequest = 38,
+    /// 39: what the receiver knows of the group and of the asker, for a
+    /// node without Raft state deciding whether it may bootstrap.
+    ProbeGroup = 39,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 38] = [
+    pub const ALL: [Op; 39] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -167,6 +170,7 @@ impl Op {
         Op::ReadIndex,
         Op::ReadyCounts,
         Op::CancelRequest,
+        Op::ProbeGroup,
     ];
 
     /// The op of a code byte.
@@ -215,6 +219,7 @@ impl Op {
             Op::ReadIndex => "read_index",
             Op::ReadyCounts => "ready_counts",
             Op::CancelRequest => "cancel_request",
+            Op::ProbeGroup => "probe_group",
         }
     }
 }
@@ -491,6 +496,9 @@ pub enum Request {
     /// (answered 204 when it was running and is stopped, 404 when nothing
     /// runs under that id).
     CancelRequest(u64),
+    /// 39: `id`, the asking node's id (answered 200 with a
+    /// `raft::first_start::PeerView` as JSON).
+    ProbeGroup(String),
 }
 
 impl Request {
@@ -527,6 +535,7 @@ impl Request {
             Request::ReadIndex => Op::ReadIndex,
             Request::ReadyCounts(_) => Op::ReadyCounts,
             Request::CancelRequest(_) => Op::CancelRequest,
+            Request::ProbeGroup(_) => Op::ProbeGroup,
         }
     }
 
@@ -667,6 +676,9 @@ impl Request {
             Request::CancelRequest(id) => {
                 e.u64(*id);
             }
+            Request::ProbeGroup(id) => {
+                e.str(id);
+            }
         }
         e.into_chunks()
     }
@@ -783,6 +795,7 @@ impl Request {
                 wait_nanos: d.i64("wait_nanos")?,
             }),
             Op::CancelRequest => Request::CancelRequest(d.u64("request_id")?),
+            Op::ProbeGroup => Request::ProbeGroup(d.string("id")?),
             Op::Produce
             | Op::ListPartitionSegments
             | Op::FetchSegmentChunk

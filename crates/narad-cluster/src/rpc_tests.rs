@@ -60,6 +60,7 @@ const GOLDEN: &[(&str, &str)] = &[
     ("read_index", "24"),
     ("ready_counts", "25000000066f726465727300000002540be400"),
     ("cancel_request", "260000000000000107"),
+    ("probe_group", "27000000026e33"),
     (
         "reply_ok",
         "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
@@ -246,6 +247,7 @@ fn samples() -> Vec<(&'static str, Request)> {
             }),
         ),
         ("cancel_request", Request::CancelRequest(263)),
+        ("probe_group", Request::ProbeGroup("n3".into())),
     ]
 }
 
@@ -299,7 +301,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         assert_eq!(Op::from_u8(*op as u8), Some(*op));
     }
     assert_eq!(Op::from_u8(0), None);
-    assert_eq!(Op::from_u8(39), None);
+    assert_eq!(Op::from_u8(40), None);
     assert_eq!(
         (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
         (11, 20, 21)
@@ -319,11 +321,12 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
     assert_eq!(Op::ReadIndex as u8, 36);
     assert_eq!(Op::ReadyCounts as u8, 37);
     assert_eq!(Op::CancelRequest as u8, 38);
+    assert_eq!(Op::ProbeGroup as u8, 39);
 }
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 22, 28, 39, 99, 255] {
+    for code in [0u8, 1, 22, 28, 40, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);

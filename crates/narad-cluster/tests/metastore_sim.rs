@@ -53,6 +53,8 @@ use narad_clock::ManualClock;
 use narad_cluster::controller::plan_with;
 use narad_cluster::heartbeat_ages::HeartbeatAges;
 use narad_cluster::limits::{CONTROLLER_INTERVAL, HEARTBEAT_INTERVAL, MEMBER_DEAD_AFTER};
+use narad_cluster::members::beat_value;
+use narad_cluster::raft::first_start::{self, FirstStart, PeerAnswer, PeerView};
 use narad_cluster::raft::log_store::LogStore;
 use narad_cluster::raft::metrics::RaftMetrics;
 use narad_cluster::raft::network::ControlPayload;
@@ -323,8 +325,7 @@ struct Tally {
     shared_terms: u64,
     crashes: u64,
     failed_starts: u64,
-    /// Nodes wiped, refused by the wiped-member check, started anyway (no
-    /// leader answered).
+    /// Nodes wiped, refused by the first-start rule, bootstrapped by it.
     wipes: u64,
     wiped_refused: u64,
     wiped_bootstraps: u64,
@@ -358,9 +359,6 @@ struct Sim {
     wipes: u64,
     /// Wiped nodes that started anyway, no leader having answered.
     wiped_bootstraps: u64,
-    /// `NARAD_SIM_WIPED_BOOTSTRAP=1`: a wiped node that no leader answers
-    /// bootstraps, as the product does.
-    wiped_bootstrap: bool,
     trace: bool,
 }
 
@@ -407,7 +405,6 @@ impl Sim {
             refused: vec![false; n],
             wipes: 0,
             wiped_bootstraps: 0,
-            wiped_bootstrap: std::env::var("NARAD_SIM_WIPED_BOOTSTRAP").is_ok_and(|v| v == "1"),
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
         }
     }
@@ -591,28 +588,26 @@ impl Sim {
         }
         let mut bootstrap = false;
         if self.wiped[i] {
-            if let Some(leader) = self.leader_knowing(i) {
-                // The product's start exits with an error: the node is
-                // out for good under this id.
-                self.refused[i] = true;
-                self.trace(format_args!(
-                    "node {i} (wiped) refused: the leader {leader} knows it as a member"
-                ));
-                return;
+            // The product's rule itself (`first_start::decide`) on what
+            // the peers answer across the simulated network.
+            let answers = self.probe_group(i);
+            match first_start::decide(self.n, &answers) {
+                FirstStart::Refuse { by } => {
+                    // The product stops with an error: the node is out
+                    // for good under this id.
+                    self.refused[i] = true;
+                    self.trace(format_args!("node {i} (wiped) refused: {by} knows it"));
+                    return;
+                }
+                FirstStart::Wait(why) => {
+                    self.trace(format_args!("node {i} (wiped) waits: {why}"));
+                    return;
+                }
+                FirstStart::Bootstrap => {
+                    bootstrap = true;
+                    self.wiped_bootstraps += 1;
+                }
             }
-            // No leader answered. The product then bootstraps it as for a
-            // new group (its bootstrap entry is the group's own, index 0),
-            // and that loses acknowledged writes: seed 13, where the wiped
-            // node was the leader and its empty vote elected a node
-            // without its last entries (see docs/DURABILITY.md). So the
-            // simulation holds the start back until a leader answers
-            // (`NARAD_SIM_WIPED_BOOTSTRAP=1`: the product's rule as it is).
-            if !self.wiped_bootstrap {
-                self.trace(format_args!("node {i} (wiped) waits: no leader answered"));
-                return;
-            }
-            bootstrap = true;
-            self.wiped_bootstraps += 1;
         }
         let r = self.start(i, bootstrap).await;
         if r.is_ok() {
@@ -624,26 +619,37 @@ impl Sim {
         }
     }
 
-    /// The product's wiped-member check (`ControlPlane::start`, through
-    /// its private `known_member_of_running_group`, not reachable from
-    /// here), modelled: node `i`, with no Raft state, sends JoinCluster to
-    /// every peer; a peer that answers (the round trip crosses the
-    /// simulated network: cut links and losses) and leads answers
-    /// `known_member: true` when its state knows `i` as a member. The
-    /// product asks the leader's metastore member record (the node
-    /// heartbeated before); the simulated group has no heartbeats, and
-    /// every node here is one of the group's voters from the start, so the
-    /// leader's Raft membership stands for it. `Some(leader)`: refused.
-    fn leader_knowing(&mut self, i: usize) -> Option<usize> {
+    /// ProbeGroup (op 39) from node `i`, with no Raft state, to every
+    /// peer: a peer answers when it runs and both directions of the link
+    /// deliver (cut links and losses are no answer), with what the
+    /// product's `ControlPlane::probe_view` reads: its last log index,
+    /// whether it leads, and whether its state knows `i` as a member. The
+    /// product knows a member by its metastore member record (the node
+    /// heartbeated) or, on the leader, by entries `i` acknowledged; the
+    /// simulated group has no heartbeats and every node here is one of the
+    /// group's voters that ran from the start, so the peer's Raft
+    /// membership stands for the record.
+    fn probe_group(&mut self, i: usize) -> Vec<first_start::Probed> {
         let id = raft_id(&node_name(i));
-        (0..self.n).filter(|&k| k != i).find(|&k| {
-            let Some(node) = self.nodes[k].as_ref() else { return false };
-            let m = node.raft.metrics().borrow().clone();
-            fate(&self.net, i, k).is_some()
-                && fate(&self.net, k, i).is_some()
-                && m.state == ServerState::Leader
-                && m.membership_config.membership().get_node(&id).is_some()
-        })
+        (0..self.n)
+            .filter(|&k| k != i)
+            .map(|k| {
+                let answer = match self.nodes[k].as_ref() {
+                    Some(node)
+                        if fate(&self.net, i, k).is_some() && fate(&self.net, k, i).is_some() =>
+                    {
+                        let m = node.raft.metrics().borrow().clone();
+                        PeerAnswer::View(PeerView {
+                            log_end: m.last_log_index,
+                            leader: m.state == ServerState::Leader,
+                            knows_member: m.membership_config.membership().get_node(&id).is_some(),
+                        })
+                    }
+                    _ => PeerAnswer::Silent,
+                };
+                first_start::Probed { id: node_name(k), voter: true, answer }
+            })
+            .collect()
     }
 
     /// Node `i` loses power and its data directory is wiped (a replaced
@@ -1056,7 +1062,7 @@ fn the_simulated_metastore_group_never_loses_or_replaces_an_acknowledged_write_a
     eprintln!(
         "metastore simulation: {} seeds in {:.1?}: {} writes acknowledged ({} not), {} confirmed \
          views, {} terms with a leader ({} led by two nodes in turn), {} crashes ({} starts failed on a disk fault), {} nodes wiped ({} refused \
-         at restart, {} started with no leader answering), {} messages ({} lost, {} duplicated)",
+         at restart, {} bootstrapped by the first-start rule), {} messages ({} lost, {} duplicated)",
         seeds.len(),
         started.elapsed(),
         total.writes_acked,
@@ -1144,6 +1150,7 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
     let mut last_landed = vec![0u64; n];
     // The values that landed, per member.
     let mut sent: Vec<HashSet<i64>> = vec![HashSet::new(); n];
+    let mut last_sent: Vec<Option<i64>> = vec![None; n];
     // When each member's record last changed value (any beat, new or not):
     // the leader's ages may restart from there.
     let mut last_change = vec![0u64; n];
@@ -1171,7 +1178,10 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
                     tally.lost_beats += 1;
                 } else {
                     let wall = START_S + t as i64 + skew[k] + step[k];
-                    flight.push((t + rng.below(4), k, wall));
+                    // The product's sender: never a value it sent before.
+                    let value = beat_value(wall, last_sent[k]);
+                    last_sent[k] = Some(value);
+                    flight.push((t + rng.below(4), k, value));
                 }
             }
         }
@@ -1185,10 +1195,10 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
                 status: narad_meta::MemberStatus::Alive,
                 last_heartbeat: wall,
             };
-            // A beat repeating a value its member sent before (its clock
-            // stepped back) may look like no change to the leader, which
-            // compares values at its ticks only: not counted as a beat
-            // (seeds 3601 and 13789, docs/DURABILITY.md).
+            // A beat repeating a value its member sent before would look
+            // like no change to the leader, which compares values at its
+            // ticks only (seeds 3601 and 13789 before `beat_value`,
+            // docs/DURABILITY.md): not counted as a beat, and counted.
             let same = !sent[k].insert(wall);
             if state.member(&node_name(k)).is_none_or(|m| m.last_heartbeat != wall) {
                 last_change[k] = t;
@@ -1290,4 +1300,5 @@ fn dead_marking_follows_real_silence_whatever_the_members_clocks() {
         total.same_value_beats
     );
     assert!(total.deaths > 0 && total.final_deaths > 0, "{total:?}");
+    assert_eq!(total.same_value_beats, 0, "a sender repeated a heartbeat value: {total:?}");
 }

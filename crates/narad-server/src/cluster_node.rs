@@ -746,8 +746,12 @@ impl ClusterNode {
 
     /// Resolves once the control plane stopped on a fatal error and the
     /// disk accepts writes again: the server then stops, for its
-    /// supervisor to restart it (see [`crate::control_restart`]).
-    pub fn restart_needed(&self) -> impl std::future::Future<Output = String> + Send + 'static {
+    /// supervisor to restart it (see [`crate::control_restart`]); or once
+    /// the group refused this node under its id (the server then exits
+    /// with why).
+    pub fn restart_needed(
+        &self,
+    ) -> impl std::future::Future<Output = crate::control_restart::Stop> + Send + 'static {
         let (fs, dir) = self.storage.clone();
         crate::control_restart::restart_needed(self.control.clone(), fs, dir)
     }

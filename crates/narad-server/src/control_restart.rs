@@ -27,6 +27,17 @@ use std::time::Duration;
 use narad_cluster::raft::ControlPlane;
 use narad_fs::{FaultFs, FaultRule, Fs, FsRef, OpenMode};
 
+/// Why the server stops on its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The control plane stopped on a fatal error and the disk recovered:
+    /// a restart of the process brings it back.
+    Restart(String),
+    /// This node may not take part under its id (its data directory was
+    /// wiped and the group knows it): a restart does not help.
+    Refused(String),
+}
+
 /// How often a stopped control plane's disk is probed.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -103,8 +114,11 @@ fn probe(fs: &dyn Fs, dir: &Path) -> std::io::Result<()> {
 /// Resolves with a message for the operator once `control` stopped on a
 /// fatal error and the metastore's directory accepts a synced write
 /// again; never while the control plane runs.
-pub async fn restart_needed(control: Arc<ControlPlane>, fs: FsRef, data_dir: PathBuf) -> String {
+pub async fn restart_needed(control: Arc<ControlPlane>, fs: FsRef, data_dir: PathBuf) -> Stop {
     let why = control.wait_stopped().await;
+    if let Some(refused) = control.refused() {
+        return Stop::Refused(refused);
+    }
     let dir = metastore_dir(&data_dir);
     let mut reported = false;
     loop {
@@ -114,11 +128,11 @@ pub async fn restart_needed(control: Arc<ControlPlane>, fs: FsRef, data_dir: Pat
             .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
         match probed {
             Ok(()) => {
-                return format!(
+                return Stop::Restart(format!(
                     "the control plane stopped ({why}) and {} accepts writes again: stopping so \
                      that the supervisor restarts this node (it catches up from the leader)",
                     dir.display()
-                );
+                ));
             }
             Err(e) if !reported => {
                 reported = true;

@@ -424,7 +424,7 @@ pub async fn run(
     let leaving = cluster.clone();
     // Set when the server stops because its control plane stopped (see
     // `control_restart`): the run then ends in an error.
-    let restart_why: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let restart_why: Arc<std::sync::Mutex<Option<crate::control_restart::Stop>>> = Arc::default();
     let restart_needed = cluster.as_ref().map(|n| n.restart_needed());
     let why_slot = restart_why.clone();
     let drain = async move {
@@ -437,7 +437,14 @@ pub async fn run(
         tokio::select! {
             () = shutdown => info!("shutdown requested: draining in-flight requests"),
             why = restart => {
-                error!(reason = %why, "stopping for a restart: draining in-flight requests");
+                match &why {
+                    crate::control_restart::Stop::Restart(why) => {
+                        error!(reason = %why, "stopping for a restart: draining in-flight requests")
+                    }
+                    crate::control_restart::Stop::Refused(why) => {
+                        error!(reason = %why, "stopping: this node cannot start under its id")
+                    }
+                }
                 *why_slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             }
         }
@@ -473,8 +480,12 @@ pub async fn run(
         node.shutdown().await;
     }
     stopped.map_err(ServerError::Shutdown)?;
-    if let Some(why) = restart_why.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        return Err(ServerError::ControlPlaneStopped(why));
+    match restart_why.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        Some(crate::control_restart::Stop::Restart(why)) => {
+            return Err(ServerError::ControlPlaneStopped(why));
+        }
+        Some(crate::control_restart::Stop::Refused(why)) => return Err(ServerError::Refused(why)),
+        None => {}
     }
     info!("narad stopped");
     Ok(())

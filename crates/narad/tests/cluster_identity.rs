@@ -298,3 +298,65 @@ fn a_wiped_node_restarted_under_its_old_id_is_refused_with_what_to_do() {
     // The others still take writes.
     create_topic(&c, leader, "after", 3);
 }
+
+/// The metastore simulation's seed 13 on real processes (issue 35): the
+/// leader is killed (-9), its directory wiped, and it restarts at once,
+/// while the others still wait out its lease and no leader answers.
+/// Before, a node without Raft state asked only a leader and, with none
+/// answering, bootstrapped a second time (its empty vote could then elect
+/// a node missing entries it had acknowledged). Now it waits or is
+/// refused: here the followers' state knows it as a member, and the start
+/// exits non-zero saying what to do; the others elect a leader among
+/// themselves and keep every topic.
+#[test]
+fn a_wiped_leader_restarted_before_a_new_leader_is_elected_does_not_bootstrap() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    c.wait_all_alive(Duration::from_secs(20));
+    for k in 0..8 {
+        create_topic(&c, 0, &format!("t{k}"), 3);
+    }
+    let victim = c.leader(Duration::from_secs(10));
+    c.kill9(victim);
+    std::fs::remove_dir_all(&c.node(victim).data_dir).unwrap();
+    // The log file goes on across lives: only this life's part counts.
+    let earlier = c.node(victim).log().len();
+    c.restart(victim);
+    let status = c.wait_exit(victim, START);
+    assert!(!status.success(), "a wiped leader must not start under its old id");
+    let log = c.node(victim).log()[earlier..].to_owned();
+    assert!(
+        log.contains("cannot rejoin under") && !log.contains("raft group bootstrapping"),
+        "refused, never bootstrapped: {}",
+        c.node(victim).log_tail()
+    );
+    let leader = c.leader(Duration::from_secs(20));
+    assert_ne!(leader, victim);
+    for k in 0..8 {
+        let (status, _) = c.get_json(leader, &format!("/v1/topics/t{k}")).expect("topic");
+        assert_eq!(status, 200, "t{k} survives on the new leader");
+    }
+    create_topic(&c, leader, "after", 3);
+}
+
+/// A first boot with one of three machines down (issue 35's first-start
+/// rule): the two that start answer each other "no Raft state" and,
+/// being a majority, form the group; the third, started later for the
+/// first time, is a voter the leader has never heard from, and joins
+/// (it bootstraps the group's own first entry and follows).
+#[test]
+fn a_first_boot_forms_with_a_majority_and_the_late_third_node_joins() {
+    let mut c = Cluster::prepare(3, ClusterOpts::dev());
+    c.start_first(2);
+    let leader = c.leader(Duration::from_secs(20));
+    create_topic(&c, leader, "early", 3);
+    c.spawn(2);
+    c.wait_ready(2, START);
+    c.wait_all_alive(Duration::from_secs(30));
+    let (status, t) = c.get_json(2, "/v1/topics/early").expect("topic on the late node");
+    assert_eq!(status, 200, "{t}");
+    assert!(
+        !c.node(2).log().contains("refusing to start"),
+        "a late first start is not a wiped node: {}",
+        c.node(2).log_tail()
+    );
+}

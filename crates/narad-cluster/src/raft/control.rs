@@ -6,10 +6,14 @@
 //!   group with the identical voter set (all peers); with a list, the
 //!   listed nodes do. openraft makes simultaneous initialisation with the
 //!   same membership safe; a node already initialised skips it.
-//! * A bootstrapping node without Raft state first asks its peers
-//!   whether the group already runs with a leader that knows it as a
-//!   member: then its data directory was wiped, and the start is refused
-//!   with what to do (issue 35).
+//! * A bootstrapping node without Raft state (and other peers) does not
+//!   initialise at once: it is *forming*. It asks every other peer
+//!   (ProbeGroup, op 39) every [`FORM_RETRY`] and bootstraps, waits or
+//!   refuses as [`super::first_start`] decides: a peer whose state knows
+//!   it as a member means its data directory was wiped, and the node
+//!   stops with what to do ([`ControlPlane::refused`]); a group that has
+//!   run and whose leader does not answer makes it wait (issue 35). While
+//!   forming it answers no Raft RPC (503), so its empty log casts no vote.
 //! * Join-only (a node not in a non-empty `initial_members`): sends
 //!   JoinCluster (21) to every peer every [`JOIN_INTERVAL`] until it sees a
 //!   leader. The leader answers by adding the node as a learner and then
@@ -62,6 +66,7 @@ use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 use super::Error;
+use super::first_start::{self, FirstStart, PeerAnswer, PeerView};
 use super::log_store::LogStore;
 use super::metrics::RaftMetrics;
 use super::network::{ControlPayload, Network, SNAPSHOT_CHUNK_BYTES, peer_of};
@@ -81,6 +86,8 @@ pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a node without Raft state waits for each peer's answer to
 /// "does the group already run?" before it bootstraps.
 pub const GROUP_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a forming node asks its peers again.
+pub const FORM_RETRY: Duration = Duration::from_millis(500);
 /// How long a leader that shuts down waits for another leader.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(3);
 
@@ -410,6 +417,12 @@ pub struct ControlPlane {
     /// Set when this node's shutdown began (before its HTTP drains): it
     /// refuses to campaign for a leader that hands over.
     leaving: AtomicBool,
+    /// Set while this node, without Raft state, decides whether it may
+    /// bootstrap ([`super::first_start`]): it answers no Raft RPC.
+    forming: AtomicBool,
+    /// Why this node may not take part under its id (its data directory
+    /// was wiped), once a peer said so.
+    refused: Mutex<Option<String>>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -519,6 +532,8 @@ impl ControlPlane {
             stopping: AtomicBool::new(false),
             stopped: Mutex::new(None),
             leaving: AtomicBool::new(false),
+            forming: AtomicBool::new(false),
+            refused: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });
 
@@ -526,52 +541,28 @@ impl ControlPlane {
             cfg.initial_members.is_empty() || cfg.initial_members.contains(&cfg.node_id);
         let initialized =
             plane.raft.is_initialized().await.map_err(|e| Error::Raft(e.to_string()))?;
-        if bootstraps && !initialized && cfg.peers.len() > 1 {
-            // A member whose data directory was wiped, restarted under its
-            // id, must not bootstrap again: its new log would contradict
-            // what the leader recorded it acknowledged (issue 35: "hole in
-            // the raft log", ready with commit 0; letting it follow with an
-            // empty log makes openraft's leader panic on the conflict
-            // below its matched index). A late starter of a new group is
-            // not a member the leader's state knows, and bootstraps as
-            // before (its bootstrap entry is the group's own).
-            if let Some(leader) = plane.known_member_of_running_group().await {
-                plane.shutdown().await;
-                return Err(Error::Config(format!(
-                    "node {id:?} is a member of the running cluster (the leader, {leader}, knows \
-                     it), but this data directory has no Raft state: it was wiped or lost. It \
-                     cannot rejoin under {id:?}. Start it on this empty directory under a new \
-                     id that joins: --node-id <new id>, --peers with <new id>@<this cluster \
-                     address> in place of {id}@..., and NARAD_CLUSTER_INITIAL_MEMBERS naming \
-                     the running members; {id:?} stays listed as a dead member \
-                     (docs/CLUSTER.md, \"A node's data directory was wiped\")",
-                    id = cfg.node_id
-                )));
-            }
-        }
+        let voters: BTreeMap<NodeId, RaftNode> = cfg
+            .peers
+            .iter()
+            .filter(|p| cfg.initial_members.is_empty() || cfg.initial_members.contains(&p.id))
+            .map(|p| {
+                // Identical on every bootstrapping node: only what the
+                // shared peer list says.
+                let node = RaftNode {
+                    id: p.id.clone(),
+                    cluster_addr: p.addr.to_string(),
+                    http_addr: String::new(),
+                };
+                (raft_id(&p.id), node)
+            })
+            .collect();
         if bootstraps && !initialized {
-            let voters: BTreeMap<NodeId, RaftNode> = cfg
-                .peers
-                .iter()
-                .filter(|p| cfg.initial_members.is_empty() || cfg.initial_members.contains(&p.id))
-                .map(|p| {
-                    // Identical on every bootstrapping node: only what the
-                    // shared peer list says.
-                    let node = RaftNode {
-                        id: p.id.clone(),
-                        cluster_addr: p.addr.to_string(),
-                        http_addr: String::new(),
-                    };
-                    (raft_id(&p.id), node)
-                })
-                .collect();
-            tracing::info!(voters = ?voters.values().map(|n| &n.id).collect::<Vec<_>>(), "raft group bootstrapping");
-            match plane.raft.initialize(voters).await {
-                Ok(()) => {}
-                Err(RaftError::APIError(e)) => {
-                    tracing::info!(error = %e, "raft group already initialised")
-                }
-                Err(e) => return Err(Error::Raft(format!("initialize: {e}"))),
+            if cfg.peers.len() > 1 {
+                plane.forming.store(true, Ordering::SeqCst);
+                let form = tokio::spawn(plane.clone().form(voters));
+                lock(&plane.tasks).push(form);
+            } else {
+                plane.initialize(voters).await?;
             }
         }
         let monitor = tokio::spawn(plane.clone().monitor());
@@ -579,7 +570,11 @@ impl ControlPlane {
         let greet = tokio::spawn(plane.clone().greet_peers());
         lock(&plane.tasks).push(greet);
         if !bootstraps {
-            let join = tokio::spawn(plane.clone().join_loop());
+            // Without Raft state, it answers no Raft RPC until a leader
+            // accepted its join as a node it does not know (a wiped
+            // member's empty log would contradict what the leader matched).
+            plane.forming.store(!initialized, Ordering::SeqCst);
+            let join = tokio::spawn(plane.clone().join_loop(initialized));
             lock(&plane.tasks).push(join);
         }
         tracing::info!(
@@ -703,31 +698,137 @@ impl ControlPlane {
         futures_util::future::join_all(pings).await;
     }
 
-    /// Asks every other peer once (JoinCluster, [`GROUP_PROBE_TIMEOUT`]
-    /// each, all at once) whether the group already runs and its leader
-    /// knows this node as a member: the leader's id when it does; `None`
-    /// when no leader answers (a group being formed, peers down) or it
-    /// does not know this node (a late starter of a new group).
-    async fn known_member_of_running_group(&self) -> Option<String> {
-        let request = Request::JoinCluster(JoinCluster {
-            id: self.me.id.clone(),
-            cluster_addr: self.me.cluster_addr.clone(),
-            http_addr: Some(self.me.http_addr.clone()),
-        });
+    /// Initialises the group with `voters` (already initialised: fine).
+    async fn initialize(&self, voters: BTreeMap<NodeId, RaftNode>) -> Result<(), Error> {
+        tracing::info!(voters = ?voters.values().map(|n| &n.id).collect::<Vec<_>>(), "raft group bootstrapping");
+        match self.raft.initialize(voters).await {
+            Ok(()) => Ok(()),
+            Err(RaftError::APIError(e)) => {
+                tracing::info!(error = %e, "raft group already initialised");
+                Ok(())
+            }
+            Err(e) => Err(Error::Raft(format!("initialize: {e}"))),
+        }
+    }
+
+    /// A forming node (see the module docs): asks the peers until
+    /// [`first_start::decide`] says bootstrap (then initialises with
+    /// `voters`) or refuse (then [`ControlPlane::refused`] says why).
+    async fn form(self: Arc<Self>, voters: BTreeMap<NodeId, RaftNode>) {
+        let started = Instant::now();
+        let mut last_said: Option<(Instant, String)> = None;
+        loop {
+            if self.stopping.load(Ordering::Relaxed) {
+                return;
+            }
+            let answers = self.probe_group(&voters).await;
+            match first_start::decide(voters.len(), &answers) {
+                FirstStart::Bootstrap => break,
+                FirstStart::Refuse { by } => {
+                    self.refuse(format!(
+                        "node {id:?} is a member of the running cluster (peer {by} knows it), \
+                         but this data directory has no Raft state: it was wiped or lost. It \
+                         cannot rejoin under {id:?}. Start it on this empty directory under a \
+                         new id that joins: --node-id <new id>, --peers with <new \
+                         id>@<this cluster address> in place of {id}@..., and \
+                         NARAD_CLUSTER_INITIAL_MEMBERS naming the running members; {id:?} \
+                         stays listed as a dead member (docs/CLUSTER.md, \"A node's data \
+                         directory was wiped\")",
+                        id = self.me.id
+                    ));
+                    return;
+                }
+                FirstStart::Wait(why) => {
+                    // Said once, then again every 30 s while it lasts.
+                    let due = last_said.as_ref().is_none_or(|(at, said)| {
+                        *said != why || at.elapsed() >= Duration::from_secs(30)
+                    });
+                    if due {
+                        tracing::warn!(
+                            node_id = %self.me.id,
+                            waited_s = started.elapsed().as_secs(),
+                            reason = %why,
+                            "no raft state here: waiting before bootstrapping the group"
+                        );
+                        last_said = Some((Instant::now(), why));
+                    }
+                }
+            }
+            tokio::time::sleep(FORM_RETRY).await;
+        }
+        if let Err(e) = self.initialize(voters).await {
+            self.note_stopped(e.to_string());
+            return;
+        }
+        self.forming.store(false, Ordering::SeqCst);
+    }
+
+    /// ProbeGroup (op 39) to every other peer at once, each within
+    /// [`GROUP_PROBE_TIMEOUT`].
+    async fn probe_group(&self, voters: &BTreeMap<NodeId, RaftNode>) -> Vec<first_start::Probed> {
+        let request = Request::ProbeGroup(self.me.id.clone());
         let asks = self.peers.iter().filter(|p| p.id != self.me.id).map(|p| {
             let peer = self.transport.peer(p.addr, crate::tls::DEFAULT_SERVER_NAME);
             let request = &request;
             async move {
-                let reply = peer.call_with_timeout(request, GROUP_PROBE_TIMEOUT).await.ok()?;
-                let joined: Joined = serde_json::from_slice(&reply.body).ok()?;
-                (reply.status == 200 && joined.known_member == Some(true)).then(|| p.id.clone())
+                let answer = match peer.call_with_timeout(request, GROUP_PROBE_TIMEOUT).await {
+                    Err(_) => PeerAnswer::Silent,
+                    Ok(reply) if reply.status == 200 => {
+                        match serde_json::from_slice::<PeerView>(&reply.body) {
+                            Ok(view) => PeerAnswer::View(view),
+                            Err(_) => PeerAnswer::Unknown,
+                        }
+                    }
+                    // Still starting (before its control plane exists).
+                    Ok(reply) if reply.status == 503 => PeerAnswer::Silent,
+                    // A release without op 39, or anything else.
+                    Ok(_) => PeerAnswer::Unknown,
+                };
+                first_start::Probed {
+                    id: p.id.clone(),
+                    voter: voters.contains_key(&raft_id(&p.id)),
+                    answer,
+                }
             }
         });
-        futures_util::future::join_all(asks).await.into_iter().flatten().next()
+        futures_util::future::join_all(asks).await
+    }
+
+    /// This node's answer to ProbeGroup from `id` (see
+    /// [`super::first_start`]).
+    fn probe_view(&self, id: &str) -> Reply {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.state == ServerState::Leader && !self.forming.load(Ordering::SeqCst);
+        let rid = raft_id(id);
+        let acknowledged = leader
+            && m.replication
+                .as_ref()
+                .and_then(|r| r.get(&rid).cloned().flatten())
+                .is_some_and(|l| l.index > 0);
+        let knows_member = acknowledged || self.meta.snapshot().member(id).is_some();
+        json_reply(&PeerView { log_end: m.last_log_index, leader, knows_member })
+    }
+
+    /// This node may not take part under its id: it stops as on a fatal
+    /// error (not ready, writes 503) and [`ControlPlane::refused`] says
+    /// why, for the server to exit with it.
+    fn refuse(&self, why: String) {
+        tracing::error!(node_id = %self.me.id, reason = %why, "refusing to start");
+        *lock(&self.refused) = Some(why.clone());
+        self.metrics.stopped.set(1);
+        *lock(&self.stopped) = Some(why);
+    }
+
+    /// Why this node may not take part under its id (its data directory
+    /// was wiped and the group knows it), once decided.
+    pub fn refused(&self) -> Option<String> {
+        lock(&self.refused).clone()
     }
 
     /// A join-only node: JoinCluster to every peer until a leader is seen.
-    async fn join_loop(self: Arc<Self>) {
+    /// `had_state`: this node held Raft state at start; without it, a
+    /// leader that knows it as a member means a wiped directory (refused).
+    async fn join_loop(self: Arc<Self>, had_state: bool) {
         let request = Request::JoinCluster(JoinCluster {
             id: self.me.id.clone(),
             cluster_addr: self.me.cluster_addr.clone(),
@@ -745,7 +846,25 @@ impl ControlPlane {
                 let peer = self.transport.peer(p.addr, crate::tls::DEFAULT_SERVER_NAME);
                 match peer.call(&request).await {
                     Ok(r) if r.status == 200 => {
+                        let known = serde_json::from_slice::<Joined>(&r.body)
+                            .is_ok_and(|j| j.known_member == Some(true));
+                        if known && !had_state {
+                            // Its member record predates this empty log:
+                            // the directory was wiped (see `form`).
+                            self.refuse(format!(
+                                "node {id:?} is a member of the running cluster (the leader, \
+                                 {leader}, knows it), but this data directory has no Raft \
+                                 state: it was wiped or lost. It cannot rejoin under {id:?}. \
+                                 Start it on this empty directory under a new id: --node-id \
+                                 <new id> and --peers with <new id>@<this cluster address> \
+                                 (docs/CLUSTER.md, \"A node's data directory was wiped\")",
+                                id = self.me.id,
+                                leader = p.id
+                            ));
+                            return;
+                        }
                         tracing::info!(peer = %p.id, "join accepted");
+                        self.forming.store(false, Ordering::SeqCst);
                         break;
                     }
                     Ok(r) => tracing::debug!(peer = %p.id, status = r.status, "join refused"),
@@ -760,6 +879,17 @@ impl ControlPlane {
     /// not an op of the control plane).
     pub async fn handle(&self, from: &PeerIdentity, request: &Request) -> Option<Reply> {
         match request {
+            Request::ProbeGroup(id) => return Some(self.probe_view(id)),
+            Request::RaftAppendEntries(_)
+            | Request::RaftVote(_)
+            | Request::RaftInstallSnapshot(_)
+                if self.forming.load(Ordering::SeqCst) =>
+            {
+                return Some(Reply::error(
+                    503,
+                    "control plane temporarily unavailable: forming (no raft state yet)",
+                ));
+            }
             Request::JoinCluster(j) => return Some(self.handle_join(j).await),
             Request::RaftCampaign => return Some(self.handle_campaign().await),
             Request::GetTopic(name) => return Some(self.handle_get_topic(name).await),
@@ -1112,7 +1242,9 @@ impl ControlPlane {
                     return Some((id, node.clone()));
                 }
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            // Timed out, or Raft stopped (its metrics' sender is gone:
+            // `changed` would answer at once, forever).
+            if !matches!(tokio::time::timeout_at(deadline, rx.changed()).await, Ok(Ok(()))) {
                 return None;
             }
         }

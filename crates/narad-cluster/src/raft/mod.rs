@@ -8,10 +8,12 @@
 //! * [`network`] — Raft's RPCs over the node RPC transport (ops 30-32);
 //! * [`control`] — the [`ControlPlane`]: bootstrap and join (op 21), writes
 //!   forwarded to the leader (op 29), leadership handover (op 33), status;
+//! * [`first_start`] — whether a node without Raft state may bootstrap;
 //! * [`upgrade`] — a group formed around a node's existing state;
 //! * [`metrics`] — `narad_raft_*`.
 
 pub mod control;
+pub mod first_start;
 pub mod log_store;
 pub mod metrics;
 pub mod network;
