@@ -268,6 +268,19 @@ fn a_cluster_member_refuses_to_start_without_peers() {
     c.wait_all_alive(Duration::from_secs(20));
 }
 
+/// Kills node `victim` (-9), wipes its data directory, restarts it under
+/// its id and waits for it to exit, which must be non-zero; its log of
+/// that life (the log file goes on across lives).
+fn wipe_and_restart(c: &mut Cluster, victim: usize) -> String {
+    c.kill9(victim);
+    std::fs::remove_dir_all(&c.node(victim).data_dir).unwrap();
+    let earlier = c.node(victim).log().len();
+    c.restart(victim);
+    let status = c.wait_exit(victim, START);
+    assert!(!status.success(), "a wiped member must not start under its old id");
+    c.node(victim).log()[earlier..].to_owned()
+}
+
 /// Proven case 4 (issue 35), docs/CLUSTER.md "A node's data directory was
 /// wiped": a member killed (-9), its data directory wiped, restarted under
 /// the same id with its peers, does not bootstrap a second group (before:
@@ -284,12 +297,7 @@ fn a_wiped_node_restarted_under_its_old_id_is_refused_with_what_to_do() {
     }
     let leader = c.leader(Duration::from_secs(10));
     let victim = (leader + 1) % 3;
-    c.kill9(victim);
-    std::fs::remove_dir_all(&c.node(victim).data_dir).unwrap();
-    c.restart(victim);
-    let status = c.wait_exit(victim, START);
-    assert!(!status.success(), "a wiped member must not start under its old id");
-    let log = c.node(victim).log();
+    let log = wipe_and_restart(&mut c, victim);
     assert!(
         log.contains("cannot rejoin under") && log.contains("--node-id <new id>"),
         "the refusal says what to do: {}",
@@ -316,14 +324,7 @@ fn a_wiped_leader_restarted_before_a_new_leader_is_elected_does_not_bootstrap() 
         create_topic(&c, 0, &format!("t{k}"), 3);
     }
     let victim = c.leader(Duration::from_secs(10));
-    c.kill9(victim);
-    std::fs::remove_dir_all(&c.node(victim).data_dir).unwrap();
-    // The log file goes on across lives: only this life's part counts.
-    let earlier = c.node(victim).log().len();
-    c.restart(victim);
-    let status = c.wait_exit(victim, START);
-    assert!(!status.success(), "a wiped leader must not start under its old id");
-    let log = c.node(victim).log()[earlier..].to_owned();
+    let log = wipe_and_restart(&mut c, victim);
     assert!(
         log.contains("cannot rejoin under") && !log.contains("raft group bootstrapping"),
         "refused, never bootstrapped: {}",

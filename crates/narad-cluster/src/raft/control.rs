@@ -725,17 +725,7 @@ impl ControlPlane {
             match first_start::decide(voters.len(), &answers) {
                 FirstStart::Bootstrap => break,
                 FirstStart::Refuse { by } => {
-                    self.refuse(format!(
-                        "node {id:?} is a member of the running cluster (peer {by} knows it), \
-                         but this data directory has no Raft state: it was wiped or lost. It \
-                         cannot rejoin under {id:?}. Start it on this empty directory under a \
-                         new id that joins: --node-id <new id>, --peers with <new \
-                         id>@<this cluster address> in place of {id}@..., and \
-                         NARAD_CLUSTER_INITIAL_MEMBERS naming the running members; {id:?} \
-                         stays listed as a dead member (docs/CLUSTER.md, \"A node's data \
-                         directory was wiped\")",
-                        id = self.me.id
-                    ));
+                    self.refuse(self.wiped(&format!("peer {by}")));
                     return;
                 }
                 FirstStart::Wait(why) => {
@@ -809,6 +799,20 @@ impl ControlPlane {
         json_reply(&PeerView { log_end: m.last_log_index, leader, knows_member })
     }
 
+    /// Why a node whose data directory was wiped may not take part under
+    /// its id (`by`: who knows it), and what to do.
+    fn wiped(&self, by: &str) -> String {
+        format!(
+            "node {id:?} is a member of the running cluster ({by} knows it), but this data \
+             directory has no Raft state: it was wiped or lost. It cannot rejoin under {id:?}. \
+             Start it on this empty directory under a new id that joins: --node-id <new id>, \
+             --peers with <new id>@<this cluster address> in place of {id}@..., and \
+             NARAD_CLUSTER_INITIAL_MEMBERS naming the running members; {id:?} stays listed as \
+             a dead member (docs/CLUSTER.md, \"A node's data directory was wiped\")",
+            id = self.me.id
+        )
+    }
+
     /// This node may not take part under its id: it stops as on a fatal
     /// error (not ready, writes 503) and [`ControlPlane::refused`] says
     /// why, for the server to exit with it.
@@ -851,16 +855,7 @@ impl ControlPlane {
                         if known && !had_state {
                             // Its member record predates this empty log:
                             // the directory was wiped (see `form`).
-                            self.refuse(format!(
-                                "node {id:?} is a member of the running cluster (the leader, \
-                                 {leader}, knows it), but this data directory has no Raft \
-                                 state: it was wiped or lost. It cannot rejoin under {id:?}. \
-                                 Start it on this empty directory under a new id: --node-id \
-                                 <new id> and --peers with <new id>@<this cluster address> \
-                                 (docs/CLUSTER.md, \"A node's data directory was wiped\")",
-                                id = self.me.id,
-                                leader = p.id
-                            ));
+                            self.refuse(self.wiped(&format!("the leader, {}", p.id)));
                             return;
                         }
                         tracing::info!(peer = %p.id, "join accepted");
