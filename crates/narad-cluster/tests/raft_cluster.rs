@@ -116,7 +116,7 @@ impl Cluster {
                 let serve = Arc::new(Serve::default());
                 let t = Transport::serve(
                     peer.addr,
-                    ClusterAuth::default(),
+                    ClusterAuth { node_id: peer.id.clone(), ..ClusterAuth::default() },
                     RpcMetrics::default(),
                     serve.clone(),
                 )
@@ -424,6 +424,15 @@ async fn control_ops_refuse_lying_payloads_and_followers_answer_421() {
         http_addr: None,
     });
     assert_eq!(peer(l).call(&bad_join).await.unwrap().status, 400);
+    // Nor does it let a peer move another member (its Raft traffic would
+    // go wherever the peer says): a node joins, or moves, only as itself.
+    let hijack = Request::JoinCluster(JoinCluster {
+        id: c.node(f).id.clone(),
+        cluster_addr: "127.0.0.1:1".into(),
+        http_addr: None,
+    });
+    let reply = peer(l).call(&hijack).await.unwrap();
+    assert_eq!(reply.status, 403, "{}", String::from_utf8_lossy(&reply.body));
     assert_eq!(c.node(l).plane.status().voters, ["n1", "n2", "n3"]);
     c.shutdown().await;
 }

@@ -18,6 +18,10 @@
 //!   JoinCluster (21) to every peer every [`JOIN_INTERVAL`] until it sees a
 //!   leader. The leader answers by adding the node as a learner and then
 //!   as a voter; joining twice is harmless.
+//! * A member restarted on another cluster address announces it with
+//!   JoinCluster until its replica records it (the leader commits
+//!   SetNodes); Raft dials the addresses the group records, never the
+//!   configured peers' (those only serve forming and joining).
 //! * Writes ([`narad_meta::Replicator`]): on the leader `client_write`
 //!   (bounded by [`APPLY_TIMEOUT`]); on a follower the command is
 //!   forwarded with ProposeCommand (29) within its budget (create 75 s,
@@ -577,6 +581,11 @@ impl ControlPlane {
             let join = tokio::spawn(plane.clone().join_loop(initialized));
             lock(&plane.tasks).push(join);
         }
+        if initialized {
+            plane.note_moved_peers();
+            let announce = tokio::spawn(plane.clone().announce_address());
+            lock(&plane.tasks).push(announce);
+        }
         tracing::info!(
             node_id = %plane.me.id,
             bootstraps,
@@ -870,6 +879,113 @@ impl ControlPlane {
         }
     }
 
+    /// This node's entry in the group's membership as this replica last
+    /// saw it (`None`: not a member yet).
+    fn recorded_self(&self) -> Option<RaftNode> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        m.membership().get_node(&self.raft_id).cloned()
+    }
+
+    /// Says at start which configured peers the group records at another
+    /// cluster address: the group's record is what Raft dials (a moved
+    /// node announced its new address, see `announce_address`); the
+    /// configured list is only used to form and to join.
+    fn note_moved_peers(&self) {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        for p in self.peers.iter().filter(|p| p.id != self.me.id) {
+            if let Some(n) = m.membership().get_node(&raft_id(&p.id))
+                && n.cluster_addr != p.addr.to_string()
+            {
+                tracing::warn!(
+                    peer = %p.id,
+                    configured = %p.addr,
+                    recorded = %n.cluster_addr,
+                    "a peer's configured cluster address differs from the one the raft group \
+                     records: raft dials the recorded one; update this node's peers"
+                );
+            }
+        }
+    }
+
+    /// A member restarted on another cluster address (a new port or
+    /// host): the others' Raft would keep dialling the address the group
+    /// recorded, so it never hears from a leader again (issue 35). It
+    /// announces its configured address with JoinCluster, which the leader
+    /// commits as a membership change (SetNodes), until its own replica
+    /// records the new address; a leader (it may win an election before
+    /// anyone else can reach it) commits it itself.
+    async fn announce_address(self: Arc<Self>) {
+        let Some(recorded) = self.recorded_self() else { return };
+        if recorded.cluster_addr == self.me.cluster_addr {
+            return;
+        }
+        tracing::warn!(
+            node_id = %self.me.id,
+            recorded = %recorded.cluster_addr,
+            configured = %self.me.cluster_addr,
+            "this node's cluster address is not the one the raft group records: announcing \
+             the new address to the leader"
+        );
+        let join = JoinCluster {
+            id: self.me.id.clone(),
+            cluster_addr: self.me.cluster_addr.clone(),
+            http_addr: Some(self.me.http_addr.clone()),
+        };
+        let request = Request::JoinCluster(join.clone());
+        let started = Instant::now();
+        loop {
+            if self.stopping.load(Ordering::Relaxed) || self.stopped().is_some() {
+                return;
+            }
+            if self.recorded_self().is_some_and(|n| n.cluster_addr == self.me.cluster_addr) {
+                tracing::info!(
+                    node_id = %self.me.id,
+                    cluster_addr = %self.me.cluster_addr,
+                    after_ms = started.elapsed().as_millis() as u64,
+                    "the raft group records this node's new cluster address"
+                );
+                return;
+            }
+            if self.is_leader() {
+                let r = self.handle_join(&self.me.id, &join).await;
+                if r.status != 200 {
+                    tracing::debug!(status = r.status, "address change not committed yet");
+                }
+            } else {
+                for addr in self.contact_addrs() {
+                    let peer = self.transport.peer(addr, crate::tls::DEFAULT_SERVER_NAME);
+                    match peer.call(&request).await {
+                        Ok(r) if r.status == 200 => break,
+                        Ok(r) => {
+                            tracing::debug!(%addr, status = r.status, "address change refused")
+                        }
+                        Err(e) => tracing::debug!(%addr, error = %e, "address change not sent"),
+                    }
+                }
+            }
+            tokio::time::sleep(JOIN_INTERVAL).await;
+        }
+    }
+
+    /// Where to reach the other members: the addresses the group records,
+    /// then the configured peers' (either may be stale after a move).
+    fn contact_addrs(&self) -> Vec<SocketAddr> {
+        let m = self.raft.metrics().borrow().membership_config.clone();
+        let recorded = m
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != self.raft_id)
+            .filter_map(|(_, n)| n.cluster_addr.parse::<SocketAddr>().ok());
+        let configured = self.peers.iter().filter(|p| p.id != self.me.id).map(|p| p.addr);
+        let mut out: Vec<SocketAddr> = Vec::new();
+        for a in recorded.chain(configured) {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+        out
+    }
+
     /// Serves ops 21 and 29-33 for the authenticated peer `from` (`None`:
     /// not an op of the control plane).
     pub async fn handle(&self, from: &PeerIdentity, request: &Request) -> Option<Reply> {
@@ -885,7 +1001,7 @@ impl ControlPlane {
                     "control plane temporarily unavailable: forming (no raft state yet)",
                 ));
             }
-            Request::JoinCluster(j) => return Some(self.handle_join(j).await),
+            Request::JoinCluster(j) => return Some(self.handle_join(&from.node_id, j).await),
             Request::RaftCampaign => return Some(self.handle_campaign().await),
             Request::GetTopic(name) => return Some(self.handle_get_topic(name).await),
             Request::ReadIndex => return Some(self.handle_read_index().await),
@@ -1076,7 +1192,11 @@ impl ControlPlane {
         json_reply(&Joined { joined: true, known_member })
     }
 
-    async fn handle_join(&self, j: &JoinCluster) -> Reply {
+    /// JoinCluster from the peer that proved (or, without a secret,
+    /// claimed) the id `from`: a node joins, or announces a new address,
+    /// only as itself; another member's answer would let any peer redirect
+    /// a member's Raft traffic.
+    async fn handle_join(&self, from: &str, j: &JoinCluster) -> Reply {
         if !self.is_leader() {
             return self.not_leader();
         }
@@ -1086,6 +1206,21 @@ impl ControlPlane {
         let id = raft_id(&j.id);
         if j.cluster_addr.parse::<SocketAddr>().is_err() {
             return Reply::error(400, &format!("invalid cluster address {:?}", j.cluster_addr));
+        }
+        if from != j.id {
+            tracing::warn!(
+                peer = %from,
+                claimed = %j.id,
+                cluster_addr = %j.cluster_addr,
+                "join refused: a peer asked to join (or move) another node"
+            );
+            return Reply::error(
+                403,
+                &format!(
+                    "node {from:?} cannot join or move node {:?}: a node joins as itself",
+                    j.id
+                ),
+            );
         }
         let node = RaftNode {
             id: j.id.clone(),
