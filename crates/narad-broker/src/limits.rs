@@ -89,6 +89,17 @@ pub const IDLE_EVICTION_INTERVAL: Duration = Duration::from_secs(60);
 /// The shortest non-zero `storage.idle_log_eviction_ms` (SPEC §5.7).
 pub const MIN_IDLE_LOG_EVICTION_MS: u64 = 60_000;
 
+/// A fan-out cursor that finds no file of its link's epoch (its parent
+/// partition's owner could not anchor it at the attach: it was down, or the
+/// partition came later) starts at the first record committed at or after
+/// the link's attach time less this margin. Commit times are the owner's
+/// wall clock and the attach time another node's: without the margin, an
+/// owner whose clock runs behind would skip records it committed after the
+/// attach. With it the child may get up to this much of the parent's
+/// records from before the attach (extra copies, never a gap) while the
+/// clocks agree within it.
+pub const FANOUT_ANCHOR_CLOCK_MARGIN: Duration = Duration::from_secs(300);
+
 /// The default `storage.idle_log_eviction_ms`: 30 minutes.
 pub const DEFAULT_IDLE_LOG_EVICTION_MS: u64 = 1_800_000;
 /// Per-partition gauges are refreshed this often.

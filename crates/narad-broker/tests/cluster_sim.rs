@@ -51,6 +51,12 @@
 //!   [`MAX_CHILD_COPIES`] times per parent offset (1.6 on average over 100
 //!   seeds or more).
 //!
+//! Clocks: a third of the seeds skew every node's wall clock by up to
+//! ±120 s from the simulation's and step one at random moments (forwards
+//! or backwards, by up to 60 s, within ±180 s); each node's monotonic clock
+//! has its own origin. A node stamps, leases and takes by its own clocks,
+//! so no check above may depend on the nodes' clocks agreeing (issue 35).
+//!
 //! Fan-out: `copies` (4 partitions) is attached to `orders` (6) before the
 //! first record. The owner of each parent partition runs its cursor as
 //! `fanout/cursor.rs` does (the same slab grouping and per-child-partition
@@ -69,6 +75,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use narad_broker::consume::take::take;
@@ -302,12 +309,30 @@ impl SimCursor {
     }
 }
 
-fn open(
-    me: usize,
-    fs: &SimFs,
-    clock: &ManualClock,
-    leader: &Arc<SimLeader>,
-) -> Result<Node, String> {
+/// One node's clocks: the simulation's wall clock off by the node's skew
+/// (shared with the simulation, which steps it), and the simulation's
+/// monotonic clock from the node's own origin.
+#[derive(Debug, Clone)]
+struct NodeClock {
+    base: ManualClock,
+    skew_ms: Arc<AtomicI64>,
+    mono_origin: Duration,
+}
+
+impl Clock for NodeClock {
+    fn wall_ms(&self) -> u64 {
+        (self.base.wall_ms() as i64 + self.skew_ms.load(AtomicOrdering::Relaxed)).max(0) as u64
+    }
+
+    fn mono(&self) -> Duration {
+        self.base.mono() + self.mono_origin
+    }
+}
+
+/// Skews are bounded: the simulation's wall clock starts in 2023.
+const MAX_SKEW_MS: i64 = 180_000;
+
+fn open(me: usize, fs: &SimFs, clock: &NodeClock, leader: &Arc<SimLeader>) -> Result<Node, String> {
     let data = Path::new("/data");
     let meta = Arc::new(
         MetaStore::open(
@@ -489,6 +514,9 @@ struct Tally {
     lost_messages: u64,
     late_answers: u64,
     failed_starts: u64,
+    /// Wall-clock steps of skewed nodes, and runs with skewed clocks.
+    clock_steps: u64,
+    skewed_runs: u64,
     /// Acked records of an incarnation deleted later (a delete destroys
     /// its backlog; they must only never appear elsewhere).
     deleted_with_topic: u64,
@@ -524,6 +552,10 @@ struct Sim {
     n: usize,
     rng: SimRng,
     clock: ManualClock,
+    /// Each node's clocks (see the module docs); `skewed`: this seed skews
+    /// and steps them.
+    clocks: Vec<NodeClock>,
+    skewed: bool,
     disks: Vec<SimFs>,
     nodes: Vec<Option<Node>>,
     /// Each node's life, bumped at every restart.
@@ -583,10 +615,22 @@ impl Sim {
             apply_meta(&leader.meta, None, cmd, n).unwrap();
         }
         let disks: Vec<SimFs> = (0..n as u64).map(|i| SimFs::new(seed * 31 + i)).collect();
+        let skewed = rng.chance(1, 3);
+        let clocks: Vec<NodeClock> = (0..n)
+            .map(|_| NodeClock {
+                base: clock.clone(),
+                skew_ms: Arc::new(AtomicI64::new(if skewed {
+                    rng.range(0, 240_001) as i64 - 120_000
+                } else {
+                    0
+                })),
+                mono_origin: Duration::from_millis(rng.below(1 << 40)),
+            })
+            .collect();
         let mut nodes = Vec::new();
         for (i, fs) in disks.iter().enumerate() {
-            let node =
-                open(i, fs, &clock, &leader).unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
+            let node = open(i, fs, &clocks[i], &leader)
+                .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
             for &cmd in &meta_log {
                 apply_meta(&node.meta, Some(&node.topics), cmd, n).unwrap();
             }
@@ -603,6 +647,8 @@ impl Sim {
             frontiers: HashMap::new(),
             stays_dead: None,
             clock,
+            clocks,
+            skewed,
             disks,
             nodes,
             lives: vec![0; n],
@@ -614,7 +660,7 @@ impl Sim {
                 child_committed_on: vec![HashSet::new(); n],
                 ..Ledger::default()
             },
-            tally: Tally::default(),
+            tally: Tally { skewed_runs: u64::from(skewed), ..Tally::default() },
             next_id: 0,
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
         }
@@ -757,7 +803,7 @@ impl Sim {
                 None
             });
         }
-        let wall = self.clock.wall_ms();
+        let wall = self.clocks[i].wall_ms();
         let first = self.next_id;
         let recs: Vec<RecordRef<'_>> = payloads
             .iter()
@@ -884,7 +930,9 @@ impl Sim {
                     // Start: the file of this attachment, or the anchor
                     // (stored); a disk fault means not now.
                     let dir = part.log.dir().to_path_buf();
-                    let since = child.parent().map_or(0, |l| l.attached_at_ms);
+                    let since = child
+                        .parent()
+                        .map_or(0, |l| narad_broker::fanout::fallback_since_ms(&child, l));
                     let start = match cursor_file::load(fs, &dir, CHILD, epoch) {
                         Ok(Some(s)) => Some(s.next_offset),
                         Ok(None) => {
@@ -1010,7 +1058,7 @@ impl Sim {
 
     /// A consume of partitions node `i` owns, and acks of some leases.
     fn consume(&mut self, i: usize) {
-        let now_ms = self.clock.wall_ms();
+        let now_ms = self.clocks[i].wall_ms();
         let name = [TOPICS[0], TOPICS[1], CHILD][self.rng.below(3) as usize];
         let owned: Vec<u32> =
             (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i).collect();
@@ -1142,7 +1190,7 @@ impl Sim {
             return Ok(());
         }
         self.lives[i] += 1;
-        let node = open(i, &self.disks[i], &self.clock, &self.leader);
+        let node = open(i, &self.disks[i], &self.clocks[i], &self.leader);
         self.trace(format_args!("node {i} started: {:?}", node.as_ref().err()));
         self.nodes[i] = Some(node?);
         Ok(())
@@ -1169,12 +1217,36 @@ impl Sim {
         }
     }
 
+    /// How far to advance before a final take so that every lease has
+    /// expired on its owner's clock: a lease lives in wall time (as the
+    /// product's do), so an owner whose clock was stepped back since it
+    /// leased holds the lease that much longer (delayed, not lost).
+    fn lease_horizon(&self) -> Duration {
+        let skews = if self.skewed { 2 * MAX_SKEW_MS as u64 } else { 0 };
+        Duration::from_secs(120) + Duration::from_millis(skews)
+    }
+
+    /// Steps node `i`'s wall clock (an NTP step, a VM resumed, an operator
+    /// with `date -s`): forwards or backwards by up to 60 s, within
+    /// [`MAX_SKEW_MS`] of the simulation's.
+    fn step_clock(&mut self, i: usize) {
+        let by = self.rng.range(1, 60_001) as i64 * if self.rng.chance(1, 2) { 1 } else { -1 };
+        let skew = &self.clocks[i].skew_ms;
+        let to = (skew.load(AtomicOrdering::Relaxed) + by).clamp(-MAX_SKEW_MS, MAX_SKEW_MS);
+        skew.store(to, AtomicOrdering::Relaxed);
+        self.tally.clock_steps += 1;
+        self.trace(format_args!("node {i}: wall clock stepped by {by} ms, now off by {to} ms"));
+    }
+
     fn step(&mut self) {
         let rt = self.rt.clone();
         let _in_runtime = rt.enter();
         self.clock.advance(Duration::from_millis(self.rng.range(1, 40)));
         self.deliver_due();
         let i = self.rng.below(self.n as u64) as usize;
+        if self.skewed && self.rng.chance(1, 400) {
+            self.step_clock(i);
+        }
         match self.rng.below(100) {
             0..=29 => self.produce(i),
             30..=59 => {
@@ -1281,7 +1353,7 @@ impl Sim {
             );
         }
         // Leases run out; then everything is taken and acked.
-        self.clock.advance(Duration::from_secs(120));
+        self.clock.advance(self.lease_horizon());
         for i in 0..self.n {
             self.take_all(i);
         }
@@ -1328,7 +1400,7 @@ impl Sim {
                 for p in (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i) {
                     let part = node.topics.partition(&t, p).unwrap();
                     loop {
-                        let now = self.clock.wall_ms();
+                        let now = self.clocks[i].wall_ms();
                         let taken = take(name, &part, &shard_limits(&t), now, 100, 8 << 20);
                         if let Some(e) = taken.failed {
                             panic!("seed {}: drain of {name}/{p}: {e}", self.seed);
@@ -1441,7 +1513,7 @@ impl Sim {
                 !self.cursors_settled(&live, Some(d))
             );
         }
-        self.clock.advance(Duration::from_secs(120));
+        self.clock.advance(self.lease_horizon());
         for &i in &live {
             self.take_all(i);
         }
@@ -1655,6 +1727,8 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.lost_messages += t.lost_messages;
         total.late_answers += t.late_answers;
         total.failed_starts += t.failed_starts;
+        total.clock_steps += t.clock_steps;
+        total.skewed_runs += t.skewed_runs;
         total.deleted_with_topic += t.deleted_with_topic;
         total.deletes += t.deletes;
         total.deaths += t.deaths;
@@ -1679,7 +1753,8 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
          copies of one record, {:.3} offsets per distinct record; fan-out: {} parent records all \
          in the child, {:.3} child offsets per parent offset, at most {} per parent offset, {} \
          keyless child records moved off a failing or dead child partition, {} parent records \
-         reached the child while a node was dead for good",
+         reached the child while a node was dead for good; {} runs with skewed node clocks ({} \
+         clock steps)",
         seeds.len(),
         started.elapsed(),
         total.acked,
@@ -1702,7 +1777,9 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.child_copies as f64 / total.parent_offsets.max(1) as f64,
         total.max_child_copies,
         total.child_rerouted,
-        total.child_delivered_without_dead
+        total.child_delivered_without_dead,
+        total.skewed_runs,
+        total.clock_steps
     );
     // Over many seeds, copies per record stay near what the faults explain
     // (commits that land after their sender gave up, crashes between a

@@ -34,7 +34,8 @@ pub struct ParentLink {
     /// When the link was made, Unix ms, from the proposer's clock (0 in
     /// records of format 2, which did not keep it). A fan-out cursor with no
     /// stored position of this epoch starts at the first parent record
-    /// committed at or after it (see `narad-broker`'s fan-out module).
+    /// committed at or after it, less a margin for the owner's clock (see
+    /// `narad-broker`'s fan-out module).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attached_at_ms: u64,
 }

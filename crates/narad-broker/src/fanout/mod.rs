@@ -28,7 +28,11 @@
 //! still in the ingress WAL is committed later, and is delivered). A cursor
 //! that finds no file of its epoch (a partition added later, a file that
 //! could not be written) starts at the first record committed at or after
-//! the link's `attached_at_ms`.
+//! the link's `attached_at_ms` less [`FANOUT_ANCHOR_CLOCK_MARGIN`]
+//! ([`fallback_since_ms`]): commit times are the owner's clock, the attach
+//! time another node's, and an owner whose clock runs behind must not skip
+//! what it committed after the attach (extra copies from before the attach,
+//! never a gap).
 //!
 //! A re-attach gets a new epoch: a file of an older epoch is never resumed.
 //!
@@ -86,15 +90,15 @@ use std::sync::atomic::Ordering;
 
 use narad_clock::ClockRef;
 use narad_fs::FsRef;
-use narad_meta::{MetaStore, Topic};
+use narad_meta::{MetaStore, ParentLink, Topic};
 use prometheus_client::encoding::EncodeLabelSet;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::dispatch::core::Topology;
 use crate::limits::{
-    FANOUT_RECONCILE_INTERVAL, FANOUT_RESTART_BACKOFF_MAX, FANOUT_RESTART_BACKOFF_MIN,
-    FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY,
+    FANOUT_ANCHOR_CLOCK_MARGIN, FANOUT_RECONCILE_INTERVAL, FANOUT_RESTART_BACKOFF_MAX,
+    FANOUT_RESTART_BACKOFF_MIN, FANOUT_STOP_WAIT, FANOUT_SWEEP_EVERY,
 };
 use crate::metrics::BrokerMetrics;
 use crate::owner::Owner;
@@ -267,6 +271,19 @@ struct Wanted {
     since_ms: u64,
 }
 
+/// Where a cursor without a file of its link's epoch starts: at the first
+/// record committed at or after this wall time, the link's attach time (its
+/// child's creation for links that predate `attached_at_ms`) less
+/// [`FANOUT_ANCHOR_CLOCK_MARGIN`], so that an owner whose clock runs behind
+/// the attaching node's skips nothing committed after the attach.
+pub fn fallback_since_ms(child: &Topic, link: &ParentLink) -> u64 {
+    let attached = match link.attached_at_ms {
+        0 => (child.created_at().max(0) as u64) * 1000,
+        ms => ms,
+    };
+    attached.saturating_sub(FANOUT_ANCHOR_CLOCK_MARGIN.as_millis() as u64)
+}
+
 /// The cursors the metastore asks for.
 fn desired(meta: &MetaStore, node_id: Option<&str>) -> Vec<Wanted> {
     let snap = meta.snapshot();
@@ -279,10 +296,7 @@ fn desired(meta: &MetaStore, node_id: Option<&str>) -> Vec<Wanted> {
             let Some(child) = snap.topic(child_name) else { continue };
             let Some(link) = child.parent().filter(|l| l.name == parent.name()) else { continue };
             let Some(epoch) = cursor_file::parse_epoch(&link.attach_epoch) else { continue };
-            let since_ms = match link.attached_at_ms {
-                0 => (child.created_at().max(0) as u64) * 1000,
-                ms => ms,
-            };
+            let since_ms = fallback_since_ms(child, link);
             for p in (0..parent.partitions()).filter(|&p| mine(parent.name(), p)) {
                 out.push(Wanted {
                     key: CursorKey {
@@ -745,5 +759,34 @@ impl FanoutRunner {
             lag_seconds: late_ms as f64 / 1000.0,
             lag_complete: complete,
         }
+    }
+}
+
+#[cfg(test)]
+mod fallback_tests {
+    use super::*;
+
+    fn child(created_at: i64, attached_at_ms: u64) -> Topic {
+        serde_json::from_value(serde_json::json!({
+            "name": "c", "incarnation": 1, "partitions": 1, "retention_ms": 1,
+            "visibility_timeout_ms": 1, "max_in_flight_per_partition": 1,
+            "max_acked_ahead_per_partition": 1, "created_at": created_at,
+            "parent": {"name": "p", "attach_epoch": "00000000000000ff",
+                       "fanout_delay_ms": 0, "attached_at_ms": attached_at_ms}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_cursor_without_a_file_starts_the_clock_margin_before_the_attach() {
+        let margin = FANOUT_ANCHOR_CLOCK_MARGIN.as_millis() as u64;
+        let c = child(1_700_000_000, 1_700_000_123_456);
+        assert_eq!(fallback_since_ms(&c, c.parent().unwrap()), 1_700_000_123_456 - margin);
+        // A link of format 2 (no attach time): the child's creation.
+        let c = child(1_700_000_000, 0);
+        assert_eq!(fallback_since_ms(&c, c.parent().unwrap()), 1_700_000_000_000 - margin);
+        // Never below the epoch.
+        let c = child(0, 5);
+        assert_eq!(fallback_since_ms(&c, c.parent().unwrap()), 0);
     }
 }
