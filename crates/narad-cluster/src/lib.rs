@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod codec;
+pub mod commit_answer;
 pub mod controller;
 pub mod error;
 pub mod frame;

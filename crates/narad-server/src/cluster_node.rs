@@ -23,6 +23,7 @@ use narad_broker::metrics::ErrorLabels;
 use narad_broker::owner::{BatchRecord, CommitBatch, CommitError};
 use narad_broker::{AckAction, Broker, PartitionStats, Routing};
 use narad_clock::ClockRef;
+use narad_cluster::commit_answer::CommitAnswer;
 use narad_cluster::raft::{
     ControlPlane, ControlPlaneConfig, LeaderTopicView, PeerEntry, RaftTimings, Role,
 };
@@ -115,8 +116,12 @@ impl NodeHandler {
     async fn data_plane(&self, broker: &Arc<Broker>, request: Request) -> Reply {
         match request {
             Request::TopicPartitionStats(r) => self.partition_stats(broker, &r),
-            Request::CommitProduceBatch(records) => self.commit_for_peer(broker, records).await,
-            Request::CommitProduce(record) => self.commit_for_peer(broker, vec![record]).await,
+            Request::CommitProduceBatch(records) => {
+                self.commit_for_peer(broker, records).await.to_reply()
+            }
+            Request::CommitProduce(record) => {
+                self.commit_for_peer(broker, vec![record]).await.to_reply()
+            }
             Request::Consume(c) => self.consume_for_peer(broker, c).await,
             Request::Ack(r) => resolve_for_peer(broker, r, AckAction::Ack),
             Request::ExtendAck(r) => resolve_for_peer(broker, r, AckAction::Extend),
@@ -194,43 +199,45 @@ impl NodeHandler {
     /// node accepted, for one partition this node owns, committed through
     /// the same combining commit as this node's own (see
     /// `remote_owner` for what each answer tells the sender).
-    async fn commit_for_peer(&self, broker: &Broker, records: Vec<rpc::CommitRecord>) -> Reply {
+    async fn commit_for_peer(
+        &self,
+        broker: &Broker,
+        records: Vec<rpc::CommitRecord>,
+    ) -> CommitAnswer {
         if self.refuse_incarnation_section && records.iter().any(|r| r.incarnation.is_some()) {
-            return Reply::error(400, "bad request: 12 trailing bytes after the last field");
+            return CommitAnswer::ids_refused_like_an_old_owner();
         }
         let Some(first) = records.first() else {
-            return Reply::error(400, "empty commit batch");
+            return CommitAnswer::BadRequest("empty commit batch".into());
         };
         let (topic, partition) = (first.topic.clone(), first.partition);
         if records.iter().any(|r| r.topic != topic || r.partition != partition) {
-            return Reply::error(400, "a commit batch holds the records of one partition");
+            return CommitAnswer::BadRequest(
+                "a commit batch holds the records of one partition".into(),
+            );
         }
         let snap = broker.meta().snapshot();
         let Some(t) = snap.topic(&topic).cloned() else {
-            return Reply::error(404, &format!("topic not found: {topic}"));
+            return CommitAnswer::NoTopic(format!("topic not found: {topic}"));
         };
         let Some(partition) = u32::try_from(partition).ok().filter(|p| *p < t.partitions()) else {
-            return Reply::error(400, "invalid partition");
+            return CommitAnswer::BadRequest("invalid partition".into());
         };
         let owner = narad_broker::ownership::partition_owner(&snap, &topic, partition);
         if owner.owner_node.as_deref() != Some(self.node_id.as_str()) {
             let by = owner.owner_node.unwrap_or_else(|| "nobody yet".into());
-            return Reply::error(
-                421,
-                &format!("not partition owner: {topic}/{partition} is owned by {by}"),
-            );
+            return CommitAnswer::NotOwner(format!(
+                "not partition owner: {topic}/{partition} is owned by {by}"
+            ));
         }
         if let Some(sent) =
             records.iter().filter_map(|r| r.incarnation).find(|id| id.get() != t.incarnation())
         {
             crate::remote_owner::log_incarnation_refusal(&topic, sent.get(), t.incarnation());
-            return Reply::error(
-                412,
-                &format!(
-                    "records accepted for incarnation {sent} of topic {topic}, which is incarnation {} here",
-                    t.incarnation()
-                ),
-            );
+            return CommitAnswer::IncarnationMismatch(format!(
+                "records accepted for incarnation {sent} of topic {topic}, which is incarnation {} here",
+                t.incarnation()
+            ));
         }
         let batch = CommitBatch {
             topic: topic.as_str().into(),
@@ -246,20 +253,19 @@ impl NodeHandler {
                 .collect(),
         };
         match broker.commit_for_peer(batch).await {
-            Ok(outcome) => {
-                let body = serde_json::json!({
-                    "offsets": outcome.offsets().collect::<Vec<u64>>(),
-                    "count": outcome.count,
-                });
-                Reply::json(200, body.to_string().into_bytes())
-            }
-            Err(CommitError::Refused(why)) => match broker.meta().topic(&topic) {
-                None => Reply::error(404, &format!("topic not found: {why}")),
-                Some(_) => Reply::error(412, &why),
+            Ok(outcome) => CommitAnswer::Committed {
+                offsets: outcome.offsets().collect(),
+                count: outcome.count,
             },
-            Err(CommitError::NotOwner(why)) => Reply::error(421, &why),
-            Err(CommitError::Failed(why)) => Reply::error(500, &format!("commit failed: {why}")),
-            Err(CommitError::Unavailable(why)) => Reply::error(503, &why),
+            Err(CommitError::Refused(why)) => match broker.meta().topic(&topic) {
+                None => CommitAnswer::NoTopic(format!("topic not found: {why}")),
+                Some(_) => CommitAnswer::IncarnationMismatch(why),
+            },
+            Err(CommitError::NotOwner(why)) => CommitAnswer::NotOwner(why),
+            Err(CommitError::Failed(why)) => {
+                CommitAnswer::Failed { status: 500, why: format!("commit failed: {why}") }
+            }
+            Err(CommitError::Unavailable(why)) => CommitAnswer::Unavailable(why),
         }
     }
 

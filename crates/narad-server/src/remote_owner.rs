@@ -7,15 +7,18 @@
 //! trailing bytes (400): the batch goes again without it, and batches to
 //! that owner go without ids for [`LEGACY_OWNER_TTL`].
 //!
-//! Replies and what the dispatcher makes of them:
+//! The owner answers with a [`CommitAnswer`] (narad-cluster's
+//! `commit_answer`, which pins the wire form); what the dispatcher makes of
+//! each:
 //!
 //! | owner's answer | meaning | dispatcher |
 //! |---|---|---|
-//! | 200 `{"offsets","count"}` | durable, read back, visible | committed |
-//! | 412 | another incarnation is live there | refused: back to the WAL, re-resolved, not failing |
-//! | 404 | no such topic in the owner's replica | refused (a lagging replica or a delete) |
-//! | 421 | the owner's replica says another node owns it | refused (not the owner): re-resolved, not failing |
-//! | 400 naming trailing bytes, with ids sent | an owner from before incarnations | sent again without ids |
+//! | `Committed` (200) | durable, read back, visible | committed |
+//! | `IncarnationMismatch` (412) | another incarnation is live there | refused: back to the WAL, re-resolved, not failing |
+//! | `NoTopic` (404) | no such topic in the owner's replica | refused (a lagging replica or a delete) |
+//! | `NotOwner` (421) | the owner's replica says another node owns it | refused (not the owner): re-resolved, not failing |
+//! | `IdsRefused` (400 naming trailing bytes), with ids sent | an owner from before incarnations | sent again without ids |
+//! | `Unavailable` (503) | the owner cannot commit now | unavailable: retried, not failing |
 //! | anything else, no answer | | failed: probe, then reroute after 3 s |
 
 use std::collections::HashMap;
@@ -28,7 +31,8 @@ use narad_broker::dispatch::resolve::OwnerIds;
 use narad_broker::owner::{CommitBatch, CommitError, CommitFuture, Owner, PingFuture};
 use narad_clock::ClockRef;
 use narad_cluster::Transport;
-use narad_cluster::rpc::{self, Reply, Request};
+use narad_cluster::commit_answer::CommitAnswer;
+use narad_cluster::rpc::{self, Request};
 use narad_meta::MetaStore;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -224,7 +228,9 @@ impl RemoteOwner {
         let mut reply = peer.call_watched(&request, request.timeout()).await;
         if with_ids
             && batch.records.iter().any(|r| r.incarnation.is_some())
-            && reply.as_ref().is_ok_and(refuses_incarnation_section)
+            && reply
+                .as_ref()
+                .is_ok_and(|r| matches!(CommitAnswer::from_reply(r), CommitAnswer::IdsRefused(_)))
         {
             warn!(peer = %member, topic = %batch.topic, partition = batch.partition,
                 "owner refused the topic incarnation section (an older release); sending without ids for 2 minutes");
@@ -243,9 +249,8 @@ impl RemoteOwner {
                 return Err(CommitError::Failed(format!("{member}: {e}")));
             }
         };
-        let body = || String::from_utf8_lossy(&reply.body).into_owned();
-        match reply.status {
-            200 => {
+        match CommitAnswer::from_reply(&reply) {
+            CommitAnswer::Committed { .. } => {
                 self.count(&member, "committed");
                 let label = PeerLabel { peer: member.clone() };
                 self.metrics.records.get_or_create(&label).inc_by(batch.records.len() as u64);
@@ -257,25 +262,31 @@ impl RemoteOwner {
                 self.metrics.bytes.get_or_create(&label).inc_by(bytes as u64);
                 Ok(())
             }
-            412 => {
+            CommitAnswer::IncarnationMismatch(why) => {
                 self.count(&member, "incarnation_mismatch");
-                Err(CommitError::Refused(format!("{member} answered 412: {}", body())))
+                Err(CommitError::Refused(format!("{member} answered 412: {why}")))
             }
-            421 => {
+            CommitAnswer::NotOwner(why) => {
                 self.count(&member, "not_owner");
-                Err(CommitError::NotOwner(format!("{member} answered 421: {}", body())))
+                Err(CommitError::NotOwner(format!("{member} answered 421: {why}")))
             }
-            404 => {
+            CommitAnswer::NoTopic(why) => {
                 self.count(&member, "no_topic");
-                Err(CommitError::Refused(format!("{member} answered 404: {}", body())))
+                Err(CommitError::Refused(format!("{member} answered 404: {why}")))
             }
-            503 => {
+            CommitAnswer::Unavailable(why) => {
                 self.count(&member, "unavailable");
-                Err(CommitError::Unavailable(format!("{member} answered 503: {}", body())))
+                Err(CommitError::Unavailable(format!("{member} answered 503: {why}")))
             }
-            status => {
+            other @ (CommitAnswer::IdsRefused(_)
+            | CommitAnswer::BadRequest(_)
+            | CommitAnswer::Failed { .. }) => {
                 self.count(&member, "failed");
-                Err(CommitError::Failed(format!("{member} answered {status}: {}", body())))
+                Err(CommitError::Failed(format!(
+                    "{member} answered {}: {}",
+                    other.status(),
+                    other.message()
+                )))
             }
         }
     }
@@ -290,12 +301,6 @@ impl RemoteOwner {
 // abandoned this way may still land (a duplicate, never a loss: its
 // records stay in the WAL). The failure also makes the owner suspect for
 // the node's forwarded consumes and acks (`narad_cluster::suspect`).
-
-/// Whether an owner's answer is the refusal of the incarnation section by
-/// a release that does not know it: 400 naming trailing bytes.
-fn refuses_incarnation_section(reply: &Reply) -> bool {
-    reply.status == 400 && String::from_utf8_lossy(&reply.body).contains("trailing bytes")
-}
 
 /// The CommitProduceBatch of `batch`, with each record's incarnation (the
 /// trailing section) when `with_ids`.
@@ -388,9 +393,5 @@ mod tests {
         // Without ids the bytes are a release from before incarnations'.
         let old = Request::CommitProduceBatch(without).encode();
         assert!(Request::CommitProduceBatch(with).encode().len() > old.len());
-        let refusal = Reply::error(400, "bad request: 12 trailing bytes after the last field");
-        assert!(refuses_incarnation_section(&refusal));
-        assert!(!refuses_incarnation_section(&Reply::error(400, "empty commit batch")));
-        assert!(!refuses_incarnation_section(&Reply::error(412, "trailing bytes")));
     }
 }
