@@ -35,3 +35,7 @@ const _: () = assert!(LIST_LIMIT_DEFAULT <= LIST_LIMIT_MAX);
 const _: () = assert!(FANOUT_DELAY_MS_MAX == 31_536_000_000);
 const _: () = assert!(RETENTION_MS_MIN == 3_600_000);
 const _: () = assert!(ATTACH_EPOCH_HEX_LEN == 2 * 8);
+
+/// At most this many partition moves in flight cluster-wide (SPEC §7.3):
+/// the rebalance planner plans no more.
+pub const MAX_MOVES_IN_FLIGHT: usize = 8;

@@ -45,6 +45,7 @@ use crate::routes::{children, cluster, consume, health, produce, topics, users};
         users::put_grants,
         users::put_password,
         cluster::members,
+        cluster::rebalance,
         cluster::status,
         health::healthz,
         health::readyz,

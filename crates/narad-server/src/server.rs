@@ -184,6 +184,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(cluster::members))
+        .route("/v1/cluster/rebalance", get(cluster::rebalance))
         .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

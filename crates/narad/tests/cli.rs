@@ -297,6 +297,10 @@ fn cluster_members_and_status() {
     let st = c.json(&["cluster", "status", "-o", "json"]);
     assert_eq!((st["role"].as_str(), st["leader"].as_str()), (Some("leader"), Some("n1")));
     assert_eq!(st["term"], 0);
+    // One node owns every partition: the rebalance planner moves nothing.
+    let plan = c.json(&["cluster", "rebalance", "--dry-run", "-o", "json"]);
+    assert_eq!(plan["moves"], serde_json::json!([]), "{plan}");
+    assert!(c.ok(&["cluster", "rebalance", "--dry-run"]).contains("balanced: nothing to move"));
     let text = c.ok(&["cluster", "status"]);
     for want in
         ["role          leader", "leader        n1", "term          0", "mode          single"]

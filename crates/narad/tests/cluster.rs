@@ -378,6 +378,12 @@ fn a_join_only_node_joins_a_running_cluster_as_a_voter_and_alive_member() {
     c.start_first(3);
     let leader = c.leader(Duration::from_secs(15));
     create_until_ok(&c, leader, "before-join", Duration::from_secs(10));
+    let r = c
+        .request(leader, reqwest::Method::POST, "/v1/topics")
+        .body(serde_json::json!({"name": "wide", "partitions": 12}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap_or_default());
     c.spawn(3);
     c.wait_ready(3, READY);
     wait_for(
@@ -398,6 +404,40 @@ fn a_join_only_node_joins_a_running_cluster_as_a_voter_and_alive_member() {
         || c.describe(),
     );
     assert!(topic_names(&c, 3).unwrap().contains("before-join"));
+    // The rebalance planner's dry run: 15 partitions over 4 members, n4
+    // holding none, so the plan leaves every member 3 or 4 (where create
+    // placed them depends on which members were alive then), nothing moves
+    // yet, and every node plans the same.
+    let mut plans = Vec::new();
+    for i in 0..4 {
+        let plan = wait_for(
+            Duration::from_secs(20),
+            "every node's replica plans n4 its share",
+            || {
+                let (_, m) = c.get_json(i, "/v1/cluster/members")?;
+                let (st, v) = c.get_json(i, "/v1/cluster/rebalance")?;
+                let mut load: std::collections::BTreeMap<String, i64> = m["members"]
+                    .as_array()?
+                    .iter()
+                    .map(|m| Some((m["id"].as_str()?.to_owned(), m["owned_partitions"].as_i64()?)))
+                    .collect::<Option<_>>()?;
+                let moves = v["moves"].as_array()?.clone();
+                for mv in &moves {
+                    *load.get_mut(mv["from"].as_str()?)? -= 1;
+                    *load.get_mut(mv["to"].as_str()?)? += 1;
+                }
+                let balanced = load.len() == 4 && load.values().all(|&n| n == 3 || n == 4);
+                (st == 200 && balanced && load.values().sum::<i64>() == 15).then_some(moves)
+            },
+            || format!("{:?}\n{}", c.get_json(i, "/v1/cluster/rebalance"), c.describe()),
+        );
+        assert!(plan.iter().any(|m| m["to"] == "n4") && plan.len() <= 8, "{plan:?}");
+        plans.push(plan);
+    }
+    assert!(plans.windows(2).all(|w| w[0] == w[1]), "{plans:?}");
+    let members = c.get_json(3, "/v1/cluster/members").unwrap().1;
+    let n4 = members["members"].as_array().unwrap().iter().find(|m| m["id"] == "n4").unwrap();
+    assert_eq!(n4["owned_partitions"], 0, "a dry run moves nothing");
     create_until_ok(&c, 3, "through-n4", Duration::from_secs(10));
     wait_topic_everywhere(
         &c,

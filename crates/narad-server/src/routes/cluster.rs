@@ -1,5 +1,5 @@
-//! `/v1/cluster` (SPEC §1.9): the members the metastore knows and this
-//! node's view of the control plane. Reads, so any authenticated user
+//! `/v1/cluster` (SPEC §1.9): the members the metastore knows, this
+//! node's view of the control plane, and the rebalance plan (dry run). Reads, so any authenticated user
 //! (SPEC §1.2); both answer from local state (possibly stale on a
 //! follower), on a single node too.
 
@@ -7,6 +7,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use narad_broker::ownership::member_loads;
+use narad_meta::limits::MAX_MOVES_IN_FLIGHT;
+use narad_meta::rebalance::{self, PlannedMove};
 use narad_meta::{MemberStatus, MetaState};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -77,6 +79,58 @@ pub fn members_of(state: &MetaState) -> Vec<MemberJson> {
 pub async fn members(State(s): State<Shared>) -> Response {
     let reply = Members { members: members_of(&s.broker.meta().snapshot()) };
     json_response(StatusCode::OK, serde_json::to_string(&reply).expect("members serialize"))
+}
+
+/// `GET /v1/cluster/rebalance`: what the rebalance planner would move now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RebalancePlan {
+    /// The moves, in the order the planner chose them.
+    pub moves: Vec<PlannedMove>,
+    /// Members that receive partitions: alive and not draining.
+    pub receivers: Vec<String>,
+    /// Partitions of members that are dead (or unknown): they stay where
+    /// they are and are not planned.
+    pub unplannable_partitions: u64,
+    /// Moves already in flight (partitions with a target).
+    pub in_flight: u64,
+    /// At most this many moves in flight cluster-wide.
+    pub max_in_flight: u64,
+}
+
+/// The plan for `state`: receivers are the members it marks alive.
+pub fn rebalance_plan(state: &MetaState) -> RebalancePlan {
+    let receivers: std::collections::BTreeSet<String> =
+        state.members().filter(|m| m.status == MemberStatus::Alive).map(|m| m.id.clone()).collect();
+    let views = rebalance::partition_views(state);
+    let unplannable = views
+        .iter()
+        .filter(|v| !receivers.contains(v.target.as_deref().unwrap_or(&v.owner)))
+        .count();
+    let in_flight = views.iter().filter(|v| v.target.is_some()).count();
+    let moves = rebalance::plan(&views, &receivers, &Default::default(), MAX_MOVES_IN_FLIGHT);
+    RebalancePlan {
+        moves,
+        receivers: receivers.into_iter().collect(),
+        unplannable_partitions: unplannable as u64,
+        in_flight: in_flight as u64,
+        max_in_flight: MAX_MOVES_IN_FLIGHT as u64,
+    }
+}
+
+/// `GET /v1/cluster/rebalance`.
+#[utoipa::path(
+    get,
+    operation_id = "cluster_rebalance_plan",
+    path = "/v1/cluster/rebalance",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The partition moves the rebalance planner would start now, from this node's replica (a dry run: nothing moves)", body = RebalancePlan),
+        (status = 401, description = "No or bad credentials", body = ErrorBody),
+    )
+)]
+pub async fn rebalance(State(s): State<Shared>) -> Response {
+    let plan = rebalance_plan(&s.broker.meta().snapshot());
+    json_response(StatusCode::OK, serde_json::to_string(&plan).expect("plan serializes"))
 }
 
 /// `GET /v1/cluster/status`.

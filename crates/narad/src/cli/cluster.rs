@@ -1,6 +1,6 @@
-//! `narad cluster members|status`: the members the server's metastore
-//! knows, and the server's view of the control plane (leader, term, its
-//! role).
+//! `narad cluster members|status|rebalance`: the members the server's
+//! metastore knows, the server's view of the control plane (leader, term,
+//! its role), and the rebalance planner's moves (a dry run).
 
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -24,6 +24,39 @@ enum ClusterCommand {
     /// This server's view of the control plane: mode, leader, term, role,
     /// indices, voters.
     Status,
+    /// The partition moves the rebalance planner would start now, so that
+    /// every alive member holds an even share (partitions of dead members
+    /// stay). Only a dry run: nothing moves.
+    Rebalance {
+        /// Show the plan without moving anything (the only mode so far).
+        #[arg(long, required = true)]
+        dry_run: bool,
+    },
+}
+
+fn print_plan(c: &Client, v: &Value) {
+    if c.output == Output::Json {
+        c.print_json(v);
+        return;
+    }
+    let rows: Vec<Vec<String>> = v["moves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| vec![cell(&m["topic"]), cell(&m["partition"]), cell(&m["from"]), cell(&m["to"])])
+        .collect();
+    if rows.is_empty() {
+        println!("balanced: nothing to move");
+    } else {
+        print_table(&["topic", "partition", "from", "to"], rows);
+    }
+    println!(
+        "receivers {}; {} moves in flight (at most {}); {} partitions of dead members stay",
+        names(&v["receivers"]),
+        cell(&v["in_flight"]),
+        cell(&v["max_in_flight"]),
+        cell(&v["unplannable_partitions"])
+    );
 }
 
 fn print_members(c: &Client, v: &Value) {
@@ -96,6 +129,10 @@ pub fn run(a: ClusterArgs) -> CliResult {
         ClusterCommand::Status => {
             let v = c.get("/v1/cluster/status")?.expect(200, "cluster status")?.value()?;
             print_status(&c, &v);
+        }
+        ClusterCommand::Rebalance { dry_run: _ } => {
+            let v = c.get("/v1/cluster/rebalance")?.expect(200, "rebalance plan")?.value()?;
+            print_plan(&c, &v);
         }
     }
     Ok(())
