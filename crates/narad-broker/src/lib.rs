@@ -13,7 +13,8 @@ pub mod metrics;
 pub mod owner;
 pub mod ownership;
 pub mod partition;
-pub mod placement;
+/// Placement lives with the metastore state it is a function of.
+pub use narad_meta::placement;
 mod start_check;
 #[cfg(test)]
 mod test_support;

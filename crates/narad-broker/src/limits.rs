@@ -2,11 +2,9 @@
 
 use std::time::Duration;
 
-/// A member silent for more than this (whole seconds, by the observer's wall
-/// clock) is dead: the cluster controller marks it so (SPEC §7.2), and
-/// placement leaves it out of the ring at once
-/// ([`crate::placement::alive_ring`]).
-pub const MEMBER_DEAD_AFTER: Duration = Duration::from_secs(30);
+/// A member silent for more than this is dead (narad-meta's, where
+/// placement lives).
+pub use narad_meta::limits::MEMBER_DEAD_AFTER;
 
 /// Records per destination the dispatch window aims for; a smaller batch
 /// lingers while other commits run.

@@ -12,7 +12,7 @@
 //!    (silent for more than [`MEMBER_DEAD_AFTER`] by the leader's monotonic
 //!    clock), in id order;
 //! 2. one `AssignPartitions` per topic that has unassigned partitions, placed
-//!    by narad-broker's [`placement::place`] over the ring of the members
+//!    by narad-meta's [`placement::place`] over the ring of the members
 //!    still alive after step 1, sorted by id: round robin `ring[p % n]`, a
 //!    fan-out child's partition anti-affine to its parent partition's owner.
 //!    Standalone topics and parents come first (name order), then children
@@ -25,7 +25,7 @@
 //! while no member is alive. A dead member that heartbeats again is alive
 //! (its MemberJoin upserts the record) and joins the ring at the next tick.
 
-use narad_broker::placement::{self, heartbeat_overdue};
+use narad_meta::placement::{self, heartbeat_overdue};
 use narad_meta::{
     AssignPartitions, Command, Member, MemberDead, MemberStatus, MetaState, PartitionAssignment,
     Topic,

@@ -3,7 +3,8 @@
 //! `narad-cluster-quic-v2`) with mutual authentication between nodes once
 //! per connection (HMAC proofs bound to the TLS session, and/or mutual TLS); membership (every node's heartbeat, and the controller the
 //! leader runs: dead-marking and placing unassigned partitions). The broker
-//! never depends on this crate; the server wires it in (DESIGN §6b).
+//! never depends on this crate, nor this crate on the broker (placement is
+//! narad-meta's); the server wires the two together (DESIGN §6b).
 
 pub mod auth;
 mod codec;

@@ -102,7 +102,7 @@ pub const CONTROLLER_INTERVAL: Duration = Duration::from_secs(10);
 /// seconds, by the leader's wall clock) is marked dead. Defined beside the
 /// placement that shares it (a create leaves such a member out of its ring
 /// at once).
-pub use narad_broker::limits::MEMBER_DEAD_AFTER;
+pub use narad_meta::limits::MEMBER_DEAD_AFTER;
 /// At most one warning per failing membership activity (heartbeat,
 /// controller) per this interval; the ones in between are counted and
 /// reported with the next.

@@ -28,11 +28,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use narad_broker::metrics::ErrorLabels;
 use narad_clock::ClockRef;
 use narad_meta::{Command, Member, MemberStatus, MetaError, MetaStore, MetaWriter};
 use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -78,16 +76,22 @@ struct Ctx {
     /// While this node leads: when each member's heartbeat last changed.
     ages: Mutex<HeartbeatAges>,
     members: Family<MemberStatusLabels, Gauge>,
-    errors: Family<ErrorLabels, Counter>,
+    errors: ErrorSink,
     heartbeat_warn: WarnLimiter,
     controller_warn: WarnLimiter,
 }
 
+/// Where membership counts its failures: called with `(component, kind)`
+/// (`"cluster"`, `"heartbeat"` or `"controller"`). The server passes the
+/// broker's `errors_total` family, so this crate needs no broker types.
+pub type ErrorSink = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 impl Membership {
     /// Starts heartbeating `me` (its `status` and `last_heartbeat` are
     /// stamped at each beat) and, while `leader` says so, the controller.
-    /// Registers `cluster_members{status}` in `registry`; failures count
-    /// into `errors` (the broker's `errors_total{component, kind}`).
+    /// Registers `cluster_members{status}` in `registry`; failures are
+    /// handed to `errors` as `("cluster", kind)` (the server counts them in
+    /// the broker's `errors_total{component, kind}`).
     /// Must be called inside a tokio runtime.
     pub fn start(
         meta: Arc<MetaStore>,
@@ -95,7 +99,7 @@ impl Membership {
         leader: Arc<dyn LeaderView>,
         clock: ClockRef,
         registry: &mut Registry,
-        errors: Family<ErrorLabels, Counter>,
+        errors: ErrorSink,
     ) -> Membership {
         let members = Family::<MemberStatusLabels, Gauge>::default();
         registry.register(
@@ -161,8 +165,7 @@ impl Ctx {
     /// Counts a failure of `activity` and logs it, rate-limited.
     fn failed(&self, activity: Activity, error: &dyn std::fmt::Display) {
         let kind = activity.kind();
-        let labels = ErrorLabels { component: "cluster".to_owned(), kind: kind.to_owned() };
-        self.errors.get_or_create(&labels).inc();
+        (self.errors)("cluster", kind);
         let limiter = match activity {
             Activity::Heartbeat => &self.heartbeat_warn,
             Activity::Controller => &self.controller_warn,

@@ -13,6 +13,15 @@ use narad_meta::{CreateTopicRequest, MetaStoreOptions, PartitionAssignment, Topi
 use prometheus_client::encoding::text::encode;
 
 use super::*;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+/// The labels the server's error family uses (`component`, `kind`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TestErrorLabels {
+    component: String,
+    kind: String,
+}
 use narad_meta::MemberStatus::Alive;
 
 const T0_S: i64 = 1_700_000_000;
@@ -33,7 +42,7 @@ fn leads(yes: bool) -> Arc<Leads> {
 struct Node {
     meta: Arc<MetaStore>,
     clock: ManualClock,
-    errors: Family<ErrorLabels, Counter>,
+    errors: Family<TestErrorLabels, Counter>,
 }
 
 impl Node {
@@ -51,7 +60,16 @@ impl Node {
     fn start(&self, id: &str, leader: Arc<Leads>, registry: &mut Registry) -> Membership {
         let clock: ClockRef = Arc::new(self.clock.clone());
         let me = member(id, 0, MemberStatus::Dead); // stamped at each beat
-        Membership::start(self.meta.clone(), me, leader, clock, registry, self.errors.clone())
+        Membership::start(self.meta.clone(), me, leader, clock, registry, self.sink())
+    }
+
+    /// Membership's error sink, counting into `errors`.
+    fn sink(&self) -> ErrorSink {
+        let errors = self.errors.clone();
+        Arc::new(move |component: &str, kind: &str| {
+            let labels = TestErrorLabels { component: component.into(), kind: kind.into() };
+            errors.get_or_create(&labels).inc();
+        })
     }
 
     /// Moves the wall clock and tokio's paused time forward together.
@@ -65,7 +83,7 @@ impl Node {
     }
 
     fn errors(&self, kind: &str) -> u64 {
-        let labels = ErrorLabels { component: "cluster".into(), kind: kind.into() };
+        let labels = TestErrorLabels { component: "cluster".into(), kind: kind.into() };
         self.errors.get_or_create(&labels).get()
     }
 }
@@ -224,7 +242,7 @@ async fn a_failing_heartbeat_is_counted_and_the_heartbeat_keeps_trying() {
         leads(false),
         clock,
         &mut Registry::default(),
-        node.errors.clone(),
+        node.sink(),
     );
     eventually("three failed heartbeats", || node.errors("heartbeat") >= 3).await;
     assert_eq!(node.status("n1"), None);
@@ -242,7 +260,7 @@ fn skewed(node: &Node, id: &str, skew_s: i64) -> (ManualClock, Membership) {
         leads(false),
         Arc::new(clock.clone()),
         &mut Registry::default(),
-        node.errors.clone(),
+        node.sink(),
     );
     (clock, m)
 }

@@ -24,6 +24,7 @@ mod config;
 mod error;
 pub mod limits;
 mod member;
+pub mod placement;
 pub mod rebalance;
 pub mod request;
 pub mod schema;

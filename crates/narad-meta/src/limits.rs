@@ -1,6 +1,8 @@
 //! Every bound the metastore enforces, in one place. Relations between them
 //! are checked at compile time at the bottom of this file.
 
+use std::time::Duration;
+
 /// The longest topic name, in bytes (`^[A-Za-z0-9._-]{1,255}$`).
 pub const TOPIC_NAME_LEN_MAX: usize = 255;
 
@@ -39,3 +41,9 @@ const _: () = assert!(ATTACH_EPOCH_HEX_LEN == 2 * 8);
 /// At most this many partition moves in flight cluster-wide (SPEC §7.3):
 /// the rebalance planner plans no more.
 pub const MAX_MOVES_IN_FLIGHT: usize = 8;
+
+/// A member silent for more than this (whole seconds, by the observer's wall
+/// clock) is dead: the cluster controller marks it so (SPEC §7.2), and
+/// placement leaves it out of the ring at once
+/// ([`crate::placement::alive_ring`]).
+pub const MEMBER_DEAD_AFTER: Duration = Duration::from_secs(30);

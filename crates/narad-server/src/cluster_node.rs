@@ -19,7 +19,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use narad_broker::dispatch::resolve::{DeleteConfirmer, LeaderTopic, OwnerIds};
-use narad_broker::metrics::ErrorLabels;
 use narad_broker::owner::{BatchRecord, CommitBatch, CommitError};
 use narad_broker::{AckAction, Broker, PartitionStats, Routing};
 use narad_clock::ClockRef;
@@ -674,7 +673,7 @@ impl ClusterNode {
         me: Member,
         clock: ClockRef,
         registry: &mut Registry,
-        errors: Family<ErrorLabels, Counter>,
+        errors: narad_cluster::members::ErrorSink,
     ) {
         let m =
             Membership::start(self.meta.clone(), me, self.control.clone(), clock, registry, errors);

@@ -343,7 +343,10 @@ pub async fn run(
                 },
                 clock,
                 &mut registry,
-                broker.metrics().errors.clone(),
+                {
+                    let metrics = broker.metrics().clone();
+                    Arc::new(move |component: &str, kind: &str| metrics.error(component, kind))
+                },
             );
             (broker, Some(node))
         }

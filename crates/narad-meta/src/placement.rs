@@ -30,9 +30,8 @@
 
 use std::ops::Range;
 
-use narad_meta::{MemberStatus, MetaState, PartitionAssignment, Topic};
-
 use crate::limits::MEMBER_DEAD_AFTER;
+use crate::{MemberStatus, MetaState, PartitionAssignment, Topic};
 
 /// Whether a member last heard from at `last_heartbeat` is overdue at
 /// `now_s` (both Unix seconds): silent for more than [`MEMBER_DEAD_AFTER`].
@@ -45,7 +44,7 @@ pub fn heartbeat_overdue(last_heartbeat: i64, now_s: i64) -> bool {
 /// ascending (byte) order. Empty when there are none.
 pub fn alive_ring(state: &MetaState, now_s: i64) -> Vec<String> {
     // Members iterate in id order.
-    let live = |m: &&std::sync::Arc<narad_meta::Member>| {
+    let live = |m: &&std::sync::Arc<crate::Member>| {
         m.status == MemberStatus::Alive && !heartbeat_overdue(m.last_heartbeat, now_s)
     };
     state.members().filter(live).map(|m| m.id.clone()).collect()
@@ -92,11 +91,23 @@ fn anti_affine(ring: &[String], p: u32, avoid: &str) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use narad_meta::{CreateTopicRequest, MetaStore};
+    use std::path::Path;
+
+    use narad_clock::ManualClock;
+    use narad_fs::SimFs;
+
+    use crate::{CreateTopicRequest, MetaStore, MetaStoreOptions, TopicDefaults};
 
     use super::*;
 
-    use crate::test_support::sim_store as store;
+    fn store() -> MetaStore {
+        let options = MetaStoreOptions {
+            defaults: TopicDefaults::default(),
+            clock: Arc::new(ManualClock::new(1_700_000_000_000)),
+            rng_seed: Some(3),
+        };
+        MetaStore::open(&SimFs::new(1), Path::new("/d"), options).unwrap()
+    }
 
     fn ring(ids: &[&str]) -> Vec<String> {
         ids.iter().map(|s| s.to_string()).collect()
@@ -121,7 +132,7 @@ mod tests {
         let meta = store();
         let now = 1_700_000_000;
         for (id, age) in [("n2", 0), ("n10", 30), ("n1", 31), ("a", 5), ("gone", 0)] {
-            let m = narad_meta::Member {
+            let m = crate::Member {
                 id: id.into(),
                 addr: format!("{id}:7942"),
                 cluster_addr: None,
