@@ -85,12 +85,7 @@ impl CommitAnswer {
                 let body = CommittedBody { offsets: offsets.clone(), count: *count };
                 Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
             }
-            CommitAnswer::IncarnationMismatch(why) => Reply::error(412, why),
-            CommitAnswer::NoTopic(why) => Reply::error(404, why),
-            CommitAnswer::NotOwner(why) => Reply::error(421, why),
-            CommitAnswer::IdsRefused(why) | CommitAnswer::BadRequest(why) => Reply::error(400, why),
-            CommitAnswer::Unavailable(why) => Reply::error(503, why),
-            CommitAnswer::Failed { status, why } => Reply::error(*status, why),
+            other => Reply::error(other.status(), &other.message()),
         }
     }
 
@@ -133,7 +128,15 @@ impl CommitAnswer {
 
     /// The status it travels with.
     pub fn status(&self) -> u16 {
-        self.to_reply().status
+        match self {
+            CommitAnswer::Committed { .. } => 200,
+            CommitAnswer::IncarnationMismatch(_) => 412,
+            CommitAnswer::NoTopic(_) => 404,
+            CommitAnswer::NotOwner(_) => 421,
+            CommitAnswer::IdsRefused(_) | CommitAnswer::BadRequest(_) => 400,
+            CommitAnswer::Unavailable(_) => 503,
+            CommitAnswer::Failed { status, .. } => *status,
+        }
     }
 }
 

@@ -171,17 +171,6 @@ pub fn plan(
     out
 }
 
-/// The plan for `state`: its partitions, the given receivers and draining
-/// members, at most `max_in_flight` moves in flight.
-pub fn plan_for(
-    state: &MetaState,
-    receivers: &BTreeSet<String>,
-    draining: &BTreeSet<String>,
-    max_in_flight: usize,
-) -> Vec<PlannedMove> {
-    plan(&partition_views(state), receivers, draining, max_in_flight)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
