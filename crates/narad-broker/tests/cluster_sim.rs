@@ -193,6 +193,7 @@ fn apply_meta(
                 cluster_addr: None,
                 status: MemberStatus::Alive,
                 last_heartbeat: 1,
+                draining: false,
             })
             .map(drop),
         MetaCmd::Dead(k) => meta.member_dead(&member(k)).map(drop),

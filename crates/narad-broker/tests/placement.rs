@@ -47,6 +47,7 @@ fn join(b: &Broker, id: &str, last_heartbeat: i64) {
         cluster_addr: None,
         status: MemberStatus::Alive,
         last_heartbeat,
+        draining: false,
     };
     b.meta().member_join(m).unwrap();
 }

@@ -31,6 +31,7 @@ fn member(id: &str, last_heartbeat: i64) -> Command {
             cluster_addr: None,
             status: MemberStatus::Alive,
             last_heartbeat,
+            draining: false,
         },
     })
 }

@@ -95,6 +95,7 @@ fn member(id: &str, last_heartbeat: i64, status: MemberStatus) -> Member {
         cluster_addr: Some(format!("{id}.local:7943")),
         status,
         last_heartbeat,
+        draining: false,
     }
 }
 

@@ -152,6 +152,7 @@ mod seeds {
                         cluster_addr: Some("127.0.0.1:7943".into()),
                         status: MemberStatus::Alive,
                         last_heartbeat: 1_700_000_000_000_000_000,
+                        draining: false,
                     },
                 }),
             ),

@@ -1194,6 +1194,7 @@ fn run_membership_seed(seed: u64, n: usize) -> MemberTally {
                 cluster_addr: None,
                 status: narad_meta::MemberStatus::Alive,
                 last_heartbeat: wall,
+                draining: false,
             };
             // A beat repeating a value its member sent before would look
             // like no change to the leader, which compares values at its

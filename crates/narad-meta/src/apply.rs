@@ -16,12 +16,14 @@ use std::sync::Arc;
 
 use crate::assignment::Assignment;
 use crate::command::{
-    AlterTopic, AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteUser,
-    DetachChild, MemberDead, MemberJoin, Response, SeedRootUser, UpdateUser,
+    AbortMove, AlterTopic, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic,
+    CreateUser, DeleteUser, DetachChild, MemberDead, MemberJoin, Response, SeedRootUser,
+    SetAssignmentTarget, SetMemberDraining, UpdateUser,
 };
 use crate::error::MetaError;
 use crate::limits::{
-    ATTACH_EPOCH_HEX_LEN, CHILDREN_PER_PARENT_MAX, PARTITIONS_MIN, RETENTION_MS_MIN,
+    ATTACH_EPOCH_HEX_LEN, CHILDREN_PER_PARENT_MAX, MAX_MOVES_IN_FLIGHT, PARTITIONS_MIN,
+    RETENTION_MS_MIN,
 };
 use crate::member::{Member, MemberStatus};
 use crate::request::{
@@ -76,6 +78,10 @@ pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied
         Command::SeedRootUser(c) => seed_root_user(&mut txn, c)?,
         Command::AttachChild(c) => attach_child(&mut txn, c)?,
         Command::DetachChild(c) => detach_child(&mut txn, c)?,
+        Command::SetAssignmentTarget(c) => set_assignment_target(&mut txn, c)?,
+        Command::CompleteMove(c) => complete_move(&mut txn, c)?,
+        Command::AbortMove(c) => abort_move(&mut txn, c)?,
+        Command::SetMemberDraining(c) => set_member_draining(&mut txn, c)?,
     };
     Ok(txn.finish(index, response))
 }
@@ -535,7 +541,123 @@ fn member_join(txn: &mut Txn, c: &MemberJoin) -> Result<Response, MetaError> {
     if c.member.addr.is_empty() {
         return Err(invalid("member addr required"));
     }
-    Ok(Response::Member(txn.put_member(c.member.clone())))
+    // Draining is an operator's decision, not the heartbeat's: the stored
+    // mark survives every heartbeat.
+    let draining = txn.state.members.get(&c.member.id).is_some_and(|m| m.draining);
+    Ok(Response::Member(txn.put_member(Member { draining, ..c.member.clone() })))
+}
+
+/// The assignment of `(topic, partition)` of this incarnation, for a move
+/// command: 404 for a missing topic, 409 for another incarnation or an
+/// unassigned partition.
+fn moving_assignment(
+    txn: &Txn,
+    topic: &str,
+    incarnation: u64,
+    partition: u32,
+) -> Result<(TopicAssignments, Assignment), MetaError> {
+    let t = txn.topic(topic)?;
+    if t.incarnation != incarnation {
+        return Err(conflict(format!(
+            "topic {topic:?} is incarnation {}, not {incarnation}; it was recreated",
+            t.incarnation
+        )));
+    }
+    let parts: TopicAssignments =
+        txn.state.assignments.get(topic).map(|a| (**a).clone()).unwrap_or_default();
+    let Some(current) = parts.get(&partition).cloned() else {
+        return Err(conflict(format!("partition {partition} of {topic:?} has no owner")));
+    };
+    Ok((parts, current))
+}
+
+fn set_assignment_target(txn: &mut Txn, c: &SetAssignmentTarget) -> Result<Response, MetaError> {
+    let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
+    let (topic, p) = (&c.topic, c.partition);
+    if current.owner_id != c.expected_owner {
+        return Err(conflict(format!(
+            "partition {p} of {topic:?} is owned by {}, not {}",
+            current.owner_id, c.expected_owner
+        )));
+    }
+    match &current.target_id {
+        Some(t) if *t == c.target_id => return Ok(Response::Assigned),
+        Some(t) => {
+            return Err(conflict(format!("partition {p} of {topic:?} is already moving to {t}")));
+        }
+        None => {}
+    }
+    if c.target_id == current.owner_id {
+        return Err(invalid(format!("partition {p} of {topic:?} is already on {}", c.target_id)));
+    }
+    let Some(target) = txn.state.members.get(&c.target_id) else {
+        return Err(MetaError::NotFound(format!("member {} not found", c.target_id)));
+    };
+    if target.status != MemberStatus::Alive || target.draining {
+        return Err(conflict(format!(
+            "member {} cannot receive partitions: it is {}",
+            c.target_id,
+            if target.draining { "draining" } else { "dead" }
+        )));
+    }
+    let in_flight = txn
+        .state
+        .assignments
+        .values()
+        .flat_map(|parts| parts.values())
+        .filter(|a| a.target_id.is_some())
+        .count();
+    if in_flight >= MAX_MOVES_IN_FLIGHT {
+        return Err(conflict(format!(
+            "{in_flight} moves are in flight, the most the cluster runs at once"
+        )));
+    }
+    parts.insert(p, Assignment { target_id: Some(c.target_id.clone()), ..current });
+    txn.put_assignments(topic, parts);
+    Ok(Response::Assigned)
+}
+
+fn complete_move(txn: &mut Txn, c: &CompleteMove) -> Result<Response, MetaError> {
+    let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
+    if current.owner_id != c.expected_owner
+        || current.target_id.as_deref() != Some(c.target_id.as_str())
+    {
+        return Err(conflict(format!(
+            "partition {} of {:?} is owned by {} moving to {}, not by {} moving to {}",
+            c.partition,
+            c.topic,
+            current.owner_id,
+            current.target_id.as_deref().unwrap_or("nowhere"),
+            c.expected_owner,
+            c.target_id
+        )));
+    }
+    parts.insert(c.partition, Assignment { owner_id: c.target_id.clone(), target_id: None });
+    txn.put_assignments(&c.topic, parts);
+    Ok(Response::Assigned)
+}
+
+fn abort_move(txn: &mut Txn, c: &AbortMove) -> Result<Response, MetaError> {
+    let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
+    if current.target_id.as_deref() != Some(c.expected_target.as_str()) {
+        return Err(conflict(format!(
+            "partition {} of {:?} is moving to {}, not {}",
+            c.partition,
+            c.topic,
+            current.target_id.as_deref().unwrap_or("nowhere"),
+            c.expected_target
+        )));
+    }
+    parts.insert(c.partition, Assignment { target_id: None, ..current });
+    txn.put_assignments(&c.topic, parts);
+    Ok(Response::Assigned)
+}
+
+fn set_member_draining(txn: &mut Txn, c: &SetMemberDraining) -> Result<Response, MetaError> {
+    let current = txn.state.members.get(&c.id).cloned();
+    let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
+    let member = Member { draining: c.draining, ..(*current).clone() };
+    Ok(Response::Member(txn.put_member(member)))
 }
 
 fn member_dead(txn: &mut Txn, c: &MemberDead) -> Result<Response, MetaError> {

@@ -655,6 +655,7 @@ fn member(id: &str, at: i64) -> Member {
         cluster_addr: None,
         status: MemberStatus::Alive,
         last_heartbeat: at,
+        draining: false,
     }
 }
 
@@ -856,4 +857,152 @@ fn the_root_user_is_seeded_once_and_protected() {
     }))
     .unwrap();
     assert_eq!(sm.state.user("admin").unwrap().password_hash, "$2b$10$new");
+}
+
+/// A state with members n1..n4 alive and topic `t` (4 partitions) on n1..n3
+/// (partition 3 on n1): returns the topic's incarnation.
+fn moving_state(sm: &mut Sm) -> u64 {
+    for id in ["n1", "n2", "n3", "n4"] {
+        sm.run(Command::MemberJoin(MemberJoin { member: member(id, 10) })).unwrap();
+    }
+    let t = sm.create(CreateTopicRequest { name: "t".into(), partitions: 4, ..Default::default() });
+    let inc = t.incarnation;
+    sm.run(assign("t", inc, &[(0, "n1"), (1, "n2"), (2, "n3"), (3, "n1")])).unwrap();
+    inc
+}
+
+fn target(inc: u64, p: u32, owner: &str, to: &str) -> Command {
+    Command::SetAssignmentTarget(SetAssignmentTarget {
+        topic: "t".into(),
+        incarnation: inc,
+        partition: p,
+        expected_owner: owner.into(),
+        target_id: to.into(),
+    })
+}
+
+fn complete(inc: u64, p: u32, owner: &str, to: &str) -> Command {
+    Command::CompleteMove(CompleteMove {
+        topic: "t".into(),
+        incarnation: inc,
+        partition: p,
+        expected_owner: owner.into(),
+        target_id: to.into(),
+    })
+}
+
+fn abort(inc: u64, p: u32, to: &str) -> Command {
+    Command::AbortMove(AbortMove {
+        topic: "t".into(),
+        incarnation: inc,
+        partition: p,
+        expected_target: to.into(),
+    })
+}
+
+#[test]
+fn a_move_flips_the_owner_only_through_a_compare_and_set_on_owner_and_target() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    sm.run(target(inc, 0, "n1", "n4")).unwrap();
+    let a = sm.state.assignment("t", 0).unwrap();
+    assert_eq!((a.owner_id.as_str(), a.target_id.as_deref()), ("n1", Some("n4")));
+    // Setting the same target again is a no-op; another target is refused.
+    sm.run(target(inc, 0, "n1", "n4")).unwrap();
+    let e = sm.refuse(target(inc, 0, "n1", "n2"));
+    assert_eq!((e.status(), e.to_string().contains("already moving to n4")), (409, true));
+    // A completion that saw another owner or target changes nothing.
+    assert_eq!(sm.refuse(complete(inc, 0, "n2", "n4")).status(), 409);
+    assert_eq!(sm.refuse(complete(inc, 0, "n1", "n3")).status(), 409);
+    // An abort that saw another target changes nothing either.
+    assert_eq!(sm.refuse(abort(inc, 0, "n3")).status(), 409);
+    sm.run(complete(inc, 0, "n1", "n4")).unwrap();
+    let a = sm.state.assignment("t", 0).unwrap();
+    assert_eq!((a.owner_id.as_str(), a.target_id.as_deref()), ("n4", None));
+    // The same completion again (a retry, a racing proposer) and an abort
+    // after the flip are both refused: the flip happened once.
+    assert_eq!(sm.refuse(complete(inc, 0, "n1", "n4")).status(), 409);
+    assert_eq!(sm.refuse(abort(inc, 0, "n4")).status(), 409);
+}
+
+#[test]
+fn an_abort_clears_the_target_and_keeps_the_owner() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    sm.run(target(inc, 1, "n2", "n4")).unwrap();
+    sm.run(abort(inc, 1, "n4")).unwrap();
+    let a = sm.state.assignment("t", 1).unwrap();
+    assert_eq!((a.owner_id.as_str(), a.target_id.as_deref()), ("n2", None));
+    // Once aborted, the completion the copier was about to send fails.
+    assert_eq!(sm.refuse(complete(inc, 1, "n2", "n4")).status(), 409);
+}
+
+#[test]
+fn a_move_target_must_be_another_alive_member_that_is_not_draining() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    assert_eq!(sm.refuse(target(inc, 0, "n2", "n4")).status(), 409, "stale owner");
+    assert_eq!(sm.refuse(target(inc, 0, "n1", "n1")).status(), 400, "already there");
+    assert_eq!(sm.refuse(target(inc, 0, "n1", "n9")).status(), 404, "unknown member");
+    assert_eq!(sm.refuse(target(inc + 1, 0, "n1", "n4")).status(), 409, "other incarnation");
+    sm.run(Command::MemberDead(MemberDead { id: "n3".into(), last_heartbeat: None })).unwrap();
+    let e = sm.refuse(target(inc, 0, "n1", "n3"));
+    assert!(e.to_string().contains("it is dead"), "{e}");
+    sm.run(Command::SetMemberDraining(SetMemberDraining { id: "n4".into(), draining: true }))
+        .unwrap();
+    let e = sm.refuse(target(inc, 0, "n1", "n4"));
+    assert!(e.to_string().contains("it is draining"), "{e}");
+    let missing = Command::SetAssignmentTarget(SetAssignmentTarget {
+        topic: "nope".into(),
+        incarnation: inc,
+        partition: 0,
+        expected_owner: "n1".into(),
+        target_id: "n2".into(),
+    });
+    assert_eq!(sm.refuse(missing).status(), 404);
+}
+
+#[test]
+fn at_most_the_cluster_wide_cap_of_moves_is_in_flight() {
+    let mut sm = Sm::default();
+    for id in ["n1", "n2"] {
+        sm.run(Command::MemberJoin(MemberJoin { member: member(id, 10) })).unwrap();
+    }
+    let n = MAX_MOVES_IN_FLIGHT as u32 + 1;
+    let t = sm.create(CreateTopicRequest {
+        name: "t".into(),
+        partitions: i64::from(n),
+        ..Default::default()
+    });
+    let inc = t.incarnation;
+    let all: Vec<(u32, &str)> = (0..n).map(|p| (p, "n1")).collect();
+    sm.run(assign("t", inc, &all)).unwrap();
+    for p in 0..n - 1 {
+        sm.run(target(inc, p, "n1", "n2")).unwrap();
+    }
+    let e = sm.refuse(target(inc, n - 1, "n1", "n2"));
+    assert!(e.to_string().contains("moves are in flight"), "{e}");
+    sm.run(complete(inc, 0, "n1", "n2")).unwrap();
+    sm.run(target(inc, n - 1, "n1", "n2")).unwrap();
+}
+
+#[test]
+fn draining_is_set_by_its_command_and_survives_heartbeats() {
+    let mut sm = Sm::default();
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 10) })).unwrap();
+    let drain =
+        |on| Command::SetMemberDraining(SetMemberDraining { id: "n1".into(), draining: on });
+    sm.run(drain(true)).unwrap();
+    // A heartbeat carries draining=false; the stored mark stays.
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n1", 15) })).unwrap();
+    let m = sm.state.member("n1").unwrap();
+    assert!(m.draining && m.last_heartbeat == 15);
+    sm.run(drain(false)).unwrap();
+    assert!(!sm.state.member("n1").unwrap().draining);
+    let gone = Command::SetMemberDraining(SetMemberDraining { id: "n9".into(), draining: true });
+    assert_eq!(sm.refuse(gone).status(), 404);
+    // The stored record carries the mark only when set, so members written
+    // before draining existed read back the same.
+    let json = serde_json::to_string(&member("n1", 1)).unwrap();
+    assert!(!json.contains("draining"), "{json}");
 }

@@ -23,6 +23,10 @@
 //! | 10 | [`SeedRootUser`] |
 //! | 11 | [`AttachChild`] |
 //! | 12 | [`DetachChild`] |
+//! | 13 | [`SetAssignmentTarget`] |
+//! | 14 | [`CompleteMove`] |
+//! | 15 | [`AbortMove`] |
+//! | 16 | [`SetMemberDraining`] |
 //!
 //! Everything time-based, random or slow (creation time, attach epochs,
 //! heartbeat times, password hashes) is decided by the proposer and carried
@@ -68,6 +72,14 @@ pub enum Command {
     /// Op 12: detach a child from its parent (both become standalone when
     /// that was the last link).
     DetachChild(DetachChild),
+    /// Op 13: start moving a partition (set its `target_id`).
+    SetAssignmentTarget(SetAssignmentTarget),
+    /// Op 14: finish a move: the target becomes the owner (compare and set).
+    CompleteMove(CompleteMove),
+    /// Op 15: give up a move: the target is cleared (compare and set).
+    AbortMove(AbortMove),
+    /// Op 16: mark a member draining, or clear the mark.
+    SetMemberDraining(SetMemberDraining),
 }
 
 /// Creates a topic. Built by [`crate::CreateTopicRequest::resolve`], which
@@ -256,6 +268,76 @@ pub struct DetachChild {
     pub child: String,
 }
 
+/// Starts a partition move (SPEC §7.3): `target_id` is set, so the target
+/// starts copying the partition from its owner. Refused (409, nothing
+/// changes) unless the partition of this incarnation is owned by
+/// `expected_owner` and has no other target, the target is a different,
+/// alive, non-draining member, and fewer than
+/// [`crate::limits::MAX_MOVES_IN_FLIGHT`] moves are in flight cluster-wide;
+/// setting the target it already has is a no-op that succeeds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetAssignmentTarget {
+    /// The topic.
+    pub topic: String,
+    /// The topic incarnation the move was planned for.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The owner the proposer saw.
+    pub expected_owner: String,
+    /// The member to move it to.
+    pub target_id: String,
+}
+
+/// Finishes a move: a compare and set that makes `target_id` the owner and
+/// clears the target, only if the partition of this incarnation is still
+/// owned by `expected_owner` with exactly this target (409 otherwise, and
+/// nothing changes). The one step at which ownership of a partition flips:
+/// two racing completions, or a completion racing an abort, cannot both
+/// apply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteMove {
+    /// The topic.
+    pub topic: String,
+    /// The topic incarnation.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The owner the move started from.
+    pub expected_owner: String,
+    /// The target that copied the partition and becomes its owner.
+    pub target_id: String,
+}
+
+/// Gives a move up: clears the target, only if it is `expected_target`
+/// (409 otherwise). The owner stays the owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbortMove {
+    /// The topic.
+    pub topic: String,
+    /// The topic incarnation.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The target the aborting side saw.
+    pub expected_target: String,
+}
+
+/// Marks a member draining (decommission) or clears the mark (cancel). A
+/// draining member gets no new partitions and the planner moves its
+/// partitions away. 404 for an unknown member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetMemberDraining {
+    /// The member id.
+    pub id: String,
+    /// Draining or not.
+    pub draining: bool,
+}
+
 /// What applying a command produced.
 ///
 /// Serializes (for a follower that forwarded a command to the leader) as
@@ -305,6 +387,10 @@ impl Command {
             Command::SeedRootUser(_) => 10,
             Command::AttachChild(_) => 11,
             Command::DetachChild(_) => 12,
+            Command::SetAssignmentTarget(_) => 13,
+            Command::CompleteMove(_) => 14,
+            Command::AbortMove(_) => 15,
+            Command::SetMemberDraining(_) => 16,
         }
     }
 
@@ -336,6 +422,10 @@ impl Serialize for Command {
             Command::SeedRootUser(c) => envelope.serialize_field("d", c)?,
             Command::AttachChild(c) => envelope.serialize_field("d", c)?,
             Command::DetachChild(c) => envelope.serialize_field("d", c)?,
+            Command::SetAssignmentTarget(c) => envelope.serialize_field("d", c)?,
+            Command::CompleteMove(c) => envelope.serialize_field("d", c)?,
+            Command::AbortMove(c) => envelope.serialize_field("d", c)?,
+            Command::SetMemberDraining(c) => envelope.serialize_field("d", c)?,
         }
         envelope.end()
     }
@@ -368,6 +458,10 @@ impl<'de> Deserialize<'de> for Command {
             10 => Command::SeedRootUser(payload(d)?),
             11 => Command::AttachChild(payload(d)?),
             12 => Command::DetachChild(payload(d)?),
+            13 => Command::SetAssignmentTarget(payload(d)?),
+            14 => Command::CompleteMove(payload(d)?),
+            15 => Command::AbortMove(payload(d)?),
+            16 => Command::SetMemberDraining(payload(d)?),
             op => return Err(D::Error::custom(format!("unknown metastore command opcode {op}"))),
         })
     }
@@ -437,6 +531,7 @@ mod tests {
                         cluster_addr: None,
                         status: MemberStatus::Alive,
                         last_heartbeat: 1_700_000_005,
+                        draining: false,
                     },
                 }),
                 r#"{"op":5,"d":{"member":{"id":"n1","addr":"127.0.0.1:7942","status":"alive","last_heartbeat":1700000005}}}"#,
@@ -504,6 +599,39 @@ mod tests {
                 }),
                 r#"{"op":12,"d":{"parent":"orders","child":"audit"}}"#,
             ),
+            (
+                Command::SetAssignmentTarget(SetAssignmentTarget {
+                    topic: "orders".into(),
+                    incarnation: 7,
+                    partition: 2,
+                    expected_owner: "n1".into(),
+                    target_id: "n4".into(),
+                }),
+                r#"{"op":13,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_owner":"n1","target_id":"n4"}}"#,
+            ),
+            (
+                Command::CompleteMove(CompleteMove {
+                    topic: "orders".into(),
+                    incarnation: 7,
+                    partition: 2,
+                    expected_owner: "n1".into(),
+                    target_id: "n4".into(),
+                }),
+                r#"{"op":14,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_owner":"n1","target_id":"n4"}}"#,
+            ),
+            (
+                Command::AbortMove(AbortMove {
+                    topic: "orders".into(),
+                    incarnation: 7,
+                    partition: 2,
+                    expected_target: "n4".into(),
+                }),
+                r#"{"op":15,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_target":"n4"}}"#,
+            ),
+            (
+                Command::SetMemberDraining(SetMemberDraining { id: "n2".into(), draining: true }),
+                r#"{"op":16,"d":{"id":"n2","draining":true}}"#,
+            ),
         ]
     }
 
@@ -537,6 +665,7 @@ mod tests {
             cluster_addr: None,
             status: MemberStatus::Alive,
             last_heartbeat: 5,
+            draining: false,
         };
         let user = User {
             username: "bob".into(),
@@ -606,7 +735,7 @@ mod tests {
     #[test]
     fn opcodes_are_distinct_and_never_renumbered() {
         let ops: Vec<u8> = golden().iter().map(|(c, _)| c.opcode()).collect();
-        assert_eq!(ops, vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(ops, (1..=16).collect::<Vec<u8>>());
     }
 
     #[test]

@@ -37,9 +37,9 @@ pub mod user;
 pub use apply::{Applied, apply};
 pub use assignment::Assignment;
 pub use command::{
-    AlterTopic, AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteTopic,
-    DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser,
-    UpdateUser,
+    AbortMove, AlterTopic, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic,
+    CreateUser, DeleteTopic, DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment,
+    Response, SeedRootUser, SetAssignmentTarget, SetMemberDraining, UpdateUser,
 };
 pub use config::TopicDefaults;
 pub use error::{MetaError, StorageError};

@@ -1,5 +1,6 @@
 //! Cluster members: one record per node, upserted by the node's heartbeat
-//! (MemberJoin) and marked dead by the controller (MemberDead).
+//! (MemberJoin), marked dead by the controller (MemberDead) and marked
+//! draining by an operator's decommission (SetMemberDraining).
 
 use serde::{Deserialize, Serialize};
 
@@ -28,4 +29,15 @@ pub struct Member {
     pub status: MemberStatus,
     /// The last heartbeat, Unix seconds (carried in the command).
     pub last_heartbeat: i64,
+    /// Being decommissioned (SPEC §7.3): it gets no new partitions and the
+    /// rebalance planner moves its partitions away. Set and cleared only by
+    /// `SetMemberDraining`; a heartbeat (`MemberJoin`) keeps the stored
+    /// value whatever it carries. Absent in the JSON when false, so records
+    /// written before draining existed read back unchanged.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub draining: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }

@@ -18,8 +18,8 @@
 //! A child attached later keeps the placement it already has; rebalancing
 //! treats anti-affinity as a preference.
 //!
-//! The ring is the members that are alive and heartbeated within
-//! [`MEMBER_DEAD_AFTER`] ([`alive_ring`]): exactly the members the cluster
+//! The ring is the members that are alive, heartbeated within
+//! [`MEMBER_DEAD_AFTER`] and not draining ([`alive_ring`]): exactly the members the cluster
 //! controller's next tick leaves alive. On a single node it is that node (or
 //! nobody, once its start-up heartbeat is old; the broker then uses the node
 //! itself), so every partition is local and the rules above reduce to
@@ -40,13 +40,20 @@ pub fn heartbeat_overdue(last_heartbeat: i64, now_s: i64) -> bool {
 }
 
 /// The ring [`place`] takes at `now_s` (Unix seconds): the ids of the
-/// members `state` holds as alive whose heartbeat is not overdue, in
-/// ascending (byte) order. Empty when there are none.
+/// members `state` holds as alive whose heartbeat is not overdue and that
+/// are not draining, in ascending (byte) order. When every live member is
+/// draining, the live members (a cluster being emptied still places new
+/// topics somewhere). Empty when there are none.
 pub fn alive_ring(state: &MetaState, now_s: i64) -> Vec<String> {
     // Members iterate in id order.
     let live = |m: &&std::sync::Arc<crate::Member>| {
         m.status == MemberStatus::Alive && !heartbeat_overdue(m.last_heartbeat, now_s)
     };
+    let receivers: Vec<String> =
+        state.members().filter(live).filter(|m| !m.draining).map(|m| m.id.clone()).collect();
+    if !receivers.is_empty() {
+        return receivers;
+    }
     state.members().filter(live).map(|m| m.id.clone()).collect()
 }
 
@@ -138,6 +145,7 @@ mod tests {
                 cluster_addr: None,
                 status: MemberStatus::Alive,
                 last_heartbeat: now - age,
+                draining: false,
             };
             meta.member_join(m).unwrap();
         }
@@ -145,6 +153,30 @@ mod tests {
         assert_eq!(alive_ring(&meta.snapshot(), now), ring(&["a", "n10", "n2"]));
         assert!(!heartbeat_overdue(now - 30, now) && heartbeat_overdue(now - 31, now));
         assert_eq!(alive_ring(&meta.snapshot(), now + 100), Vec::<String>::new());
+    }
+
+    #[test]
+    fn draining_members_leave_the_ring_unless_every_live_member_drains() {
+        let meta = store();
+        let now = 1_700_000_000;
+        for id in ["n1", "n2", "n3"] {
+            let m = crate::Member {
+                id: id.into(),
+                addr: format!("{id}:7942"),
+                cluster_addr: None,
+                status: MemberStatus::Alive,
+                last_heartbeat: now,
+                draining: false,
+            };
+            meta.member_join(m).unwrap();
+        }
+        meta.set_member_draining("n2", true).unwrap();
+        assert_eq!(alive_ring(&meta.snapshot(), now), ring(&["n1", "n3"]));
+        meta.set_member_draining("n1", true).unwrap();
+        meta.set_member_draining("n3", true).unwrap();
+        assert_eq!(alive_ring(&meta.snapshot(), now), ring(&["n1", "n2", "n3"]));
+        meta.set_member_draining("n2", false).unwrap();
+        assert_eq!(alive_ring(&meta.snapshot(), now), ring(&["n2"]));
     }
 
     #[test]

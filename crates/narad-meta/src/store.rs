@@ -50,8 +50,9 @@ use narad_fs::{Fs, SimRng};
 
 use crate::apply::{Applied, apply};
 use crate::command::{
-    AssignPartitions, AttachChild, Command, CreateTopic, CreateUser, DeleteTopic, DeleteUser,
-    DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response, SeedRootUser, UpdateUser,
+    AbortMove, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic, CreateUser,
+    DeleteTopic, DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response,
+    SeedRootUser, SetAssignmentTarget, SetMemberDraining, UpdateUser,
 };
 use crate::config::TopicDefaults;
 use crate::error::{MetaError, StorageError};
@@ -368,6 +369,76 @@ impl MetaStore {
         {
             Response::Member(m) => Ok(m),
             other => unreachable!("MemberDead answered {other:?}"),
+        }
+    }
+}
+
+/// Partition moves and decommission (SPEC §7.3).
+impl MetaStore {
+    /// Starts moving `(topic, partition)` of `incarnation` from
+    /// `expected_owner` to `target` ([`SetAssignmentTarget`]).
+    pub fn set_assignment_target(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        partition: u32,
+        expected_owner: &str,
+        target: &str,
+    ) -> Result<(), MetaError> {
+        let command = SetAssignmentTarget {
+            topic: topic.to_owned(),
+            incarnation,
+            partition,
+            expected_owner: expected_owner.to_owned(),
+            target_id: target.to_owned(),
+        };
+        self.propose(Command::SetAssignmentTarget(command)).map(drop)
+    }
+
+    /// Flips the owner of a moving partition to its target, if it is still
+    /// `expected_owner` moving to `target` ([`CompleteMove`]).
+    pub fn complete_move(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        partition: u32,
+        expected_owner: &str,
+        target: &str,
+    ) -> Result<(), MetaError> {
+        let command = CompleteMove {
+            topic: topic.to_owned(),
+            incarnation,
+            partition,
+            expected_owner: expected_owner.to_owned(),
+            target_id: target.to_owned(),
+        };
+        self.propose(Command::CompleteMove(command)).map(drop)
+    }
+
+    /// Clears a move's target, if it is still `expected_target`
+    /// ([`AbortMove`]).
+    pub fn abort_move(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        partition: u32,
+        expected_target: &str,
+    ) -> Result<(), MetaError> {
+        let command = AbortMove {
+            topic: topic.to_owned(),
+            incarnation,
+            partition,
+            expected_target: expected_target.to_owned(),
+        };
+        self.propose(Command::AbortMove(command)).map(drop)
+    }
+
+    /// Marks member `id` draining, or clears the mark.
+    pub fn set_member_draining(&self, id: &str, draining: bool) -> Result<Arc<Member>, MetaError> {
+        let command = SetMemberDraining { id: id.to_owned(), draining };
+        match self.propose(Command::SetMemberDraining(command))? {
+            Response::Member(m) => Ok(m),
+            other => unreachable!("SetMemberDraining answered {other:?}"),
         }
     }
 }

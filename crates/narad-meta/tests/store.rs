@@ -70,6 +70,7 @@ fn populate(store: &MetaStore) {
             cluster_addr: Some("127.0.0.1:7943".into()),
             status: MemberStatus::Alive,
             last_heartbeat: 1_700_000_000,
+            draining: false,
         })
         .unwrap();
     store.seed_root_user("$2b$10$root".into()).unwrap();

@@ -45,6 +45,9 @@ use crate::routes::{children, cluster, consume, health, produce, topics, users};
         users::put_grants,
         users::put_password,
         cluster::members,
+        cluster::decommission,
+        cluster::cancel_decommission,
+        cluster::moves,
         cluster::rebalance,
         cluster::status,
         health::healthz,
@@ -57,7 +60,7 @@ use crate::routes::{children, cluster, consume, health, produce, topics, users};
         (name = "topics", description = "Create, list, read, alter and delete topics"),
         (name = "messages", description = "Produce, consume and acknowledge"),
         (name = "users", description = "Users and grants (admins)"),
-        (name = "cluster", description = "Members and the control plane's status"),
+        (name = "cluster", description = "Members, decommission, partition moves and the control plane's status"),
         (name = "operations", description = "Health, readiness, metrics, this document"),
     )
 )]

@@ -184,6 +184,11 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(cluster::members))
+        .route(
+            "/v1/cluster/members/{id}/decommission",
+            post(cluster::decommission).delete(cluster::cancel_decommission),
+        )
+        .route("/v1/cluster/moves", get(cluster::moves))
         .route("/v1/cluster/rebalance", get(cluster::rebalance))
         .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))
@@ -340,6 +345,7 @@ pub async fn run(
                     cluster_addr: Some(settings.advertised_addr.to_string()),
                     status: MemberStatus::Alive,
                     last_heartbeat: 0,
+                    draining: false,
                 },
                 clock,
                 &mut registry,

@@ -25,7 +25,8 @@ fn methods() -> Vec<Method> {
 }
 
 /// Each route of the router as a concrete path (`{me}` is the caller,
-/// `{other}` another user), with a body that would succeed where allowed.
+/// `{other}` another user, `{node}` the server's node id), with a body that
+/// would succeed where allowed.
 fn routes() -> Vec<(&'static str, String)> {
     let batch = json!({"messages": [{"payload": "x"}]}).to_string();
     vec![
@@ -48,6 +49,9 @@ fn routes() -> Vec<(&'static str, String)> {
         ),
         ("/v1/users/{other}/password", json!({"new_password": "x"}).to_string()),
         ("/v1/cluster/members", String::new()),
+        ("/v1/cluster/members/{node}/decommission", String::new()),
+        ("/v1/cluster/moves", String::new()),
+        ("/v1/cluster/rebalance", String::new()),
         ("/v1/cluster/status", String::new()),
         ("/healthz", String::new()),
         ("/readyz", String::new()),
@@ -69,6 +73,8 @@ fn allowed_to_anyone(method: &Method, route: &str) -> bool {
             | "/v1/topics/t/children"
             | "/v1/users/{me}"
             | "/v1/cluster/members"
+            | "/v1/cluster/moves"
+            | "/v1/cluster/rebalance"
             | "/v1/cluster/status"
             | "/healthz"
             | "/readyz"
@@ -87,8 +93,11 @@ fn add_user(s: &Server, name: &str, grants: serde_json::Value) {
 /// succeeded without being allowed, or answered 5xx.
 fn walk(s: &Server, user: &str, also_allowed: &[(Method, &str)]) -> Vec<String> {
     let mut bad = Vec::new();
+    let status = s.as_admin(Method::GET, "/v1/cluster/status").send().unwrap();
+    let node: serde_json::Value = serde_json::from_str(&status.text().unwrap()).unwrap();
+    let node = node["node_id"].as_str().expect("node id").to_owned();
     for (route, body) in routes() {
-        let path = route.replace("{me}", user).replace("{other}", "other");
+        let path = route.replace("{me}", user).replace("{other}", "other").replace("{node}", &node);
         for m in methods() {
             let r = s.as_user(m.clone(), &path, user, "pw").body(body.clone()).send().unwrap();
             let status = r.status().as_u16();

@@ -307,6 +307,26 @@ fn cluster_members_and_status() {
     {
         assert!(text.contains(want), "{want:?} in:\n{text}");
     }
+    // Nothing moves on one node; a drain marks it (new topics still land
+    // on it: it is the only member) and an undrain clears the mark.
+    assert_eq!(c.json(&["cluster", "moves", "-o", "json"]), serde_json::json!({"moves": []}));
+    assert!(c.ok(&["cluster", "moves"]).contains("no moves in flight"));
+    assert!(c.ok(&["cluster", "drain", "n1"]).contains("n1 is draining"));
+    let m = c.json(&["cluster", "members", "-o", "json"]);
+    assert_eq!(m["members"][0]["draining"], true, "{m}");
+    assert!(c.ok(&["cluster", "members"]).lines().nth(1).unwrap().contains(" yes "));
+    c.ok(&["topic", "add", "t2", "--partitions", "3"]);
+    let m = c.json(&["cluster", "members", "-o", "json"]);
+    assert_eq!(m["members"][0]["owned_partitions"], 8, "{m}");
+    assert!(c.ok(&["cluster", "undrain", "n1"]).contains("no longer draining"));
+    c.ok(&["cluster", "decommission", "n1"]);
+    c.ok(&["cluster", "decommission", "n1", "--cancel"]);
+    let m = c.json(&["cluster", "members", "-o", "json"]);
+    assert_eq!(m["members"][0]["draining"], false, "{m}");
+    let (code, _, err) = c.run(&["cluster", "drain", "n9"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("404") && err.contains("member not found"), "{err}");
+
     let env = [("NARAD_ADDR", s.base.as_str()), ("NARAD_CONFIG_DIR", c.config_dir.as_str())];
     let (code, _, err) = run_cli(&["cluster", "members"], &env, None);
     assert_eq!(code, 1, "no credentials: {err}");

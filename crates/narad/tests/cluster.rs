@@ -805,3 +805,73 @@ fn delete_and_recreate_racing_through_different_nodes_converge_with_one_live_inc
         assert!(!c.node(i).log().contains("panicked"), "{}", c.node(i).log_tail());
     }
 }
+
+/// The `draining` flags node `i` lists, by member id.
+fn draining(c: &Cluster, i: usize) -> Option<Vec<(String, bool)>> {
+    let (status, v) = c.get_json(i, "/v1/cluster/members")?;
+    (status == 200).then(|| {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["id"].as_str().unwrap().to_owned(), m["draining"] == true))
+            .collect()
+    })
+}
+
+#[test]
+fn a_drained_member_gets_no_new_partitions_is_planned_empty_and_an_undrain_restores_it() {
+    let c = Cluster::start(3, ClusterOpts::dev());
+    let leader = c.leader(READY);
+    let via = follower(&c, leader);
+    let before = c.create_placed(leader, json!({"name": "before", "partitions": 6}));
+    let on_n3 = before.iter().filter(|o| *o == "n3").count();
+    assert!(on_n3 > 0, "n3 owns some partitions of {before:?}");
+
+    let decommission = |i: usize, method: Method, id: &str| {
+        let path = format!("/v1/cluster/members/{id}/decommission");
+        let r = c.request(i, method, &path).send().unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    // Through a follower: the mark is a metastore command, so every
+    // replica shows it (the heartbeats that follow keep it).
+    assert_eq!(decommission(via, Method::POST, "n3").0, 204);
+    let want = vec![("n1".to_owned(), false), ("n2".to_owned(), false), ("n3".to_owned(), true)];
+    wait_for(
+        Duration::from_secs(15),
+        "every node lists n3 draining",
+        || (0..3).all(|i| draining(&c, i).as_ref() == Some(&want)).then_some(()),
+        || c.describe(),
+    );
+    let (status, body) = decommission(via, Method::POST, "n9");
+    assert_eq!((status, body.contains("member not found")), (404, true), "{body}");
+    assert!(
+        c.node(via).log().contains("cluster.decommission"),
+        "the decommission is audited where it was asked"
+    );
+
+    // No new partition lands on n3; the plan takes all of its partitions
+    // to n1 and n2 (the alive members that are not draining).
+    let after = c.create_placed(leader, json!({"name": "after", "partitions": 6}));
+    assert!(after.iter().all(|o| o != "n3"), "{after:?}");
+    let (_, plan) = c.get_json(leader, "/v1/cluster/rebalance").unwrap();
+    assert_eq!(plan["receivers"], json!(["n1", "n2"]), "{plan}");
+    let moves = plan["moves"].as_array().unwrap();
+    let from_n3: Vec<&Value> = moves.iter().filter(|m| m["from"] == "n3").collect();
+    assert_eq!(from_n3.len(), on_n3, "every n3 partition is planned away: {plan}");
+    assert!(moves.iter().all(|m| m["to"] != "n3"), "{plan}");
+    let (_, m) = c.get_json(leader, "/v1/cluster/moves").unwrap();
+    assert_eq!(m, json!({"moves": []}), "a plan is a dry run: nothing in flight");
+
+    // Cancel: n3 receives partitions again.
+    assert_eq!(decommission(via, Method::DELETE, "n3").0, 204);
+    let want: Vec<(String, bool)> = want.into_iter().map(|(id, _)| (id, false)).collect();
+    wait_for(
+        Duration::from_secs(15),
+        "every node lists n3 not draining",
+        || (0..3).all(|i| draining(&c, i).as_ref() == Some(&want)).then_some(()),
+        || c.describe(),
+    );
+    let again = c.create_placed(leader, json!({"name": "again", "partitions": 6}));
+    assert!(again.iter().any(|o| o == "n3"), "{again:?}");
+}

@@ -219,6 +219,7 @@ impl Broker {
                     cluster_addr: None,
                     status: MemberStatus::Alive,
                     last_heartbeat: now_s,
+                    draining: false,
                 })?;
             }
             let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone())

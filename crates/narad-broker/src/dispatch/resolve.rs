@@ -321,6 +321,7 @@ mod tests {
             cluster_addr: None,
             status: MemberStatus::Alive,
             last_heartbeat: 1,
+            draining: false,
         };
         meta.member_join(m).unwrap();
     }

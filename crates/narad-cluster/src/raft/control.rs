@@ -343,7 +343,19 @@ fn audit_event(command: &Command) -> Option<(&'static str, String, Option<String
         }
         Command::DeleteUser(c) => ("user.delete", c.username.clone(), None),
         Command::SeedRootUser(c) => ("user.seed_root", c.user.username.clone(), None),
-        Command::AssignPartitions(_) | Command::MemberJoin(_) | Command::MemberDead(_) => {
+        Command::SetMemberDraining(c) => {
+            let event =
+                if c.draining { "cluster.decommission" } else { "cluster.decommission.cancel" };
+            (event, c.id.clone(), None)
+        }
+        Command::SetAssignmentTarget(c) => {
+            ("cluster.move", format!("{}/{}", c.topic, c.partition), None)
+        }
+        Command::AssignPartitions(_)
+        | Command::MemberJoin(_)
+        | Command::MemberDead(_)
+        | Command::CompleteMove(_)
+        | Command::AbortMove(_) => {
             return None;
         }
     })

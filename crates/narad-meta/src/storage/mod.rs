@@ -628,6 +628,7 @@ mod tests {
             cluster_addr: None,
             status: MemberStatus::Dead,
             last_heartbeat: 5,
+            draining: false,
         };
         let golden = br#"{"id":"n1","addr":"h:1","status":"dead","last_heartbeat":5}"#;
         assert_eq!(encode(&m), golden);

@@ -242,6 +242,7 @@ mod tests {
                     cluster_addr: None,
                     status: MemberStatus::Alive,
                     last_heartbeat: 5,
+                    draining: false,
                 },
             }),
         ];

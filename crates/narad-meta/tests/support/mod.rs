@@ -102,6 +102,7 @@ pub fn random_command(rng: &mut SimRng, state: &MetaState) -> Option<Command> {
                 cluster_addr: None,
                 status: MemberStatus::Alive,
                 last_heartbeat: state.applied_index() as i64,
+                draining: false,
             },
         }),
         9 => Command::MemberDead(MemberDead {

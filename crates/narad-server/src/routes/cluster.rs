@@ -1,21 +1,27 @@
 //! `/v1/cluster` (SPEC §1.9): the members the metastore knows, this
-//! node's view of the control plane, and the rebalance plan (dry run). Reads, so any authenticated user
-//! (SPEC §1.2); both answer from local state (possibly stale on a
-//! follower), on a single node too.
+//! node's view of the control plane, the moves in flight and the rebalance
+//! plan (dry run) are reads, so any authenticated user (SPEC §1.2); they
+//! answer from local state (possibly stale on a follower), on a single
+//! node too. Decommission (`POST`/`DELETE .../decommission`) marks a member
+//! draining or clears the mark through the metastore: admin only, audited.
 
-use axum::extract::State;
+use axum::Extension;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use narad_broker::ownership::member_loads;
+use narad_meta::MetaError;
 use narad_meta::limits::MAX_MOVES_IN_FLIGHT;
 use narad_meta::rebalance::{self, PlannedMove};
 use narad_meta::{MemberStatus, MetaState};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::access::Caller;
 use crate::cluster::ClusterStatus;
-use crate::error::json_response;
+use crate::error::{ApiError, json_response};
 use crate::openapi::ErrorBody;
+use crate::routes::users::{audit, require_admin, run};
 use crate::state::Shared;
 
 /// One member.
@@ -28,7 +34,8 @@ pub struct MemberJson {
     /// `alive` or `dead`.
     #[schema(value_type = String, example = "alive")]
     pub status: &'static str,
-    /// Being decommissioned (no decommission exists yet: always false).
+    /// Being decommissioned: it gets no new partitions, and the planner
+    /// moves its partitions away.
     pub draining: bool,
     /// Partitions it owns, over every topic.
     pub owned_partitions: u64,
@@ -57,7 +64,7 @@ pub fn members_of(state: &MetaState) -> Vec<MemberJson> {
                     MemberStatus::Alive => "alive",
                     MemberStatus::Dead => "dead",
                 },
-                draining: false,
+                draining: m.draining,
                 owned_partitions: load.owned_partitions,
                 outbound_moves: load.outbound_moves,
             }
@@ -97,17 +104,24 @@ pub struct RebalancePlan {
     pub max_in_flight: u64,
 }
 
-/// The plan for `state`: receivers are the members it marks alive.
+/// The plan for `state`: receivers are the members it marks alive and not
+/// draining; the alive draining ones are emptied.
 pub fn rebalance_plan(state: &MetaState) -> RebalancePlan {
+    let alive = || state.members().filter(|m| m.status == MemberStatus::Alive);
     let receivers: std::collections::BTreeSet<String> =
-        state.members().filter(|m| m.status == MemberStatus::Alive).map(|m| m.id.clone()).collect();
+        alive().filter(|m| !m.draining).map(|m| m.id.clone()).collect();
+    let draining: std::collections::BTreeSet<String> =
+        alive().filter(|m| m.draining).map(|m| m.id.clone()).collect();
     let views = rebalance::partition_views(state);
     let unplannable = views
         .iter()
-        .filter(|v| !receivers.contains(v.target.as_deref().unwrap_or(&v.owner)))
+        .filter(|v| {
+            let at = v.target.as_deref().unwrap_or(&v.owner);
+            !receivers.contains(at) && !draining.contains(at)
+        })
         .count();
     let in_flight = views.iter().filter(|v| v.target.is_some()).count();
-    let moves = rebalance::plan(&views, &receivers, &Default::default(), MAX_MOVES_IN_FLIGHT);
+    let moves = rebalance::plan(&views, &receivers, &draining, MAX_MOVES_IN_FLIGHT);
     RebalancePlan {
         moves,
         receivers: receivers.into_iter().collect(),
@@ -131,6 +145,117 @@ pub fn rebalance_plan(state: &MetaState) -> RebalancePlan {
 pub async fn rebalance(State(s): State<Shared>) -> Response {
     let plan = rebalance_plan(&s.broker.meta().snapshot());
     json_response(StatusCode::OK, serde_json::to_string(&plan).expect("plan serializes"))
+}
+
+/// One move in flight (SPEC §1.9 `GET /v1/cluster/moves`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct MoveJson {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// Its owner, which the partition is copied from.
+    pub from: String,
+    /// The member copying it, which becomes the owner when the move ends.
+    pub to: String,
+}
+
+/// `GET /v1/cluster/moves`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Moves {
+    /// In `(topic, partition)` order.
+    pub moves: Vec<MoveJson>,
+}
+
+/// The moves in flight in `state`: the partitions with a target.
+pub fn moves_of(state: &MetaState) -> Vec<MoveJson> {
+    rebalance::partition_views(state)
+        .into_iter()
+        .filter_map(|v| {
+            let to = v.target?;
+            Some(MoveJson { topic: v.topic, partition: v.partition, from: v.owner, to })
+        })
+        .collect()
+}
+
+/// `GET /v1/cluster/moves`.
+#[utoipa::path(
+    get,
+    operation_id = "list_cluster_moves",
+    path = "/v1/cluster/moves",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The partition moves in flight (this node's replica)", body = Moves),
+        (status = 401, description = "No or bad credentials", body = ErrorBody),
+    )
+)]
+pub async fn moves(State(s): State<Shared>) -> Response {
+    let reply = Moves { moves: moves_of(&s.broker.meta().snapshot()) };
+    json_response(StatusCode::OK, serde_json::to_string(&reply).expect("moves serialize"))
+}
+
+/// `POST /v1/cluster/members/{id}/decommission`: mark the member draining.
+#[utoipa::path(
+    post,
+    operation_id = "decommission_member",
+    path = "/v1/cluster/members/{id}/decommission",
+    tag = "cluster",
+    params(("id" = String, Path, description = "The member's node id")),
+    responses(
+        (status = 204, description = "The member is draining: it gets no new partitions and its partitions are planned away"),
+        (status = 401, description = "No or bad credentials", body = ErrorBody),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+        (status = 404, description = "No such member", body = ErrorBody),
+        (status = 503, description = "No metastore quorum", body = ErrorBody),
+    )
+)]
+pub async fn decommission(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    set_draining(&s, &caller, id, true).await
+}
+
+/// `DELETE /v1/cluster/members/{id}/decommission`: cancel a decommission.
+#[utoipa::path(
+    delete,
+    operation_id = "cancel_decommission",
+    path = "/v1/cluster/members/{id}/decommission",
+    tag = "cluster",
+    params(("id" = String, Path, description = "The member's node id")),
+    responses(
+        (status = 204, description = "The member is no longer draining (moves already done stay done)"),
+        (status = 401, description = "No or bad credentials", body = ErrorBody),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+        (status = 404, description = "No such member", body = ErrorBody),
+        (status = 503, description = "No metastore quorum", body = ErrorBody),
+    )
+)]
+pub async fn cancel_decommission(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    set_draining(&s, &caller, id, false).await
+}
+
+async fn set_draining(
+    s: &Shared,
+    caller: &Caller,
+    id: String,
+    draining: bool,
+) -> Result<Response, ApiError> {
+    require_admin(caller)?;
+    let meta = s.broker.meta().clone();
+    if meta.snapshot().member(&id).is_none() {
+        return Err(MetaError::NotFound("member not found".into()).into());
+    }
+    let target = id.clone();
+    run(move || Ok(meta.set_member_draining(&target, draining).map(drop)?)).await?;
+    let event = if draining { "cluster.decommission" } else { "cluster.decommission.cancel" };
+    audit(caller, event, &id);
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `GET /v1/cluster/status`.

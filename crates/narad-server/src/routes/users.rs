@@ -80,7 +80,9 @@ fn user_reply(status: StatusCode, u: &User) -> Response {
     json_response(status, serde_json::to_string(&u.json()).expect("a user serializes"))
 }
 
-fn require_admin(caller: &Caller) -> Result<(), ApiError> {
+/// 403 unless the caller is an admin (every user route but the self-service
+/// password change, and the cluster's decommission).
+pub(crate) fn require_admin(caller: &Caller) -> Result<(), ApiError> {
     if caller.is_admin() { Ok(()) } else { Err(forbidden(ADMIN_DENIED)) }
 }
 
@@ -92,7 +94,7 @@ fn check_delegation(caller: &Caller, grants: &[Grant]) -> Result<(), ApiError> {
 }
 
 /// Runs a blocking metastore (or hashing) step.
-async fn run<T: Send + 'static>(
+pub(crate) async fn run<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     blocking(f).await.ok_or_else(|| ApiError::Json {
@@ -108,7 +110,8 @@ fn hashed(password: &str) -> Result<String, ApiError> {
     })
 }
 
-fn audit(caller: &Caller, event: &str, target: &str) {
+/// Logs an `audit` event: who did what to which user or member.
+pub(crate) fn audit(caller: &Caller, event: &str, target: &str) {
     info!(component = "audit", event, actor = caller.name(), target, "audit");
 }
 

@@ -1,11 +1,13 @@
-//! `narad cluster members|status|rebalance`: the members the server's
-//! metastore knows, the server's view of the control plane (leader, term,
-//! its role), and the rebalance planner's moves (a dry run).
+//! `narad cluster members|status|moves|rebalance|drain|undrain`: the
+//! members the server's metastore knows, the server's view of the control
+//! plane (leader, term, its role), the partition moves in flight, the
+//! rebalance planner's moves (a dry run), and decommission (drain) of a
+//! member or its cancel (undrain).
 
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use super::{CliResult, Client, Conn, Output, cell, print_table};
+use super::{CliResult, Client, Conn, Output, cell, enc, print_table};
 
 /// `narad cluster ...`.
 #[derive(Debug, Args)]
@@ -32,6 +34,56 @@ enum ClusterCommand {
         #[arg(long, required = true)]
         dry_run: bool,
     },
+    /// The partition moves in flight: topic, partition, from, to.
+    Moves,
+    /// Decommission a member: it gets no new partitions and its partitions
+    /// are planned away (admin). `decommission` is the same command.
+    #[command(alias = "decommission")]
+    Drain {
+        /// The member's node id.
+        id: String,
+        /// Cancel the decommission instead (as `undrain`).
+        #[arg(long)]
+        cancel: bool,
+    },
+    /// Cancel a member's decommission: it receives partitions again
+    /// (admin). Moves already finished stay where they went.
+    Undrain {
+        /// The member's node id.
+        id: String,
+    },
+}
+
+fn print_moves(c: &Client, v: &Value) {
+    if c.output == Output::Json {
+        c.print_json(v);
+        return;
+    }
+    let rows: Vec<Vec<String>> = v["moves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| vec![cell(&m["topic"]), cell(&m["partition"]), cell(&m["from"]), cell(&m["to"])])
+        .collect();
+    if rows.is_empty() {
+        println!("no moves in flight");
+    } else {
+        print_table(&["topic", "partition", "from", "to"], rows);
+    }
+}
+
+fn set_draining(c: &Client, id: &str, draining: bool) -> CliResult {
+    let path = format!("/v1/cluster/members/{}/decommission", enc(id));
+    let (method, what) = if draining { ("POST", "drain") } else { ("DELETE", "undrain") };
+    c.send(method, &path, None)?.expect(204, what)?;
+    if draining {
+        println!(
+            "{id} is draining: it gets no new partitions, and the rebalance plan takes its partitions away"
+        );
+    } else {
+        println!("{id} is no longer draining");
+    }
+    Ok(())
 }
 
 fn print_plan(c: &Client, v: &Value) {
@@ -134,6 +186,12 @@ pub fn run(a: ClusterArgs) -> CliResult {
             let v = c.get("/v1/cluster/rebalance")?.expect(200, "rebalance plan")?.value()?;
             print_plan(&c, &v);
         }
+        ClusterCommand::Moves => {
+            let v = c.get("/v1/cluster/moves")?.expect(200, "cluster moves")?.value()?;
+            print_moves(&c, &v);
+        }
+        ClusterCommand::Drain { id, cancel } => set_draining(&c, &id, !cancel)?,
+        ClusterCommand::Undrain { id } => set_draining(&c, &id, false)?,
     }
     Ok(())
 }
