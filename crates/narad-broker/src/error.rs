@@ -38,6 +38,10 @@ pub enum BrokerError {
     /// The node is shutting down (503).
     #[error("server is shutting down")]
     ShuttingDown,
+    /// The partition moved to another member (421): this node's log of it
+    /// is a leftover; the sender asks the new owner.
+    #[error("not partition owner: {0}")]
+    NotOwner(String),
     /// A metastore error (its own status).
     #[error(transparent)]
     Meta(#[from] MetaError),
@@ -71,6 +75,7 @@ impl BrokerError {
                 410
             }
             BrokerError::AckedAheadFull | BrokerError::ShuttingDown => 503,
+            BrokerError::NotOwner(_) => 421,
             BrokerError::Meta(e) => e.status(),
             BrokerError::Wal(e) if e.is_retriable() => 503,
             BrokerError::Wal(_) | BrokerError::Internal { .. } => 500,

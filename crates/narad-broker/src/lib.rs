@@ -7,6 +7,7 @@ pub mod consume;
 pub mod dispatch;
 mod error;
 pub mod fanout;
+pub mod fence;
 pub mod limits;
 mod log_gate;
 pub mod metrics;

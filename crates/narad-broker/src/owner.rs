@@ -14,6 +14,7 @@ use tracing::warn;
 use crate::dispatch::core::OwnerId;
 use crate::dispatch::resolve::LOCAL_OWNER;
 use crate::error::BrokerError;
+use crate::fence::{Fences, PartitionKey, Shut};
 use crate::metrics::{BrokerMetrics, PartitionLabels};
 use crate::topics::Topics;
 
@@ -82,6 +83,28 @@ pub enum CommitError {
     /// transient failure, logged quietly; the records stay in the WAL.
     #[error("owner unavailable: {0}")]
     Unavailable(String),
+    /// The partition is frozen while it moves (SPEC §7.3): the owner
+    /// answered, so the destination is not failing; the records go back to
+    /// the WAL and are resolved again after the refusal back-off, to this
+    /// owner while the move runs and to the new one once it flipped. Never
+    /// a reason to reroute to a sibling partition.
+    #[error("commit refused, partition frozen: {0}")]
+    Frozen(String),
+}
+
+impl CommitError {
+    /// What the dispatcher makes of it: an answer from the owner that
+    /// refuses (another incarnation, another owner, a freeze) is a refusal
+    /// (resolved again, not failing); anything else is a failure.
+    pub fn outcome(&self) -> crate::dispatch::core::Outcome {
+        use crate::dispatch::core::Outcome;
+        match self {
+            CommitError::Refused(_) | CommitError::NotOwner(_) | CommitError::Frozen(_) => {
+                Outcome::Refused
+            }
+            CommitError::Failed(_) | CommitError::Unavailable(_) => Outcome::Failed,
+        }
+    }
 }
 
 /// A boxed commit future.
@@ -111,18 +134,50 @@ pub trait Owner: Send + Sync + Debug {
 /// A boxed ping future.
 pub type PingFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
-/// Commits into this node's partition logs.
+/// Commits into this node's partition logs, each through its partition's
+/// gate ([`Fences`]).
 #[derive(Debug)]
 pub struct LocalOwner {
     meta: Arc<MetaStore>,
     topics: Arc<Topics>,
     metrics: Arc<BrokerMetrics>,
+    fences: Arc<Fences>,
 }
 
 impl LocalOwner {
-    /// The local owner.
+    /// The local owner, every gate open.
     pub fn new(meta: Arc<MetaStore>, topics: Arc<Topics>, metrics: Arc<BrokerMetrics>) -> Self {
-        LocalOwner { meta, topics, metrics }
+        LocalOwner { meta, topics, metrics, fences: Arc::new(Fences::new()) }
+    }
+
+    /// The gates every commit passes (freezes and moves shut them).
+    pub fn fences(&self) -> &Arc<Fences> {
+        &self.fences
+    }
+
+    /// Freezes partition `partition` of the live incarnation of `topic`
+    /// for a move to `target` until `deadline_ms` (wall clock): waits for
+    /// the commits in flight, refuses every later one as
+    /// [`CommitError::Frozen`], and returns the high watermark, which stays
+    /// final while the partition is frozen (SPEC §7.3, PrepareHandoff).
+    pub fn freeze(
+        &self,
+        topic: &str,
+        partition: u32,
+        target: &str,
+        deadline_ms: u64,
+    ) -> Result<u64, BrokerError> {
+        let t = self.meta.topic(topic).ok_or(BrokerError::TopicNotFound)?;
+        if partition >= t.partitions() {
+            return Err(BrokerError::Invalid(format!(
+                "partition {partition} out of range for topic {topic}"
+            )));
+        }
+        let part = self.topics.partition(&t, partition)?;
+        let key = PartitionKey::new(topic, t.incarnation(), partition);
+        self.fences
+            .freeze(&key, target, deadline_ms, || part.log.high_watermark())
+            .map_err(|e| BrokerError::Invalid(e.to_string()))
     }
 
     /// The commit itself (blocking: append, fsync, read back); the offsets
@@ -169,7 +224,13 @@ impl LocalOwner {
             .into_iter()
             .map(|r| CommitRecord { key: r.key, payload: r.payload })
             .collect();
-        match part.log.commit(records) {
+        let key = PartitionKey::new(&batch.topic, topic.incarnation(), batch.partition);
+        let committed = match self.fences.pass(&key, || part.log.commit(records)) {
+            Ok(c) => c,
+            Err(shut @ Shut::Frozen { .. }) => return Err(CommitError::Frozen(shut.to_string())),
+            Err(shut @ Shut::Moved { .. }) => return Err(CommitError::NotOwner(shut.to_string())),
+        };
+        match committed {
             Ok(outcome) => {
                 let l = PartitionLabels::new(&batch.topic, batch.partition);
                 self.metrics.messages_produced.get_or_create(&l).inc_by(count);

@@ -84,7 +84,7 @@ use narad_broker::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LeaderTo
 use narad_broker::fanout::cursor_file::{self, CursorState};
 use narad_broker::fanout::slab::{ChildHealth, PendingSlab};
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
+use narad_broker::owner::{CommitBatch, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
@@ -395,8 +395,7 @@ impl Node {
     fn commit(&self, batch: CommitBatch) -> Outcome {
         match self.owner.commit_blocking(batch) {
             Ok(_) => Outcome::Committed,
-            Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,
-            Err(CommitError::Failed(_) | CommitError::Unavailable(_)) => Outcome::Failed,
+            Err(e) => e.outcome(),
         }
     }
 }

@@ -45,7 +45,7 @@ use narad_broker::consume::take::take;
 use narad_broker::dispatch::core::{Core, Outcome};
 use narad_broker::dispatch::resolve::LocalResolver;
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
+use narad_broker::owner::{CommitBatch, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{PartitionRt, Topics, shard_limits};
 use narad_clock::{Clock, ManualClock};
@@ -282,8 +282,7 @@ impl Node {
             let batch = CommitBatch::of(&o.dest, &o.items);
             let outcome = match self.owner.commit_blocking(batch) {
                 Ok(_) => Outcome::Committed,
-                Err(CommitError::Refused(_) | CommitError::NotOwner(_)) => Outcome::Refused,
-                Err(CommitError::Failed(_) | CommitError::Unavailable(_)) => Outcome::Failed,
+                Err(e) => e.outcome(),
             };
             self.core.finish(o.id, &o.dest, o.items, outcome, now);
         }

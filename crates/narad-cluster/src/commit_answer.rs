@@ -15,6 +15,7 @@
 //! | [`CommitAnswer::IdsRefused`] | 400 | `{"error":"... trailing bytes ..."}` (an owner from before incarnations) |
 //! | [`CommitAnswer::BadRequest`] | 400 | `{"error":..}` (any other 400) |
 //! | [`CommitAnswer::Unavailable`] | 503 | `{"error":..}` |
+//! | [`CommitAnswer::Frozen`] | 423 | `{"error":..}` (the partition is moving; a sender from before moves reads it as a failure: it retries, then reroutes) |
 //! | [`CommitAnswer::Failed`] | any other | `{"error":..}` or text |
 //!
 //! A 200 whose body does not parse is [`CommitAnswer::Failed`]: the sender
@@ -54,6 +55,10 @@ pub enum CommitAnswer {
     /// The owner cannot commit now (shutting down, its storage latched):
     /// retriable.
     Unavailable(String),
+    /// The partition is frozen while it moves to another member (SPEC
+    /// §7.3): retriable, to the same partition (the sender resolves its
+    /// owner again after a back-off; never a sibling).
+    Frozen(String),
     /// The commit failed at the owner, or an answer that is none of the
     /// above (`status` as received).
     Failed {
@@ -108,6 +113,7 @@ impl CommitAnswer {
             400 if why.contains(TRAILING_BYTES) => CommitAnswer::IdsRefused(why),
             400 => CommitAnswer::BadRequest(why),
             503 => CommitAnswer::Unavailable(why),
+            423 => CommitAnswer::Frozen(why),
             status => CommitAnswer::Failed { status, why },
         }
     }
@@ -122,6 +128,7 @@ impl CommitAnswer {
             | CommitAnswer::IdsRefused(why)
             | CommitAnswer::BadRequest(why)
             | CommitAnswer::Unavailable(why)
+            | CommitAnswer::Frozen(why)
             | CommitAnswer::Failed { why, .. } => why.clone(),
         }
     }
@@ -135,6 +142,7 @@ impl CommitAnswer {
             CommitAnswer::NotOwner(_) => 421,
             CommitAnswer::IdsRefused(_) | CommitAnswer::BadRequest(_) => 400,
             CommitAnswer::Unavailable(_) => 503,
+            CommitAnswer::Frozen(_) => 423,
             CommitAnswer::Failed { status, .. } => *status,
         }
     }
@@ -166,6 +174,7 @@ mod tests {
             CommitAnswer::ids_refused_like_an_old_owner(),
             CommitAnswer::BadRequest("empty commit batch".into()),
             CommitAnswer::Unavailable("shutting down".into()),
+            CommitAnswer::Frozen("partition frozen while it moves to n4".into()),
             CommitAnswer::Failed { status: 500, why: "commit failed: disk".into() },
             CommitAnswer::Failed { status: 502, why: "odd".into() },
         ]

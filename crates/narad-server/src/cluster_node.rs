@@ -265,6 +265,7 @@ impl NodeHandler {
                 CommitAnswer::Failed { status: 500, why: format!("commit failed: {why}") }
             }
             Err(CommitError::Unavailable(why)) => CommitAnswer::Unavailable(why),
+            Err(CommitError::Frozen(why)) => CommitAnswer::Frozen(why),
         }
     }
 

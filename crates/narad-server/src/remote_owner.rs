@@ -278,6 +278,10 @@ impl RemoteOwner {
                 self.count(&member, "unavailable");
                 Err(CommitError::Unavailable(format!("{member} answered 503: {why}")))
             }
+            CommitAnswer::Frozen(why) => {
+                self.count(&member, "frozen");
+                Err(CommitError::Frozen(format!("{member} answered 423: {why}")))
+            }
             other @ (CommitAnswer::IdsRefused(_)
             | CommitAnswer::BadRequest(_)
             | CommitAnswer::Failed { .. }) => {

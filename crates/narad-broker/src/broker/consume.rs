@@ -311,6 +311,9 @@ impl Broker {
         let (mut tried, mut failures, mut first_error) = (0usize, 0usize, None);
         for p in order {
             let Some(part) = rt.partition_if_open(p) else { continue };
+            if self.moved_away(t, p).is_some() {
+                continue; // a leftover of a move: its owner serves it
+            }
             tried += 1;
             let failed =
                 self.take_from(&rt.name, &part, &limits, max - out.len(), &mut bytes, &mut out);
@@ -403,6 +406,9 @@ impl Broker {
         if partition >= t.partitions() {
             return Err(BrokerError::Invalid("invalid partition".into()));
         }
+        if let Some(to) = self.moved_away(&t, partition) {
+            return Err(BrokerError::NotOwner(format!("partition {partition} moved to {to}")));
+        }
         let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) else {
             return Ok(Vec::new()); // nothing was ever committed here
         };
@@ -454,6 +460,11 @@ impl Broker {
         let (p, offset, nonce) = parse_receipt_handle(handle)
             .ok_or_else(|| BrokerError::Invalid("receipt handle is malformed".into()))?;
         let t = self.topic(topic)?;
+        if let Some(to) = self.moved_away(&t, p) {
+            // The lease died with the move: the record comes back on `to`
+            // after its visibility timeout.
+            return Err(BrokerError::NotOwner(format!("partition {p} moved to {to}")));
+        }
         let Some(rt) = self.topics.get_open(t.name(), t.incarnation()) else {
             return Err(BrokerError::StaleHandle);
         };

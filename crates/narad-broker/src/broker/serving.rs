@@ -4,7 +4,9 @@
 //! dispatcher), and the topic directories found at start-up that this
 //! replica does not know ([`Broker::unconfirmed_orphans`],
 //! [`Broker::remove_confirmed_orphan`], [`Broker::forget_orphan`]).
-//! (Planned: freezing a partition and handing it off go here too.)
+//! The partition fence ([`crate::fence`]) is read here too:
+//! [`Broker::moved_away`] for consume, ack and replay, which must not serve
+//! a partition whose move flipped (its log here is a leftover).
 //!
 //! Fields worked on here: `local_owner` (commits into this node's logs)
 //! and `unconfirmed_orphans`.
@@ -54,6 +56,22 @@ impl Broker {
             Ok(Err(CommitError::Refused(_))) if self.check_running().is_err() => Err(unavailable()),
             Ok(r) => r,
             Err(e) => Err(CommitError::Failed(format!("commit task failed: {e}"))),
+        }
+    }
+
+    /// The gates of this node's partitions (every local commit passes one).
+    pub fn fences(&self) -> &std::sync::Arc<crate::fence::Fences> {
+        self.local_owner.fences()
+    }
+
+    /// Where partition `p` of `t` moved, if its move flipped away from this
+    /// node (the fence sealed it): consume skips it, ack and replay answer
+    /// 421 naming the new owner.
+    pub fn moved_away(&self, t: &Topic, p: u32) -> Option<String> {
+        let key = crate::fence::PartitionKey::new(t.name(), t.incarnation(), p);
+        match self.local_owner.fences().shut(&key) {
+            Some(crate::fence::Shut::Moved { to }) => Some(to),
+            _ => None,
         }
     }
 

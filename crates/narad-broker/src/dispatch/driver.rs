@@ -63,7 +63,7 @@ impl Dispatcher {
             last_stored: 0,
             outstanding: 0,
             reroute_log: GATE,
-            outcome_logs: [GATE; 6],
+            outcome_logs: [GATE; 7],
             last_trouble_report: None,
             reported: Default::default(),
         };
@@ -87,6 +87,7 @@ enum Note {
     Refused(String),
     Failed(String),
     Unavailable(String),
+    Frozen(String),
     TimedOut,
 }
 
@@ -94,7 +95,7 @@ impl Note {
     fn outcome(&self) -> Outcome {
         match self {
             Note::Committed => Outcome::Committed,
-            Note::NotOwner(_) | Note::Refused(_) => Outcome::Refused,
+            Note::NotOwner(_) | Note::Refused(_) | Note::Frozen(_) => Outcome::Refused,
             Note::Failed(_) | Note::Unavailable(_) | Note::TimedOut => Outcome::Failed,
         }
     }
@@ -108,6 +109,7 @@ impl Note {
             Note::Failed(_) => 3,
             Note::TimedOut => 4,
             Note::Unavailable(_) => 5,
+            Note::Frozen(_) => 6,
         }
     }
 }
@@ -147,7 +149,7 @@ struct Driver {
     /// as it likes).
     reroute_log: LogGate,
     /// Commit outcome WARNs, by [`Note::kind`].
-    outcome_logs: [LogGate; 6],
+    outcome_logs: [LogGate; 7],
     last_trouble_report: Option<Duration>,
     reported: super::core::CoreStats,
 }
@@ -251,6 +253,8 @@ impl Driver {
             ),
             Note::Unavailable(why) => info!(topic, partition, records, commits, reason = %why,
                 "partition owner is shutting down; its records stay in the WAL (rerouted after 3 s)"),
+            Note::Frozen(why) => info!(topic, partition, records, commits, reason = %why,
+                "partition is frozen while it moves; its records stay in the WAL and go to the same partition after a back-off"),
         }
     }
 
@@ -393,6 +397,7 @@ impl Driver {
                     Ok(Err(CommitError::Refused(why))) => Note::Refused(why),
                     Ok(Err(CommitError::Failed(why))) => Note::Failed(why),
                     Ok(Err(CommitError::Unavailable(why))) => Note::Unavailable(why),
+                    Ok(Err(CommitError::Frozen(why))) => Note::Frozen(why),
                     Err(_) => Note::TimedOut,
                 };
                 match note.outcome() {
