@@ -40,6 +40,7 @@ pub mod bench;
 mod cache;
 mod commit;
 mod config;
+pub mod copy;
 pub mod envelope;
 mod error;
 pub mod frame;
