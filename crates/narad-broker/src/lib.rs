@@ -22,8 +22,8 @@ mod test_support;
 pub mod topics;
 
 pub use broker::{
-    AckAction, Broker, BrokerConfig, Delivered, PartitionStats, ProduceRecord, Registration,
-    Routing,
+    AckAction, Broker, BrokerConfig, Delivered, FrozenSource, MoveListing, PartitionStats,
+    ProduceRecord, Registration, Routing,
 };
 pub use error::BrokerError;
 pub use fanout::ChildLag;

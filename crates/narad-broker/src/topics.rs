@@ -182,6 +182,12 @@ impl PartitionRt {
         Ok(true)
     }
 
+    /// The consumer frontier as persisted: the last offset below which
+    /// (inclusive) every record is acked, `None` before the first ack.
+    pub fn persisted_frontier(&self) -> Result<Option<u64>, BrokerError> {
+        self.frontier.load().map_err(|e| BrokerError::internal("read consumer frontier", e))
+    }
+
     /// Closes the log for good and stops frontier persists: waits for one
     /// in progress, and every later one writes nothing. Called before the
     /// partition's files may be removed or reopened by another holder.
@@ -602,6 +608,73 @@ impl Topics {
             }
         }
         closed
+    }
+
+    /// Starts staging a copy of partition `p` of `topic` for a move to
+    /// this node, under `<data>/moves/` (never under `topics/`: a staged
+    /// copy is no log of this node's until [`Topics::install_partition`]);
+    /// an earlier, abandoned copy of it is removed first.
+    pub fn incoming_copy(
+        &self,
+        topic: &Topic,
+        p: u32,
+    ) -> Result<narad_log::copy::IncomingCopy, BrokerError> {
+        let moves = self.root.parent().unwrap_or(&self.root).join("moves");
+        let dir = moves.join(format!("{}-{}-p{p:05}", topic.name(), topic.incarnation()));
+        narad_log::copy::IncomingCopy::create(self.fs.clone(), &dir)
+            .map_err(|e| BrokerError::internal("stage partition copy", e))
+    }
+
+    /// The log configuration partitions open with (a staged copy is
+    /// verified with it).
+    pub fn log_config(&self) -> &LogConfig {
+        &self.log_config
+    }
+
+    /// Installs a verified copy of partition `p` of `topic` (staged at
+    /// `staged` by [`narad_log::copy::IncomingCopy`]) as this node's log of
+    /// it, with `frontier` (the last acked offset of the source, if any) as
+    /// its consumer frontier. Whatever this node held of the partition
+    /// before (a leftover of an earlier ownership, open or on disk) is
+    /// closed and removed first: the caller is the move's destination, so
+    /// this node does not own the partition and nothing here serves it.
+    /// Runs under the open lock, so no open of the partition races it.
+    pub fn install_partition(
+        &self,
+        topic: &Topic,
+        p: u32,
+        staged: &Path,
+        frontier: Option<u64>,
+    ) -> Result<(), BrokerError> {
+        let rt = self.topic(topic)?;
+        let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if rt.is_closed() {
+            return Err(BrokerError::TopicNotFound);
+        }
+        let leftover = {
+            let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());
+            parts.get_mut(p as usize).and_then(Option::take)
+        };
+        if let Some(part) = leftover {
+            part.retire();
+            self.open_logs.fetch_sub(1, Ordering::Relaxed);
+        }
+        rt.evicted.lock().unwrap_or_else(|e| e.into_inner()).remove(&p);
+        let dir = partition_dir(&rt.dir, p);
+        let exists =
+            self.fs.exists(&dir).map_err(|e| BrokerError::internal("install partition", e))?;
+        if exists {
+            self.fs
+                .remove_dir_all(&dir)
+                .map_err(|e| BrokerError::internal("install partition", e))?;
+        }
+        if let Some(last) = frontier {
+            ConsumerOffset::new(self.fs.clone(), staged, rt.incarnation)
+                .store(last)
+                .map_err(|e| BrokerError::internal("install partition", e))?;
+        }
+        narad_log::copy::install(&*self.fs, staged, &dir)
+            .map_err(|e| BrokerError::internal("install partition", e))
     }
 
     /// Closes the logs of incarnation `incarnation` of topic `name`, or of

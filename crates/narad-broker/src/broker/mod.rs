@@ -39,6 +39,7 @@ mod admin;
 mod consume;
 mod housekeeping;
 mod links;
+mod moves;
 mod open;
 mod produce;
 mod serving;
@@ -62,6 +63,7 @@ use crate::partition::RoundRobin;
 use crate::topics::Topics;
 
 pub use consume::{AckAction, Delivered};
+pub use moves::{FrozenSource, MoveListing};
 pub use open::{BrokerConfig, Registration, Routing};
 pub use produce::ProduceRecord;
 pub use stats::PartitionStats;

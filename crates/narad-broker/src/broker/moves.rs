@@ -1,0 +1,191 @@
+//! Partition moves, the broker's side (SPEC §7.3). The node crate drives a
+//! move over node RPC; these are the steps it calls on each end.
+//!
+//! Source: [`Broker::move_listing`] (RPC 22: segments with their verified
+//! lengths, the high watermark, the oldest offset), [`Broker::move_chunk`]
+//! (RPC 23: raw bytes of one segment), [`Broker::move_freeze`] (RPC 24:
+//! commits stop, the consumer frontier is persisted, and the final high
+//! watermark and frontier are answered), [`Broker::move_unfreeze`] (an
+//! aborted move) and [`Broker::move_seal`] (the flip committed).
+//!
+//! Destination: [`Broker::move_stage`] starts a staged copy,
+//! [`Broker::move_install`] verifies it against the source's frozen figures
+//! and installs it with the consumer frontier.
+//!
+//! Invariants:
+//! - Every step names the topic incarnation it was planned for; a step on
+//!   another incarnation is refused (404), so a move never mixes the files
+//!   of a deleted and a recreated topic.
+//! - Leases are not moved: a record leased on the source and not acked by
+//!   the freeze comes back on the destination after its visibility
+//!   timeout (a duplicate, never a loss); acks after the freeze are acks
+//!   the destination does not know (duplicates again).
+
+use bytes::Bytes;
+use narad_log::copy::{IncomingCopy, SegmentExtent};
+use narad_meta::Topic;
+
+use super::{Broker, blocking};
+use crate::error::BrokerError;
+use crate::fence::PartitionKey;
+
+/// What the source holds of a partition (RPC 22's answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveListing {
+    /// The offset after the last committed record.
+    pub high_watermark: u64,
+    /// The oldest offset retention kept.
+    pub oldest: u64,
+    /// The segments, oldest first, with their verified lengths.
+    pub segments: Vec<SegmentExtent>,
+}
+
+/// The source at rest (RPC 24's answer): final while it stays frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrozenSource {
+    /// The offset after the last committed record.
+    pub high_watermark: u64,
+    /// The last acked offset below which every record is acked (`None`:
+    /// nothing acked yet).
+    pub consumer_frontier: Option<u64>,
+}
+
+impl Broker {
+    /// The live topic `name` if it is incarnation `incarnation` and has
+    /// partition `p`.
+    fn move_topic(
+        &self,
+        name: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<std::sync::Arc<Topic>, BrokerError> {
+        let t = self.topic(name)?;
+        if t.incarnation() != incarnation {
+            return Err(BrokerError::TopicNotFound);
+        }
+        if p >= t.partitions() {
+            return Err(BrokerError::Invalid("invalid partition".into()));
+        }
+        Ok(t)
+    }
+
+    /// RPC 22: the source's segments of partition `p`.
+    pub async fn move_listing(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<MoveListing, BrokerError> {
+        let t = self.move_topic(topic, incarnation, p)?;
+        let topics = self.topics.clone();
+        blocking(move || {
+            let part = topics.partition(&t, p)?;
+            Ok(MoveListing {
+                high_watermark: part.log.high_watermark(),
+                oldest: part.log.oldest_offset(),
+                segments: part.log.segment_extents(),
+            })
+        })
+        .await
+    }
+
+    /// RPC 23: up to `max_len` raw bytes of segment `base` from byte `at`.
+    pub async fn move_chunk(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+        base: u64,
+        at: u64,
+        max_len: u64,
+    ) -> Result<Bytes, BrokerError> {
+        let t = self.move_topic(topic, incarnation, p)?;
+        let topics = self.topics.clone();
+        blocking(move || {
+            let part = topics.partition(&t, p)?;
+            part.log.read_segment_bytes(base, at, max_len).map_err(|e| match e {
+                narad_log::copy::CopyError::Gone(_) | narad_log::copy::CopyError::Range(_) => {
+                    BrokerError::Invalid(e.to_string())
+                }
+                other => BrokerError::internal("read segment", other),
+            })
+        })
+        .await
+    }
+
+    /// RPC 24: freezes partition `p` for a move to `target` until
+    /// `deadline_ms` (wall clock), persists its consumer frontier, and
+    /// answers the figures the copy must reproduce.
+    pub async fn move_freeze(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+        target: &str,
+        deadline_ms: u64,
+    ) -> Result<FrozenSource, BrokerError> {
+        let t = self.move_topic(topic, incarnation, p)?;
+        let (topics, owner, target) =
+            (self.topics.clone(), self.local_owner.clone(), target.to_owned());
+        blocking(move || {
+            let high_watermark = owner.freeze(t.name(), p, &target, deadline_ms)?;
+            let part = topics.partition(&t, p)?;
+            part.persist_frontier()?;
+            let consumer_frontier = part.persisted_frontier()?;
+            Ok(FrozenSource { high_watermark, consumer_frontier })
+        })
+        .await
+    }
+
+    /// Opens partition `p` again after an aborted move to `target`;
+    /// whether it was frozen for it.
+    pub fn move_unfreeze(&self, topic: &str, incarnation: u64, p: u32, target: &str) -> bool {
+        self.fences().unfreeze(&PartitionKey::new(topic, incarnation, p), target)
+    }
+
+    /// Seals partition `p` as moved to `to` (the flip committed): commits
+    /// answer "not the owner", consume skips it, ack and replay answer 421.
+    pub fn move_seal(&self, topic: &str, incarnation: u64, p: u32, to: &str) {
+        self.fences().seal_moved(&PartitionKey::new(topic, incarnation, p), to);
+    }
+
+    /// Starts staging a copy of partition `p` on this node (the move's
+    /// destination).
+    pub async fn move_stage(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<IncomingCopy, BrokerError> {
+        let t = self.move_topic(topic, incarnation, p)?;
+        let topics = self.topics.clone();
+        blocking(move || topics.incoming_copy(&t, p)).await
+    }
+
+    /// Verifies the staged `copy` against the source's frozen figures
+    /// (every frame's CRC, the same oldest offset and high watermark) and
+    /// installs it as this node's log of partition `p`, with the source's
+    /// consumer frontier.
+    pub async fn move_install(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+        copy: IncomingCopy,
+        oldest: u64,
+        frozen: FrozenSource,
+    ) -> Result<(), BrokerError> {
+        let t = self.move_topic(topic, incarnation, p)?;
+        let (topics, clock) = (self.topics.clone(), self.clock.clone());
+        blocking(move || {
+            let config = topics.log_config().clone();
+            let staged = copy
+                .verify(&config, clock, oldest, frozen.high_watermark)
+                .map_err(|e| BrokerError::Invalid(format!("partition copy refused: {e}")))?;
+            topics.install_partition(&t, p, &staged, frozen.consumer_frontier)?;
+            // Open it: a consume takes only from open partitions.
+            topics.partition(&t, p).map(drop)
+        })
+        .await
+    }
+}

@@ -1,0 +1,154 @@
+//! A partition moves between two brokers through the broker's move steps
+//! (SPEC §7.3), as the node drives them over RPC: list and copy chunks
+//! while the source takes commits, freeze, copy the tail, install on the
+//! destination with the consumer frontier. The destination serves exactly
+//! the records the source had not acked (leases are not moved: leased but
+//! unacked records come back at once, duplicates never loss), continues
+//! the offsets, and the source, sealed, serves the partition no more.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_broker::metrics::BrokerMetrics;
+use narad_broker::{AckAction, Broker, ProduceRecord};
+use narad_clock::ManualClock;
+use narad_fs::SimFs;
+use narad_log::LogConfig;
+use narad_meta::CreateTopicRequest;
+use prometheus_client::registry::Registry;
+
+mod common;
+
+async fn open(seed: u64) -> Arc<Broker> {
+    let fs = SimFs::new(seed);
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
+    let mut config = common::config();
+    // Small segments: the copy crosses several.
+    config.log = LogConfig { segment_bytes: 4096, ..LogConfig::default() };
+    let b = Broker::open(config, fs.shared(), clock, metrics).await.unwrap();
+    let req = CreateTopicRequest { name: "t".into(), partitions: 3, ..Default::default() };
+    b.create_topic(req).await.unwrap();
+    b
+}
+
+async fn produce(b: &Broker, from: usize, to: usize) {
+    let records = (from..to)
+        .map(|i| ProduceRecord {
+            key: None,
+            partition: Some(0),
+            payload: Bytes::from(format!("record-{i:04}-{}", "p".repeat(i % 90))),
+        })
+        .collect();
+    b.produce_batch("t", records).await.unwrap();
+}
+
+async fn wait_hwm(b: &Broker, inc: u64, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.move_listing("t", inc, 0).await.unwrap().high_watermark < want {
+        assert!(Instant::now() < deadline, "partition 0 never reached {want}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Copies whatever of the source's segments the copy does not hold yet.
+async fn copy_round(src: &Broker, src_inc: u64, copy: &mut narad_log::copy::IncomingCopy) -> u64 {
+    let mut copied = 0;
+    for s in src.move_listing("t", src_inc, 0).await.unwrap().segments {
+        loop {
+            let at = copy.written(s.base);
+            let chunk = src.move_chunk("t", src_inc, 0, s.base, at, 1024).await.unwrap();
+            if chunk.is_empty() {
+                break;
+            }
+            copy.write(s.base, at, &chunk).unwrap();
+            copied += chunk.len() as u64;
+        }
+    }
+    copied
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_partition_serves_what_the_source_had_not_acked_and_continues_its_offsets() {
+    let (src, dst) = (open(1).await, open(2).await);
+    let (src_inc, dst_inc) =
+        (src.topic("t").unwrap().incarnation(), dst.topic("t").unwrap().incarnation());
+    produce(&src, 0, 300).await;
+    wait_hwm(&src, src_inc, 300).await;
+    // Lease 20 records and ack the first 10: the frontier is offset 9.
+    let mut leased = Vec::new();
+    while leased.len() < 20 {
+        let got = src.consume("t", Some(0), Duration::ZERO, 20 - leased.len()).await.unwrap();
+        leased.extend(got);
+    }
+    for d in &leased[..10] {
+        src.resolve("t", d.receipt_handle.as_deref().unwrap(), AckAction::Ack).unwrap();
+    }
+
+    // First round while the source still takes commits.
+    let mut copy = dst.move_stage("t", dst_inc, 0).await.unwrap();
+    let first = copy_round(&src, src_inc, &mut copy).await;
+    assert!(first > 4096, "the first round crossed segments: {first} bytes");
+    produce(&src, 300, 350).await;
+    wait_hwm(&src, src_inc, 350).await;
+    // Freeze, then the tail.
+    let frozen = src.move_freeze("t", src_inc, 0, "n2", u64::MAX).await.unwrap();
+    assert_eq!((frozen.high_watermark, frozen.consumer_frontier), (350, Some(9)));
+    let tail = copy_round(&src, src_inc, &mut copy).await;
+    assert!(tail > 0, "the tail round copied what came after the first");
+    let oldest = src.move_listing("t", src_inc, 0).await.unwrap().oldest;
+    dst.move_install("t", dst_inc, 0, copy, oldest, frozen).await.unwrap();
+    src.move_seal("t", src_inc, 0, "n2");
+
+    // The destination serves offsets 10..350, each once, with the source's
+    // payloads; then new records continue at 350.
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < 340 {
+        assert!(Instant::now() < deadline, "{} records served", got.len());
+        let more = dst.consume("t", Some(0), Duration::ZERO, 100).await.unwrap();
+        for d in &more {
+            dst.resolve("t", d.receipt_handle.as_deref().unwrap(), AckAction::Ack).unwrap();
+        }
+        got.extend(more);
+    }
+    let offsets: Vec<u64> = got.iter().map(|d| d.offset).collect();
+    assert_eq!(offsets, (10..350).collect::<Vec<u64>>());
+    for d in &got {
+        let i = d.offset as usize;
+        assert_eq!(d.payload, Bytes::from(format!("record-{i:04}-{}", "p".repeat(i % 90))));
+    }
+    produce(&dst, 350, 351).await;
+    wait_hwm(&dst, dst_inc, 351).await;
+    // The source serves it no more.
+    assert_eq!(src.replay("t", 0, 0, 10).await.unwrap_err().status(), 421);
+    src.shutdown().await.unwrap();
+    dst.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_that_missed_the_tail_is_refused_and_the_destination_holds_nothing() {
+    let (src, dst) = (open(3).await, open(4).await);
+    let (src_inc, dst_inc) =
+        (src.topic("t").unwrap().incarnation(), dst.topic("t").unwrap().incarnation());
+    produce(&src, 0, 100).await;
+    wait_hwm(&src, src_inc, 100).await;
+    let mut copy = dst.move_stage("t", dst_inc, 0).await.unwrap();
+    copy_round(&src, src_inc, &mut copy).await;
+    produce(&src, 100, 120).await;
+    wait_hwm(&src, src_inc, 120).await;
+    let frozen = src.move_freeze("t", src_inc, 0, "n2", u64::MAX).await.unwrap();
+    // No tail round: the copy ends at 100, the source at 120.
+    let e = dst.move_install("t", dst_inc, 0, copy, 0, frozen).await.unwrap_err();
+    assert!(e.to_string().contains("ends at offset 100"), "{e}");
+    assert_eq!(dst.move_listing("t", dst_inc, 0).await.unwrap().high_watermark, 0);
+    // The move is aborted: the source takes commits again.
+    assert!(src.move_unfreeze("t", src_inc, 0, "n2"));
+    produce(&src, 120, 121).await;
+    wait_hwm(&src, src_inc, 121).await;
+    // A step on another incarnation is refused.
+    assert_eq!(src.move_listing("t", src_inc + 1, 0).await.unwrap_err().status(), 404);
+    src.shutdown().await.unwrap();
+    dst.shutdown().await.unwrap();
+}
