@@ -152,3 +152,101 @@ async fn a_copy_that_missed_the_tail_is_refused_and_the_destination_holds_nothin
     src.shutdown().await.unwrap();
     dst.shutdown().await.unwrap();
 }
+
+/// A metastore "replicated" through itself: every proposal applies at once
+/// as a committed entry (the cluster's apply path, without Raft).
+#[derive(Debug, Default)]
+struct Loopback {
+    meta: std::sync::OnceLock<std::sync::Weak<narad_meta::MetaStore>>,
+}
+
+impl narad_meta::Replicator for Loopback {
+    fn replicate(
+        &self,
+        command: narad_meta::Command,
+    ) -> Result<narad_meta::Response, narad_meta::MetaError> {
+        let meta = self.meta.get().and_then(std::sync::Weak::upgrade).expect("the store is open");
+        match meta.apply_entry(Some(&command), b"{}") {
+            Ok(Some(answer)) => answer,
+            Ok(None) => unreachable!("a command answers"),
+            Err(e) => Err(narad_meta::MetaError::Unavailable(e.to_string())),
+        }
+    }
+}
+
+async fn open_replicated(fs: &SimFs) -> Arc<Broker> {
+    // The real clock: the dispatcher's refusal back-off must run out.
+    let clock = narad_clock::SystemClock::shared();
+    let metrics = Arc::new(BrokerMetrics::new(&mut Registry::default()));
+    let config = common::config();
+    let meta = Broker::open_meta(&config, fs.shared(), clock.clone()).await.unwrap();
+    let loopback = Arc::new(Loopback::default());
+    loopback.meta.set(Arc::downgrade(&meta)).unwrap();
+    meta.set_replicator(loopback);
+    let (registration, routing) = (narad_broker::Registration::Now, narad_broker::Routing::Local);
+    Broker::open_on(config, fs.shared(), clock, metrics, meta, registration, routing).await.unwrap()
+}
+
+/// The committed high watermark of partition 0 stays `at` for a while (the
+/// dispatcher keeps offering the record that was produced meanwhile).
+async fn stays(b: &Broker, inc: u64, at: u64) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(b.move_listing("t", inc, 0).await.unwrap().high_watermark, at);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sources_fence_follows_the_metastore_and_a_restart_keeps_a_moving_partition_frozen() {
+    let fs = SimFs::new(9);
+    let b = open_replicated(&fs).await;
+    let meta = b.meta().clone();
+    let n2 = narad_meta::Member {
+        id: "n2".into(),
+        addr: "127.0.0.1:2".into(),
+        cluster_addr: None,
+        status: narad_meta::MemberStatus::Alive,
+        last_heartbeat: 1_700_000_000,
+        draining: false,
+    };
+    meta.member_join(n2).unwrap();
+    let req = CreateTopicRequest { name: "t".into(), partitions: 3, ..Default::default() };
+    b.create_topic(req).await.unwrap();
+    let inc = b.topic("t").unwrap().incarnation();
+    assert_eq!(meta.snapshot().assignment("t", 0).unwrap().owner_id, "n1");
+    produce(&b, 0, 10).await;
+    wait_hwm(&b, inc, 10).await;
+
+    // Only the move the metastore shows may freeze the partition.
+    let e = b.move_freeze("t", inc, 0, "n2", u64::MAX).await.unwrap_err();
+    assert!(e.to_string().contains("does not show partition 0"), "{e}");
+    meta.set_assignment_target("t", inc, 0, "n1", "n2").unwrap();
+    assert!(b.move_freeze("t", inc, 0, "n3", u64::MAX).await.is_err(), "not the target");
+    assert_eq!(b.move_freeze("t", inc, 0, "n2", u64::MAX).await.unwrap().high_watermark, 10);
+    produce(&b, 10, 11).await;
+    stays(&b, inc, 10).await;
+    // The abort applies: the freeze lifts and the held record commits.
+    meta.abort_move("t", inc, 0, "n2").unwrap();
+    wait_hwm(&b, inc, 11).await;
+
+    // A move in flight survives a restart of its source frozen: nothing
+    // commits into partition 0 until the move ends.
+    meta.set_assignment_target("t", inc, 0, "n1", "n2").unwrap();
+    b.shutdown().await.unwrap();
+    drop((b, meta));
+    let b = open_replicated(&fs).await;
+    let meta = b.meta().clone();
+    assert_eq!(b.move_listing("t", inc, 0).await.unwrap().high_watermark, 11);
+    produce(&b, 11, 12).await;
+    stays(&b, inc, 11).await;
+    // The mover renews its freeze and completes: the partition is sealed.
+    b.move_freeze("t", inc, 0, "n2", u64::MAX).await.unwrap();
+    meta.complete_move("t", inc, 0, "n1", "n2").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.replay("t", 0, 0, 1).await.err().map(|e| e.status()) != Some(421) {
+        assert!(Instant::now() < deadline, "partition 0 never sealed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another partition commits as before.
+    let r = ProduceRecord { key: None, partition: Some(1), payload: Bytes::from_static(b"y") };
+    b.produce_batch("t", vec![r]).await.unwrap();
+    b.shutdown().await.unwrap();
+}

@@ -42,6 +42,28 @@ const _: () = assert!(ATTACH_EPOCH_HEX_LEN == 2 * 8);
 /// the rebalance planner plans no more.
 pub const MAX_MOVES_IN_FLIGHT: usize = 8;
 
+/// A partition move's freeze of its source lasts this long unless the
+/// mover renews it (PrepareHandoff again): past it, the source asks the
+/// metastore to abort the move (a compare and set that fails if the move
+/// completed), and never opens the partition on its own (SPEC §7.3).
+pub const MOVE_FREEZE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A move copies segments in chunks of at most this many bytes (node RPC
+/// 23).
+pub const MOVE_CHUNK_BYTES: u64 = 1 << 20;
+
+/// A move freezes its source once its copy is within this many bytes of
+/// the source's high watermark...
+pub const MOVE_CATCH_UP_BYTES: u64 = 4 << 20;
+
+/// ...or after this many copy rounds, whichever comes first.
+pub const MOVE_MAX_ROUNDS: u32 = 20;
+
+/// A move whose source has been dead this long is force-promoted when the
+/// destination's copy reached the source's last known high watermark, and
+/// aborted otherwise.
+pub const MOVE_FORCE_PROMOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// A member silent for more than this (whole seconds, by the observer's wall
 /// clock) is dead: the cluster controller marks it so (SPEC §7.2), and
 /// placement leaves it out of the ring at once

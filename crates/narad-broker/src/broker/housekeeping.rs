@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::{Broker, blocking};
+use crate::fence::PartitionKey;
 use crate::limits::{
     EXPIRY_PURGE_INTERVAL, FRONTIER_PERSIST_INTERVAL, IDLE_EVICTION_INTERVAL,
     METRICS_POLL_INTERVAL, RETENTION_INTERVAL,
@@ -69,8 +70,69 @@ impl Broker {
         }
         tasks.push(every_blocking(&me, METRICS_POLL_INTERVAL, stop.clone(), Broker::poll_metrics));
         if self.meta.is_replicated() {
-            tasks.push(self.follow_replicated_deletes(stop));
+            tasks.push(self.follow_replicated_deletes(stop.clone()));
+            tasks.push(self.follow_move_outcomes(stop));
         }
+    }
+
+    /// The source's fence follows the metastore (SPEC §7.3): once a move's
+    /// CompleteMove applies on this replica, the partition it moved away
+    /// from this node is sealed (moved to the target: commits answer "not
+    /// the owner", consume and ack stop); once an AbortMove applies, the
+    /// freeze for that target is lifted. Raft decides which of the two
+    /// happened, so the source never guesses from a timer. The listener
+    /// only queues; a task changes the gate (which may wait for a commit
+    /// in flight).
+    fn follow_move_outcomes(
+        self: &Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
+        enum Outcome {
+            Moved { key: PartitionKey, to: String },
+            Aborted { key: PartitionKey, target: String },
+        }
+        let me_id = self.config.node_id.clone();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Outcome>();
+        self.meta.on_applied(Arc::new(move |command, _response| match command {
+            narad_meta::Command::CompleteMove(c) if c.expected_owner == me_id => {
+                let key = PartitionKey::new(&c.topic, c.incarnation, c.partition);
+                let _ = tx.send(Outcome::Moved { key, to: c.target_id.clone() });
+            }
+            narad_meta::Command::AbortMove(c) => {
+                let key = PartitionKey::new(&c.topic, c.incarnation, c.partition);
+                let _ = tx.send(Outcome::Aborted { key, target: c.expected_target.clone() });
+            }
+            _ => {}
+        }));
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let outcome = tokio::select! {
+                    next = rx.recv() => match next {
+                        Some(next) => next,
+                        None => return,
+                    },
+                    _ = stop.changed() => return,
+                };
+                let Some(b) = me.upgrade() else { return };
+                let fences = b.fences().clone();
+                let _ = blocking(move || {
+                    match outcome {
+                        Outcome::Moved { key, to } => {
+                            info!(topic = %key.topic, partition = key.partition, to = %to, "partition moved away: sealed here");
+                            fences.seal_moved(&key, &to);
+                        }
+                        Outcome::Aborted { key, target } => {
+                            if fences.unfreeze(&key, &target) {
+                                info!(topic = %key.topic, partition = key.partition, target = %target, "partition move aborted: commits resume here");
+                            }
+                        }
+                    }
+                    Ok(())
+                })
+                .await;
+            }
+        })
     }
 
     /// A cluster node learns of most deletes from consensus, not from its

@@ -125,6 +125,20 @@ impl Broker {
         deadline_ms: u64,
     ) -> Result<FrozenSource, BrokerError> {
         let t = self.move_topic(topic, incarnation, p)?;
+        if self.meta.is_replicated() {
+            // Only a move this replica knows of: its SetAssignmentTarget is
+            // then in this node's durable metastore, so a restart freezes
+            // the partition again before any commit (`open`).
+            let state = self.meta.snapshot();
+            let known = state.assignment(topic, p).is_some_and(|a| {
+                a.owner_id == self.config.node_id && a.target_id.as_deref() == Some(target)
+            });
+            if !known {
+                return Err(BrokerError::Invalid(format!(
+                    "this node's metastore does not show partition {p} of {topic} moving from it to {target} (yet)"
+                )));
+            }
+        }
         let (topics, owner, target) =
             (self.topics.clone(), self.local_owner.clone(), target.to_owned());
         blocking(move || {
