@@ -18,6 +18,7 @@ pub mod heartbeat_ages;
 pub mod limits;
 pub mod members;
 pub mod metrics;
+pub mod moves;
 pub mod raft;
 pub mod rpc;
 pub mod suspect;

@@ -397,6 +397,56 @@ pub struct PartitionStatsRequest {
     pub incarnation: Option<NonZeroU64>,
 }
 
+/// ListPartitionSegments (22): `topic`, `partition i32`, and an optional
+/// trailing incarnation (the one the move was planned for; absent: the
+/// live one). Answered 200 with a [`crate::moves::SegmentsBody`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovePartition {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// The incarnation the move was planned for.
+    pub incarnation: Option<NonZeroU64>,
+}
+
+/// FetchSegmentChunk (23): `topic`, `partition i32`, `base i64` (the
+/// segment), `at i64` (a byte position in it), `length i64` (at most
+/// [`narad_meta::limits::MOVE_CHUNK_BYTES`]), and an optional trailing
+/// incarnation. Answered 200 with the raw bytes (empty at the segment's
+/// verified end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentChunk {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// The segment's base offset.
+    pub base: i64,
+    /// The first byte.
+    pub at: i64,
+    /// How many bytes at most.
+    pub length: i64,
+    /// The incarnation the move was planned for.
+    pub incarnation: Option<NonZeroU64>,
+}
+
+/// PrepareHandoff (24): `topic`, `partition i32`, `freeze_ttl_nanos i64`,
+/// and an optional trailing incarnation. The asker (the authenticated
+/// peer) is the move's target. Answered 200 with a
+/// [`crate::moves::FrozenBody`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handoff {
+    /// Topic name.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// How long the freeze lasts unless renewed.
+    pub freeze_ttl_nanos: i64,
+    /// The incarnation the move was planned for.
+    pub incarnation: Option<NonZeroU64>,
+}
+
 /// FanoutCursors (17): `topic` (the parent) and an optional trailing
 /// incarnation (the parent's, as the caller holds it). The answer is this
 /// node's fan-out figures of the parent's children over the partitions
@@ -499,6 +549,12 @@ pub enum Request {
     /// 39: `id`, the asking node's id (answered 200 with a
     /// `raft::first_start::PeerView` as JSON).
     ProbeGroup(String),
+    /// 22.
+    ListPartitionSegments(MovePartition),
+    /// 23.
+    FetchSegmentChunk(SegmentChunk),
+    /// 24.
+    PrepareHandoff(Handoff),
 }
 
 impl Request {
@@ -536,6 +592,9 @@ impl Request {
             Request::ReadyCounts(_) => Op::ReadyCounts,
             Request::CancelRequest(_) => Op::CancelRequest,
             Request::ProbeGroup(_) => Op::ProbeGroup,
+            Request::ListPartitionSegments(_) => Op::ListPartitionSegments,
+            Request::FetchSegmentChunk(_) => Op::FetchSegmentChunk,
+            Request::PrepareHandoff(_) => Op::PrepareHandoff,
         }
     }
 
@@ -679,6 +738,24 @@ impl Request {
             Request::ProbeGroup(id) => {
                 e.str(id);
             }
+            Request::ListPartitionSegments(m) => {
+                e.str(&m.topic).i32(m.partition);
+                if let Some(id) = m.incarnation {
+                    e.u64(id.get());
+                }
+            }
+            Request::FetchSegmentChunk(c) => {
+                e.str(&c.topic).i32(c.partition).i64(c.base).i64(c.at).i64(c.length);
+                if let Some(id) = c.incarnation {
+                    e.u64(id.get());
+                }
+            }
+            Request::PrepareHandoff(h) => {
+                e.str(&h.topic).i32(h.partition).i64(h.freeze_ttl_nanos);
+                if let Some(id) = h.incarnation {
+                    e.u64(id.get());
+                }
+            }
         }
         e.into_chunks()
     }
@@ -796,10 +873,26 @@ impl Request {
             }),
             Op::CancelRequest => Request::CancelRequest(d.u64("request_id")?),
             Op::ProbeGroup => Request::ProbeGroup(d.string("id")?),
+            Op::ListPartitionSegments => Request::ListPartitionSegments(MovePartition {
+                topic: d.string("topic")?,
+                partition: d.i32("partition")?,
+                incarnation: trailing_incarnation(&mut d)?,
+            }),
+            Op::FetchSegmentChunk => Request::FetchSegmentChunk(SegmentChunk {
+                topic: d.string("topic")?,
+                partition: d.i32("partition")?,
+                base: d.i64("base")?,
+                at: d.i64("at")?,
+                length: d.i64("length")?,
+                incarnation: trailing_incarnation(&mut d)?,
+            }),
+            Op::PrepareHandoff => Request::PrepareHandoff(Handoff {
+                topic: d.string("topic")?,
+                partition: d.i32("partition")?,
+                freeze_ttl_nanos: d.i64("freeze_ttl_nanos")?,
+                incarnation: trailing_incarnation(&mut d)?,
+            }),
             Op::Produce
-            | Op::ListPartitionSegments
-            | Op::FetchSegmentChunk
-            | Op::PrepareHandoff
             | Op::DecommissionMember
             | Op::CompleteMove
             | Op::AbortMove

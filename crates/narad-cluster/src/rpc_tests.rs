@@ -61,6 +61,12 @@ const GOLDEN: &[(&str, &str)] = &[
     ("ready_counts", "25000000066f726465727300000002540be400"),
     ("cancel_request", "260000000000000107"),
     ("probe_group", "27000000026e33"),
+    ("list_partition_segments", "16000000066f7264657273000000020000000000000007"),
+    (
+        "fetch_segment_chunk",
+        "17000000066f7264657273000000020000000000000064000000000000002000000000001000000000000000000007",
+    ),
+    ("prepare_handoff", "18000000066f72646572730000000200000006fc23ac00"),
     (
         "reply_ok",
         "00c8000000106170706c69636174696f6e2f6a736f6e0000001b7b226f6666736574223a34322c22706172746974696f6e223a317d",
@@ -248,6 +254,34 @@ fn samples() -> Vec<(&'static str, Request)> {
         ),
         ("cancel_request", Request::CancelRequest(263)),
         ("probe_group", Request::ProbeGroup("n3".into())),
+        (
+            "list_partition_segments",
+            Request::ListPartitionSegments(MovePartition {
+                topic: "orders".into(),
+                partition: 2,
+                incarnation: NonZeroU64::new(7),
+            }),
+        ),
+        (
+            "fetch_segment_chunk",
+            Request::FetchSegmentChunk(SegmentChunk {
+                topic: "orders".into(),
+                partition: 2,
+                base: 100,
+                at: 32,
+                length: 1 << 20,
+                incarnation: NonZeroU64::new(7),
+            }),
+        ),
+        (
+            "prepare_handoff",
+            Request::PrepareHandoff(Handoff {
+                topic: "orders".into(),
+                partition: 2,
+                freeze_ttl_nanos: 30_000_000_000,
+                incarnation: None,
+            }),
+        ),
     ]
 }
 
@@ -326,7 +360,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 22, 28, 40, 99, 255] {
+    for code in [0u8, 1, 25, 28, 40, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);
@@ -351,6 +385,8 @@ fn every_truncation_of_every_request_and_reply_is_refused() {
             let optional_cut = (*name == "commit_produce_incarnation" && cut == full.len() - 8)
                 || (*name == "topic_partition_stats_incarnation" && cut == full.len() - 8)
                 || (*name == "fanout_cursors_incarnation" && cut == full.len() - 8)
+                || (*name == "list_partition_segments" && cut == full.len() - 8)
+                || (*name == "fetch_segment_chunk" && cut == full.len() - 8)
                 || (*name == "join_cluster_http" && cut == full.len() - 17)
                 || (*name == "consume_max" && cut == full.len() - 4)
                 || (*name == "commit_produce_batch_incarnations" && cut == full.len() - 28);
