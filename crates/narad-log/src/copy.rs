@@ -154,6 +154,11 @@ impl IncomingCopy {
         self.files.get(&base).map_or(0, |(_, n)| *n)
     }
 
+    /// The base of the first segment the copy holds (`None` before any).
+    pub fn first_segment(&self) -> Option<u64> {
+        self.files.keys().next().copied()
+    }
+
     /// Appends `bytes` at byte `at` of segment `base`; `at` must be
     /// [`IncomingCopy::written`].
     pub fn write(&mut self, base: u64, at: u64, bytes: &[u8]) -> Result<(), CopyError> {

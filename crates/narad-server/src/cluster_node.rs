@@ -91,6 +91,15 @@ impl Handler for NodeHandler {
                 Some(broker) => self.data_plane(broker, request).await,
                 None => starting(),
             },
+            Request::ListPartitionSegments(_)
+            | Request::FetchSegmentChunk(_)
+            | Request::PrepareHandoff(_) => match self.broker.get() {
+                Some(broker) => match crate::moves::serve(broker, &from, &request).await {
+                    Some(reply) => reply,
+                    None => unsupported(&request),
+                },
+                None => starting(),
+            },
             request => match control.handle(&from, &request).await {
                 Some(reply) => reply,
                 None => unsupported(&request),
@@ -318,6 +327,9 @@ pub struct ClusterNode {
     /// the disk once the control plane stopped).
     storage: (FsRef, std::path::PathBuf),
     orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The partition mover and the freeze expiry (stopped by `shutdown`).
+    move_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    move_stop: tokio::sync::watch::Sender<bool>,
     /// `narad_cluster_forwarded_requests_total{op,peer,outcome}`.
     forwarded: Family<ForwardLabels, Counter>,
     /// What forwarded consumes whose caller went away gave back.
@@ -532,6 +544,8 @@ impl ClusterNode {
             membership: OnceLock::new(),
             storage,
             orphan_task: std::sync::Mutex::new(None),
+            move_tasks: std::sync::Mutex::new(Vec::new()),
+            move_stop: tokio::sync::watch::channel(false).0,
             forwarded,
             releases: crate::forwarded_consume::Releases::new(registry),
         }))
@@ -544,6 +558,20 @@ impl ClusterNode {
     /// learn it; nothing is removed while no leader answers.
     pub fn attach_broker(self: &Arc<Self>, broker: Arc<Broker>) {
         let _ = self.handler.broker.set(broker.clone());
+        {
+            let mover = crate::moves::Mover::new(
+                self.node_id.clone(),
+                self.meta.clone(),
+                broker.clone(),
+                self.transport.clone(),
+            );
+            let mut tasks = self.move_tasks.lock().unwrap_or_else(|p| p.into_inner());
+            tasks.push(tokio::spawn(mover.run(self.move_stop.subscribe())));
+            tasks.push(tokio::spawn(crate::moves::expire_freezes(
+                broker.clone(),
+                self.move_stop.subscribe(),
+            )));
+        }
         if broker.unconfirmed_orphans().is_empty() {
             return;
         }
@@ -773,6 +801,10 @@ impl ClusterNode {
     /// closes node RPC.
     pub async fn shutdown(&self) {
         if let Some(task) = self.orphan_task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+        let _ = self.move_stop.send(true);
+        for task in self.move_tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             task.abort();
         }
         if let Some(m) = self.membership.get() {

@@ -34,6 +34,7 @@ pub mod forward;
 pub mod forwarded_consume;
 pub mod http_metrics;
 pub mod limits;
+pub mod moves;
 pub mod node_identity;
 pub mod objects_only;
 pub mod openapi;

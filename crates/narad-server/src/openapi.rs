@@ -48,6 +48,7 @@ use crate::routes::{children, cluster, consume, health, produce, topics, users};
         cluster::decommission,
         cluster::cancel_decommission,
         cluster::moves,
+        cluster::start_move,
         cluster::rebalance,
         cluster::status,
         health::healthz,

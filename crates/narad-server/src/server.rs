@@ -188,7 +188,7 @@ pub fn router(state: Shared) -> Router {
             "/v1/cluster/members/{id}/decommission",
             post(cluster::decommission).delete(cluster::cancel_decommission),
         )
-        .route("/v1/cluster/moves", get(cluster::moves))
+        .route("/v1/cluster/moves", get(cluster::moves).post(cluster::start_move))
         .route("/v1/cluster/rebalance", get(cluster::rebalance))
         .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))

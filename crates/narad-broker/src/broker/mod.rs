@@ -128,6 +128,11 @@ impl Broker {
         &self.meta
     }
 
+    /// The clock the broker stamps and measures with.
+    pub fn clock(&self) -> &ClockRef {
+        &self.clock
+    }
+
     /// The ingress WAL.
     pub fn wal(&self) -> &Arc<Wal> {
         &self.wal

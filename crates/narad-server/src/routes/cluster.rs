@@ -194,6 +194,62 @@ pub async fn moves(State(s): State<Shared>) -> Response {
     json_response(StatusCode::OK, serde_json::to_string(&reply).expect("moves serialize"))
 }
 
+/// Body of `POST /v1/cluster/moves`: move one partition by hand.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// The member to move it to.
+    pub to: String,
+}
+
+/// `POST /v1/cluster/moves`: start moving one partition to a member (admin).
+#[utoipa::path(
+    post,
+    operation_id = "start_cluster_move",
+    path = "/v1/cluster/moves",
+    tag = "cluster",
+    request_body = MoveRequest,
+    responses(
+        (status = 202, description = "The move is planned (its target copies the partition, then the owner flips); `GET /v1/cluster/moves` shows it until it ends", body = MoveJson),
+        (status = 400, description = "Malformed body, or the partition is already on that member", body = ErrorBody),
+        (status = 401, description = "No or bad credentials", body = ErrorBody),
+        (status = 403, description = "Not an admin", body = ErrorBody),
+        (status = 404, description = "No such topic or member", body = ErrorBody),
+        (status = 409, description = "The partition is moving already, the member is dead or draining, or 8 moves are in flight", body = ErrorBody),
+        (status = 503, description = "No metastore quorum", body = ErrorBody),
+    )
+)]
+pub async fn start_move(
+    State(s): State<Shared>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    require_admin(&caller)?;
+    let req: MoveRequest = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid move: {e}")))?;
+    let meta = s.broker.meta().clone();
+    let state = meta.snapshot();
+    let topic =
+        state.topic(&req.topic).ok_or_else(|| MetaError::NotFound("topic not found".into()))?;
+    let incarnation = topic.incarnation();
+    let from = state.assignment(&req.topic, req.partition).map(|a| a.owner_id.clone()).ok_or_else(
+        || MetaError::Conflict(format!("partition {} has no owner yet", req.partition)),
+    )?;
+    drop(state);
+    let (t, p, to, owner) = (req.topic.clone(), req.partition, req.to.clone(), from.clone());
+    run(move || Ok(meta.set_assignment_target(&t, incarnation, p, &owner, &to)?)).await?;
+    audit(&caller, "cluster.move", &format!("{}/{}", req.topic, req.partition));
+    let reply = MoveJson { topic: req.topic, partition: req.partition, from, to: req.to };
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        serde_json::to_string(&reply).expect("a move serializes"),
+    ))
+}
+
 /// `POST /v1/cluster/members/{id}/decommission`: mark the member draining.
 #[utoipa::path(
     post,

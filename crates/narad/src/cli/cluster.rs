@@ -1,4 +1,4 @@
-//! `narad cluster members|status|moves|rebalance|drain|undrain`: the
+//! `narad cluster members|status|moves|move|rebalance|drain|undrain`: the
 //! members the server's metastore knows, the server's view of the control
 //! plane (leader, term, its role), the partition moves in flight, the
 //! rebalance planner's moves (a dry run), and decommission (drain) of a
@@ -36,6 +36,17 @@ enum ClusterCommand {
     },
     /// The partition moves in flight: topic, partition, from, to.
     Moves,
+    /// Move one partition to a member by hand (admin): the member copies
+    /// it from its owner, then the ownership flips; `moves` shows it until
+    /// then.
+    Move {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: u32,
+        /// The member to move it to.
+        to: String,
+    },
     /// Decommission a member: it gets no new partitions and its partitions
     /// are planned away (admin). `decommission` is the same command.
     #[command(alias = "decommission")]
@@ -189,6 +200,18 @@ pub fn run(a: ClusterArgs) -> CliResult {
         ClusterCommand::Moves => {
             let v = c.get("/v1/cluster/moves")?.expect(200, "cluster moves")?.value()?;
             print_moves(&c, &v);
+        }
+        ClusterCommand::Move { topic, partition, to } => {
+            let body = serde_json::json!({"topic": topic, "partition": partition, "to": to});
+            let v =
+                c.send_json("POST", "/v1/cluster/moves", &body)?.expect(202, "move")?.value()?;
+            println!(
+                "moving {}/{} from {} to {}: `narad cluster moves` shows it until the owner flips",
+                cell(&v["topic"]),
+                cell(&v["partition"]),
+                cell(&v["from"]),
+                cell(&v["to"])
+            );
         }
         ClusterCommand::Drain { id, cancel } => set_draining(&c, &id, !cancel)?,
         ClusterCommand::Undrain { id } => set_draining(&c, &id, false)?,

@@ -1,0 +1,522 @@
+//! Partition moves between nodes (SPEC §7.3): the source's answers to node
+//! RPC 22, 23 and 24, and the destination's mover.
+//!
+//! # The destination's mover
+//!
+//! Every second, each node looks at the partitions its metastore replica
+//! shows moving to it (`target_id` = this node) and runs one task per move
+//! (at most [`MAX_MOVES_IN_FLIGHT`] exist cluster-wide):
+//!
+//! 1. stage a copy ([`Broker::move_stage`]);
+//! 2. copy rounds: list the source's segments (RPC 22), fetch what the copy
+//!    lacks in [`MOVE_CHUNK_BYTES`] chunks (RPC 23); stop once the copy is
+//!    within [`MOVE_CATCH_UP_BYTES`] of the source, or after
+//!    [`MOVE_MAX_ROUNDS`] rounds;
+//! 3. freeze the source (RPC 24, [`MOVE_FREEZE_TTL`]): from here its high
+//!    watermark and consumer frontier are final, and producers' records for
+//!    the partition wait in their nodes' WALs (a retriable refusal);
+//! 4. copy the tail (list again, fetch the rest);
+//! 5. verify and install ([`Broker::move_install`]: every frame's CRC, the
+//!    source's oldest offset and high watermark, the consumer frontier);
+//! 6. flip the owner through Raft with a compare and set (CompleteMove).
+//!    The source's replica applies it and seals the partition there; the
+//!    records waiting in WALs then resolve to this node.
+//!
+//! Any failure before the flip aborts the move (AbortMove, a compare and set
+//! on the target: it fails if the flip happened), which lifts the source's
+//! freeze; a later plan may try again.
+//!
+//! A source that stops answering: while it answers nothing, the mover
+//! retries; once its member record has been dead for
+//! [`MOVE_FORCE_PROMOTE_AFTER`], the move is force-promoted only if this
+//! copy holds everything the source had when it froze (a frozen high
+//! watermark is final: nothing was committed there after it), and aborted
+//! otherwise, as Narad does. Without a freeze answer nothing proves the copy
+//! complete, so the move is aborted.
+//!
+//! # The source
+//!
+//! [`serve`] answers RPC 22, 23 and 24 from the broker; 24 freezes only for
+//! the peer the metastore names as the target (the asker is the
+//! authenticated peer). A freeze that expires (its mover went quiet) is not
+//! lifted by the source: it proposes AbortMove, and the metastore decides
+//! ([`expire_freezes`]).
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use narad_broker::Broker;
+use narad_broker::{FrozenSource, MoveListing};
+use narad_cluster::handshake::PeerIdentity;
+use narad_cluster::moves::{FrozenBody, SegmentBody, SegmentsBody};
+use narad_cluster::rpc::{Handoff, MovePartition, Reply, Request, SegmentChunk};
+use narad_cluster::transport::Transport;
+use narad_log::copy::{IncomingCopy, SegmentExtent};
+use narad_meta::limits::{
+    MAX_MOVES_IN_FLIGHT, MOVE_CATCH_UP_BYTES, MOVE_CHUNK_BYTES, MOVE_FORCE_PROMOTE_AFTER,
+    MOVE_FREEZE_TTL, MOVE_MAX_ROUNDS,
+};
+use narad_meta::{MemberStatus, MetaStore};
+use tracing::{info, warn};
+
+/// How often the mover looks for moves to run, and a source for expired
+/// freezes.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Back-off between attempts to reach a source that did not answer.
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+
+/// One move as the metastore shows it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Move {
+    topic: String,
+    incarnation: u64,
+    partition: u32,
+    source: String,
+}
+
+/// Answers node RPC 22, 23 and 24 (`None` for any other request).
+pub async fn serve(broker: &Arc<Broker>, from: &PeerIdentity, request: &Request) -> Option<Reply> {
+    Some(match request {
+        Request::ListPartitionSegments(m) => list(broker, m).await,
+        Request::FetchSegmentChunk(c) => chunk(broker, c).await,
+        Request::PrepareHandoff(h) => freeze(broker, &from.node_id, h).await,
+        _ => return None,
+    })
+}
+
+fn error_reply(e: &narad_broker::BrokerError) -> Reply {
+    Reply::error(e.status(), &e.public_message())
+}
+
+/// The incarnation a request names, or the live one.
+fn incarnation_of(broker: &Broker, topic: &str, named: Option<NonZeroU64>) -> Option<u64> {
+    named.map(NonZeroU64::get).or_else(|| broker.meta().topic(topic).map(|t| t.incarnation()))
+}
+
+fn partition_of(p: i32) -> Result<u32, Reply> {
+    u32::try_from(p).map_err(|_| Reply::error(400, "invalid partition"))
+}
+
+async fn list(broker: &Arc<Broker>, m: &MovePartition) -> Reply {
+    let p = match partition_of(m.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Some(inc) = incarnation_of(broker, &m.topic, m.incarnation) else {
+        return Reply::error(404, "topic not found");
+    };
+    match broker.move_listing(&m.topic, inc, p).await {
+        Ok(l) => Reply::json(200, serde_json::to_vec(&segments_body(&l)).unwrap_or_default()),
+        Err(e) => error_reply(&e),
+    }
+}
+
+fn segments_body(l: &MoveListing) -> SegmentsBody {
+    SegmentsBody {
+        high_watermark: l.high_watermark,
+        oldest: l.oldest,
+        segments: l
+            .segments
+            .iter()
+            .map(|s| SegmentBody { base: s.base, len: s.len, end_offset: s.end_offset })
+            .collect(),
+    }
+}
+
+async fn chunk(broker: &Arc<Broker>, c: &SegmentChunk) -> Reply {
+    let p = match partition_of(c.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (Ok(base), Ok(at), Ok(len)) =
+        (u64::try_from(c.base), u64::try_from(c.at), u64::try_from(c.length))
+    else {
+        return Reply::error(400, "negative segment, position or length");
+    };
+    let Some(inc) = incarnation_of(broker, &c.topic, c.incarnation) else {
+        return Reply::error(404, "topic not found");
+    };
+    match broker.move_chunk(&c.topic, inc, p, base, at, len.min(MOVE_CHUNK_BYTES)).await {
+        Ok(bytes) => {
+            Reply { status: 200, content_type: "application/octet-stream".into(), body: bytes }
+        }
+        Err(e) => error_reply(&e),
+    }
+}
+
+async fn freeze(broker: &Arc<Broker>, target: &str, h: &Handoff) -> Reply {
+    let p = match partition_of(h.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Some(inc) = incarnation_of(broker, &h.topic, h.incarnation) else {
+        return Reply::error(404, "topic not found");
+    };
+    let ttl = Duration::from_nanos(h.freeze_ttl_nanos.max(0) as u64).min(MOVE_FREEZE_TTL);
+    let deadline = now_ms(broker) + ttl.as_millis() as u64;
+    match broker.move_freeze(&h.topic, inc, p, target, deadline).await {
+        Ok(f) => {
+            let body = FrozenBody {
+                high_watermark: f.high_watermark,
+                consumer_frontier: f.consumer_frontier,
+            };
+            Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
+        }
+        Err(e) => error_reply(&e),
+    }
+}
+
+fn now_ms(broker: &Broker) -> u64 {
+    broker.clock().wall_ms()
+}
+
+/// The source's side of an expired freeze: proposes AbortMove for it (a
+/// compare and set on the target). If the move completed meanwhile the
+/// abort is refused and the completion seals the partition; if it applies,
+/// the freeze lifts (`follow_move_outcomes`). Runs every second.
+pub async fn expire_freezes(broker: Arc<Broker>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(SCAN_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        for (key, target) in broker.fences().expired(now_ms(&broker)) {
+            let meta = broker.meta().clone();
+            let k = key.clone();
+            let t = target.clone();
+            let aborted = tokio::task::spawn_blocking(move || {
+                meta.abort_move(&k.topic, k.incarnation, k.partition, &t)
+            })
+            .await;
+            match aborted {
+                Ok(Ok(())) => {
+                    warn!(topic = %key.topic, partition = key.partition, target = %target,
+                    "partition move froze this partition and went quiet: aborted")
+                }
+                Ok(Err(e)) if e.status() == 409 => {
+                    // The move completed, or was aborted already: the
+                    // metastore's outcome reaches the fence on its own.
+                }
+                Ok(Err(e)) => warn!(topic = %key.topic, partition = key.partition, error = %e,
+                    "cannot abort an expired partition move yet; retrying"),
+                Err(e) => warn!(error = %e, "abort task failed"),
+            }
+        }
+    }
+}
+
+/// The destination's mover (see the module docs).
+#[derive(Debug)]
+pub struct Mover {
+    me: String,
+    meta: Arc<MetaStore>,
+    broker: Arc<Broker>,
+    transport: Arc<Transport>,
+    running: Mutex<BTreeSet<Move>>,
+}
+
+impl Mover {
+    /// A mover for node `me`.
+    pub fn new(
+        me: String,
+        meta: Arc<MetaStore>,
+        broker: Arc<Broker>,
+        transport: Arc<Transport>,
+    ) -> Arc<Mover> {
+        Arc::new(Mover { me, meta, broker, transport, running: Mutex::new(BTreeSet::new()) })
+    }
+
+    /// Runs until `stop`: starts a task for every move to this node that
+    /// is not running yet.
+    pub async fn run(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(SCAN_EVERY) => {}
+                _ = stop.changed() => return,
+            }
+            for m in self.moves_to_me() {
+                let fresh =
+                    self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(m.clone());
+                if !fresh {
+                    continue;
+                }
+                let me = self.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = me.clone().run_move(m.clone()) => {}
+                        _ = wait_stop(stop) => {}
+                    }
+                    me.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&m);
+                });
+            }
+        }
+    }
+
+    fn moves_to_me(&self) -> Vec<Move> {
+        let state = self.meta.snapshot();
+        let mut out = Vec::new();
+        for t in state.topics() {
+            let Some(parts) = state.assignments(t.name()) else { continue };
+            for (&p, a) in parts.iter() {
+                if a.target_id.as_deref() == Some(self.me.as_str()) {
+                    out.push(Move {
+                        topic: t.name().to_owned(),
+                        incarnation: t.incarnation(),
+                        partition: p,
+                        source: a.owner_id.clone(),
+                    });
+                }
+            }
+        }
+        out.truncate(MAX_MOVES_IN_FLIGHT);
+        out
+    }
+
+    async fn run_move(self: Arc<Self>, m: Move) {
+        let started = Instant::now();
+        info!(topic = %m.topic, partition = m.partition, from = %m.source, "partition move to this node starts");
+        match self.copy_and_flip(&m).await {
+            Ok(how) => info!(topic = %m.topic, partition = m.partition, from = %m.source,
+                how, elapsed_ms = started.elapsed().as_millis() as u64, "partition moved to this node"),
+            Err(why) => {
+                warn!(topic = %m.topic, partition = m.partition, from = %m.source, reason = %why,
+                    "partition move failed: aborting it");
+                let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
+                let aborted = tokio::task::spawn_blocking(move || {
+                    meta.abort_move(&m2.topic, m2.incarnation, m2.partition, &me)
+                })
+                .await;
+                if let Ok(Err(e)) = aborted
+                    && e.status() != 409
+                {
+                    warn!(topic = %m.topic, partition = m.partition, error = %e, "partition move abort not committed; the next scan retries");
+                }
+            }
+        }
+    }
+
+    /// The steps of the module docs; the way the move ended.
+    async fn copy_and_flip(&self, m: &Move) -> Result<&'static str, String> {
+        let mut copy = self
+            .broker
+            .move_stage(&m.topic, m.incarnation, m.partition)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let listing = match self.list(m).await {
+                Ok(l) => l,
+                Err(why) => return self.source_gone(m, copy, None, why).await,
+            };
+            let behind = self.copy_round(m, &listing, &mut copy).await?;
+            if behind <= MOVE_CATCH_UP_BYTES || rounds >= MOVE_MAX_ROUNDS {
+                break;
+            }
+        }
+        let frozen = match self.freeze(m).await {
+            Ok(f) => f,
+            Err(why) => return self.source_gone(m, copy, None, why).await,
+        };
+        let listing = match self.list(m).await {
+            Ok(l) => l,
+            Err(why) => return self.source_gone(m, copy, Some(frozen), why).await,
+        };
+        self.copy_round(m, &listing, &mut copy).await?;
+        self.install_and_flip(m, copy, listing.oldest, frozen).await?;
+        Ok("copied")
+    }
+
+    async fn install_and_flip(
+        &self,
+        m: &Move,
+        copy: IncomingCopy,
+        oldest: u64,
+        frozen: FrozenSource,
+    ) -> Result<(), String> {
+        self.broker
+            .move_install(&m.topic, m.incarnation, m.partition, copy, oldest, frozen)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
+        tokio::task::spawn_blocking(move || {
+            meta.complete_move(&m2.topic, m2.incarnation, m2.partition, &m2.source, &me)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the owner flip was not committed: {e}"))
+    }
+
+    /// The source stopped answering: retry until it answers, or until its
+    /// member record has been dead for [`MOVE_FORCE_PROMOTE_AFTER`]; then
+    /// force-promote a copy that holds everything the frozen source had,
+    /// and give up otherwise.
+    async fn source_gone(
+        &self,
+        m: &Move,
+        mut copy: IncomingCopy,
+        frozen: Option<FrozenSource>,
+        why: String,
+    ) -> Result<&'static str, String> {
+        let mut dead_since: Option<Instant> = None;
+        loop {
+            tokio::time::sleep(RETRY_EVERY).await;
+            let state = self.meta.snapshot();
+            let still = state.assignment(&m.topic, m.partition).is_some_and(|a| {
+                a.owner_id == m.source && a.target_id.as_deref() == Some(self.me.as_str())
+            });
+            if !still {
+                return Err("the move was aborted or reassigned meanwhile".into());
+            }
+            let dead = state.member(&m.source).is_none_or(|s| s.status == MemberStatus::Dead);
+            if !dead {
+                dead_since = None;
+                // Alive again (or never marked dead): carry on from a fresh
+                // listing if it answers.
+                if let Ok(listing) = self.list(m).await {
+                    let frozen = match frozen {
+                        Some(f) => f,
+                        None => match self.freeze(m).await {
+                            Ok(f) => f,
+                            Err(_) => continue,
+                        },
+                    };
+                    self.copy_round(m, &listing, &mut copy).await?;
+                    let listing = self.list(m).await.map_err(|e| e.to_string())?;
+                    self.copy_round(m, &listing, &mut copy).await?;
+                    self.install_and_flip(m, copy, listing.oldest, frozen).await?;
+                    return Ok("copied after the source came back");
+                }
+                continue;
+            }
+            let since = *dead_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < MOVE_FORCE_PROMOTE_AFTER {
+                continue;
+            }
+            let Some(frozen) = frozen else {
+                return Err(format!(
+                    "the source is dead and never froze, so nothing proves the copy complete ({why})"
+                ));
+            };
+            let oldest = copy_oldest(&copy);
+            warn!(topic = %m.topic, partition = m.partition, from = %m.source,
+                high_watermark = frozen.high_watermark,
+                "the move's source is dead; force-promoting the copy, which holds everything it had frozen");
+            self.install_and_flip(m, copy, oldest, frozen).await?;
+            return Ok("force-promoted");
+        }
+    }
+
+    async fn call(&self, source: &str, request: &Request) -> Result<Reply, String> {
+        let addr = crate::cluster_node::member_addr(&self.meta, source)?;
+        let peer = self.transport.peer(addr, narad_cluster::tls::DEFAULT_SERVER_NAME);
+        let reply = peer.call(request).await.map_err(|e| format!("{source}: {e}"))?;
+        if reply.status != 200 {
+            return Err(format!(
+                "{source} answered {}: {}",
+                reply.status,
+                String::from_utf8_lossy(&reply.body)
+            ));
+        }
+        Ok(reply)
+    }
+
+    fn incarnation(m: &Move) -> Option<NonZeroU64> {
+        NonZeroU64::new(m.incarnation)
+    }
+
+    async fn list(&self, m: &Move) -> Result<MoveListing, String> {
+        let request = Request::ListPartitionSegments(MovePartition {
+            topic: m.topic.clone(),
+            partition: m.partition as i32,
+            incarnation: Self::incarnation(m),
+        });
+        let reply = self.call(&m.source, &request).await?;
+        let body: SegmentsBody = serde_json::from_slice(&reply.body)
+            .map_err(|e| format!("{}: unreadable segment list: {e}", m.source))?;
+        Ok(MoveListing {
+            high_watermark: body.high_watermark,
+            oldest: body.oldest,
+            segments: body
+                .segments
+                .iter()
+                .map(|s| SegmentExtent { base: s.base, len: s.len, end_offset: s.end_offset })
+                .collect(),
+        })
+    }
+
+    async fn freeze(&self, m: &Move) -> Result<FrozenSource, String> {
+        let request = Request::PrepareHandoff(Handoff {
+            topic: m.topic.clone(),
+            partition: m.partition as i32,
+            freeze_ttl_nanos: MOVE_FREEZE_TTL.as_nanos() as i64,
+            incarnation: Self::incarnation(m),
+        });
+        let reply = self.call(&m.source, &request).await?;
+        let body: FrozenBody = serde_json::from_slice(&reply.body)
+            .map_err(|e| format!("{}: unreadable freeze answer: {e}", m.source))?;
+        Ok(FrozenSource {
+            high_watermark: body.high_watermark,
+            consumer_frontier: body.consumer_frontier,
+        })
+    }
+
+    /// Fetches what `copy` lacks of the segments `listing` names; returns
+    /// how many bytes it was behind the listing before this round.
+    async fn copy_round(
+        &self,
+        m: &Move,
+        listing: &MoveListing,
+        copy: &mut IncomingCopy,
+    ) -> Result<u64, String> {
+        let held: u64 = listing.segments.iter().map(|s| copy.written(s.base)).sum();
+        let behind = listing.segments.iter().map(|s| s.len).sum::<u64>().saturating_sub(held);
+        for s in &listing.segments {
+            while copy.written(s.base) < s.len {
+                let at = copy.written(s.base);
+                let request = Request::FetchSegmentChunk(SegmentChunk {
+                    topic: m.topic.clone(),
+                    partition: m.partition as i32,
+                    base: s.base as i64,
+                    at: at as i64,
+                    length: (s.len - at).min(MOVE_CHUNK_BYTES) as i64,
+                    incarnation: Self::incarnation(m),
+                });
+                let reply = self.call(&m.source, &request).await?;
+                if reply.body.is_empty() {
+                    return Err(format!("segment {} of the source ended early", s.base));
+                }
+                copy.write(s.base, at, &reply.body).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(behind)
+    }
+}
+
+/// The oldest offset a staged copy begins at: its first segment's base.
+fn copy_oldest(copy: &IncomingCopy) -> u64 {
+    copy.first_segment().unwrap_or(0)
+}
+
+async fn wait_stop(mut stop: tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_indexes_from_the_wire_must_not_be_negative() {
+        assert!(partition_of(-1).is_err());
+        assert_eq!(partition_of(3).unwrap(), 3);
+    }
+}
