@@ -20,15 +20,29 @@
 //!    once this tick's commands apply, so one tick places every partition
 //!    and the next tick, on the resulting state, plans nothing.
 //!
-//! What it never does: move an assigned partition (sticky), reassign the
-//! partitions of a dead owner (that is rebalance's job), or place anything
-//! while no member is alive. A dead member that heartbeats again is alive
+//! 3. rebalance (SPEC §7.3): `AbortMove` for every move whose target is no
+//!    longer a receiver (dead, overdue or draining: nobody will finish it),
+//!    then one `SetAssignmentTarget` per move narad-meta's
+//!    [`rebalance::plan`] asks for over the receivers (alive, not overdue,
+//!    not draining) and the draining members still alive: at most
+//!    [`MAX_MOVES_IN_FLIGHT`] in flight, minimal, anti-affinity a
+//!    preference. The targets copy the partitions and flip their owners
+//!    themselves; the next ticks plan on what is left.
+//!
+//! What it never does: reassign the partitions of a dead owner (they stay:
+//! `narad cluster remove --force` is the way out), or place anything while
+//! no member is alive. New partitions avoid draining members unless every
+//! live member drains. A dead member that heartbeats again is alive
 //! (its MemberJoin upserts the record) and joins the ring at the next tick.
 
+use std::collections::BTreeSet;
+
+use narad_meta::limits::MAX_MOVES_IN_FLIGHT;
 use narad_meta::placement::{self, heartbeat_overdue};
+use narad_meta::rebalance;
 use narad_meta::{
-    AssignPartitions, Command, Member, MemberDead, MemberStatus, MetaState, PartitionAssignment,
-    Topic,
+    AbortMove, AssignPartitions, Command, Member, MemberDead, MemberStatus, MetaState,
+    PartitionAssignment, SetAssignmentTarget, Topic,
 };
 
 #[cfg(doc)]
@@ -56,12 +70,22 @@ pub fn plan_with(state: &MetaState, overdue: &dyn Fn(&Member) -> bool) -> Vec<Co
             })
         })
         .collect();
-    // The same rule as the marking above: alive and not overdue.
-    let ring: Vec<String> = state
+    // The same rule as the marking above: alive and not overdue; new
+    // partitions avoid draining members while another member is live.
+    let live: Vec<&Member> = state
         .members()
         .filter(|m| m.status == MemberStatus::Alive && !overdue(m))
-        .map(|m| m.id.clone())
+        .map(|m| &**m)
         .collect();
+    let receivers: Vec<String> =
+        live.iter().filter(|m| !m.draining).map(|m| m.id.clone()).collect();
+    let draining: BTreeSet<String> =
+        live.iter().filter(|m| m.draining).map(|m| m.id.clone()).collect();
+    let ring: Vec<String> = if receivers.is_empty() {
+        live.iter().map(|m| m.id.clone()).collect()
+    } else {
+        receivers.clone()
+    };
     if ring.is_empty() {
         return commands;
     }
@@ -87,7 +111,46 @@ pub fn plan_with(state: &MetaState, overdue: &dyn Fn(&Member) -> bool) -> Vec<Co
             commands.push(Command::AssignPartitions(assign));
         }
     }
+    rebalance_moves(state, &receivers.into_iter().collect(), &draining, &mut commands);
     commands
+}
+
+/// Step 3 of the module docs, on `state` (this tick's placements are not
+/// in it: they are planned from the next tick's state).
+fn rebalance_moves(
+    state: &MetaState,
+    receivers: &BTreeSet<String>,
+    draining: &BTreeSet<String>,
+    commands: &mut Vec<Command>,
+) {
+    let mut views = rebalance::partition_views(state);
+    for v in views.iter_mut() {
+        let Some(target) = v.target.clone() else { continue };
+        if receivers.contains(&target) {
+            continue;
+        }
+        let Some(t) = state.topic(&v.topic) else { continue };
+        commands.push(Command::AbortMove(AbortMove {
+            topic: v.topic.clone(),
+            incarnation: t.incarnation(),
+            partition: v.partition,
+            expected_target: target,
+        }));
+        v.target = None;
+    }
+    if receivers.is_empty() {
+        return;
+    }
+    for m in rebalance::plan(&views, receivers, draining, MAX_MOVES_IN_FLIGHT) {
+        let Some(t) = state.topic(&m.topic) else { continue };
+        commands.push(Command::SetAssignmentTarget(SetAssignmentTarget {
+            topic: m.topic,
+            incarnation: t.incarnation(),
+            partition: m.partition,
+            expected_owner: m.from,
+            target_id: m.to,
+        }));
+    }
 }
 
 /// The owners of `topic`'s unassigned partitions that can be placed now,

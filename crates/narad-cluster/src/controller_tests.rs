@@ -167,7 +167,35 @@ fn check(state: &MetaState) -> Result<(), String> {
         .collect();
     ring.sort();
     let mut seen = BTreeSet::new();
-    for c in &commands[marked.len()..] {
+    let receivers: BTreeSet<&String> = ring
+        .iter()
+        .filter(|id| state.member(id).is_some_and(|m| !m.draining))
+        .collect();
+    let moves_from = commands[marked.len()..]
+        .iter()
+        .position(|c| matches!(c, Command::SetAssignmentTarget(_) | Command::AbortMove(_)))
+        .map_or(commands.len(), |i| i + marked.len());
+    for c in &commands[moves_from..] {
+        match c {
+            Command::SetAssignmentTarget(m) => {
+                let a = state.assignment(&m.topic, m.partition);
+                if a.is_none_or(|a| a.owner_id != m.expected_owner || a.target_id.is_some()) {
+                    return Err(format!("{m:?} planned on {a:?}"));
+                }
+                if !receivers.contains(&m.target_id) {
+                    return Err(format!("{m:?} targets a member that is not a receiver"));
+                }
+            }
+            Command::AbortMove(m) => {
+                let a = state.assignment(&m.topic, m.partition);
+                if a.is_none_or(|a| a.target_id.as_deref() != Some(m.expected_target.as_str())) {
+                    return Err(format!("{m:?} aborts what {a:?} is not"));
+                }
+            }
+            other => return Err(format!("{other:?} after the rebalance commands")),
+        }
+    }
+    for c in &commands[marked.len()..moves_from] {
         let Command::AssignPartitions(a) = c else {
             return Err(format!("unexpected command after the dead-marking: {c:?}"));
         };
@@ -201,8 +229,9 @@ fn check(state: &MetaState) -> Result<(), String> {
         for p in 0..t.partitions() {
             let old = state.assignment(t.name(), p);
             let new = after.assignment(t.name(), p);
-            // Sticky: an owner (alive, dead or unknown) never changes.
-            if old.is_some() && old != new {
+            // Sticky: an owner (alive, dead or unknown) never changes (a
+            // move only sets a target; its target flips the owner).
+            if old.is_some() && old.map(|a| &a.owner_id) != new.map(|a| &a.owner_id) {
                 return Err(format!("{}/{p} moved from {old:?} to {new:?}", t.name()));
             }
             let Some(new) = new else {
@@ -238,12 +267,29 @@ fn check(state: &MetaState) -> Result<(), String> {
             }
         }
     }
-    // Idempotent: the next tick on the result has nothing to do.
-    let again = plan(&after, NOW);
-    if !again.is_empty() {
-        return Err(format!("re-planning the applied plan gives {again:?}"));
+    // Converges: later ticks (moves never finishing here) only start
+    // moves, within the cap, and soon plan nothing.
+    for _ in 0..20 {
+        let again = plan(&after, NOW);
+        if again.is_empty() {
+            return Ok(());
+        }
+        for c in &again {
+            if !matches!(c, Command::SetAssignmentTarget(_)) {
+                return Err(format!("re-planning the applied plan gives {c:?}"));
+            }
+            let index = after.applied_index() + 1;
+            after = apply(&after, index, c).map_err(|e| format!("{c:?} refused: {e}"))?.state;
+        }
+        let in_flight = narad_meta::rebalance::partition_views(&after)
+            .iter()
+            .filter(|v| v.target.is_some())
+            .count();
+        if in_flight > narad_meta::limits::MAX_MOVES_IN_FLIGHT {
+            return Err(format!("{in_flight} moves in flight"));
+        }
     }
-    Ok(())
+    Err("the plan never settles".into())
 }
 
 #[test]
