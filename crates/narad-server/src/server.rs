@@ -15,6 +15,7 @@ use narad_clock::SystemClock;
 use narad_fs::RealFs;
 use narad_log::LogConfig;
 use narad_meta::{Member, MemberStatus, TopicDefaults};
+use narad_node::cluster_node::ClusterNode;
 use narad_wal::WalOptions;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -24,7 +25,6 @@ use tracing::{error, info, warn};
 use crate::accept::{ConnLimit, PlainListener, auto_max_connections, open_file_limit};
 use crate::access::Security;
 use crate::auth::{Authenticator, seed_root};
-use crate::cluster_node::ClusterNode;
 use crate::cluster_settings::ClusterSettings;
 use crate::config::{Config, LimitsConfig};
 use crate::conn::ConnConfig;
@@ -45,7 +45,7 @@ pub struct ServerConfig {
     /// This node's id: the configured one, or without one the host name
     /// (what a data directory from a release before `node.id` is owned
     /// by); [`run`] settles it against the data directory's
-    /// [`node_identity`](crate::node_identity) file.
+    /// [`node_identity`](narad_node::node_identity) file.
     pub node_id: String,
     /// Whether `node_id` was configured (flag, environment, file) rather
     /// than defaulted.
@@ -151,14 +151,14 @@ pub enum ServerError {
     Serve(#[source] std::io::Error),
     /// The node id is not the data directory's, or its file is unusable.
     #[error("cannot start: {0}")]
-    Identity(#[source] crate::node_identity::IdentityError),
+    Identity(#[source] narad_node::node_identity::IdentityError),
     /// The data directory is not this start's to use as configured (a
     /// cluster member's without peers, a renamed node's).
     #[error("cannot start: {0}")]
     Refused(String),
     /// The cluster side (node RPC, consensus) could not start.
     #[error("cannot start: {0}")]
-    Cluster(#[source] crate::cluster_node::ClusterStartError),
+    Cluster(#[source] narad_node::cluster_node::ClusterStartError),
     /// A final sync at shutdown failed.
     #[error("shutdown did not complete cleanly: {0}")]
     Shutdown(#[source] narad_broker::BrokerError),
@@ -213,7 +213,7 @@ pub async fn run(
     let _data_dir_lock =
         narad_fs::DirLock::acquire(&config.data_dir).map_err(ServerError::DataDir)?;
     let (fs, clock) = (RealFs::shared(), SystemClock::shared());
-    let settled = crate::node_identity::settle(
+    let settled = narad_node::node_identity::settle(
         &*fs,
         &config.data_dir,
         config.node_id_configured.then_some(config.node_id.as_str()),
@@ -221,18 +221,18 @@ pub async fn run(
     )
     .map_err(ServerError::Identity)?;
     match &settled {
-        crate::node_identity::Settled::Stored(id) => {
+        narad_node::node_identity::Settled::Stored(id) => {
             tracing::info!(node_id = %id, "node id (from the data directory)")
         }
-        crate::node_identity::Settled::Adopted(id) => {
+        narad_node::node_identity::Settled::Adopted(id) => {
             tracing::info!(node_id = %id, "node id adopted by a data directory from an older release, now recorded in it")
         }
-        crate::node_identity::Settled::New(id) => {
+        narad_node::node_identity::Settled::New(id) => {
             tracing::info!(node_id = %id, "node id recorded in the new data directory; keep it: a later start under another id is refused")
         }
     }
     config.node_id = settled.id().to_owned();
-    let adopted = matches!(settled, crate::node_identity::Settled::Adopted(_));
+    let adopted = matches!(settled, narad_node::node_identity::Settled::Adopted(_));
     let tls = match &config.tls {
         Some(f) => Some(
             crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
@@ -270,10 +270,14 @@ pub async fn run(
             let meta = Broker::open_meta(&broker_config, fs.clone(), clock.clone())
                 .await
                 .map_err(ServerError::Start)?;
-            crate::node_identity::refuse_single_start(&config.data_dir, &meta, &config.node_id)
-                .map_err(ServerError::Refused)?;
+            narad_node::node_identity::refuse_single_start(
+                &config.data_dir,
+                &meta,
+                &config.node_id,
+            )
+            .map_err(ServerError::Refused)?;
             if adopted {
-                crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
+                narad_node::node_identity::record(&*fs, &config.data_dir, &config.node_id)
                     .map_err(ServerError::Identity)?;
             }
             let broker = Broker::open_on(
@@ -308,7 +312,7 @@ pub async fn run(
             if adopted {
                 // Checked by the start (a pre-cluster state's owners).
                 if let Err(e) =
-                    crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
+                    narad_node::node_identity::record(&*fs, &config.data_dir, &config.node_id)
                 {
                     node.shutdown().await;
                     return Err(ServerError::Identity(e));
@@ -428,7 +432,8 @@ pub async fn run(
     let leaving = cluster.clone();
     // Set when the server stops because its control plane stopped (see
     // `control_restart`): the run then ends in an error.
-    let restart_why: Arc<std::sync::Mutex<Option<crate::control_restart::Stop>>> = Arc::default();
+    let restart_why: Arc<std::sync::Mutex<Option<narad_node::control_restart::Stop>>> =
+        Arc::default();
     let restart_needed = cluster.as_ref().map(|n| n.restart_needed());
     let why_slot = restart_why.clone();
     let drain = async move {
@@ -442,10 +447,10 @@ pub async fn run(
             () = shutdown => info!("shutdown requested: draining in-flight requests"),
             why = restart => {
                 match &why {
-                    crate::control_restart::Stop::Restart(why) => {
+                    narad_node::control_restart::Stop::Restart(why) => {
                         error!(reason = %why, "stopping for a restart: draining in-flight requests")
                     }
-                    crate::control_restart::Stop::Refused(why) => {
+                    narad_node::control_restart::Stop::Refused(why) => {
                         error!(reason = %why, "stopping: this node cannot start under its id")
                     }
                 }
@@ -485,10 +490,12 @@ pub async fn run(
     }
     stopped.map_err(ServerError::Shutdown)?;
     match restart_why.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        Some(crate::control_restart::Stop::Restart(why)) => {
+        Some(narad_node::control_restart::Stop::Restart(why)) => {
             return Err(ServerError::ControlPlaneStopped(why));
         }
-        Some(crate::control_restart::Stop::Refused(why)) => return Err(ServerError::Refused(why)),
+        Some(narad_node::control_restart::Stop::Refused(why)) => {
+            return Err(ServerError::Refused(why));
+        }
         None => {}
     }
     info!("narad stopped");
