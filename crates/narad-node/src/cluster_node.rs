@@ -5,9 +5,9 @@
 //! controller. Without peers none of this exists and the metastore applies
 //! directly, as a single node always has.
 //!
-//! Start-up: metastore opened → node RPC bound → consensus started over the
-//! store → writes routed through it → broker opened on the store →
-//! membership → HTTP. `/readyz` turns 200 once a leader is visible and this
+//! Start-up ([`crate::node::Node::start`]): metastore opened → node RPC
+//! bound → consensus started over the store → writes routed through it →
+//! broker opened on the store → membership → HTTP. `/readyz` turns 200 once a leader is visible and this
 //! replica has applied what it knows committed, or after
 //! [`READY_CATCH_UP_WAIT`] with a leader visible (SPEC §7.6).
 //!

@@ -1,6 +1,8 @@
 //! narad-node: a node, the broker and the cluster composed. It owns
 //! everything a node does for and with its peers, and nothing of HTTP:
 //!
+//! * [`node`]: a node, started and stopped in order ([`node::Node`]: the
+//!   broker, and with peers the cluster side); what the HTTP server runs.
 //! * [`cluster_node`]: a cluster node's start-up, node RPC handlers (the
 //!   control plane's ops and the data plane's: commits, consumes, acks,
 //!   figures, fan-out links, ready counts), forwarding to partition owners
@@ -18,8 +20,9 @@
 //! * [`settings`]: what a cluster node starts with; [`node_identity`]: the
 //!   node id kept in the data directory; [`root`]: seeding the root user.
 //!
-//! Partition moves (freezing a partition and handing it to another owner)
-//! will land here next (`/work/shared/NODE-SPLIT.md` §1, §2).
+//! Partition moves (freezing a partition at its commit boundary and
+//! handing it to another owner) land here next: they need the broker and
+//! the cluster together, which only this crate has.
 //!
 //! narad-broker depends on neither this crate nor narad-cluster: the
 //! broker reaches other nodes only through the traits this crate
@@ -32,6 +35,7 @@ pub mod error;
 pub mod fanout_peers;
 pub mod forward;
 pub mod forwarded_consume;
+pub mod node;
 pub mod node_identity;
 pub mod remote_owner;
 pub mod root;
