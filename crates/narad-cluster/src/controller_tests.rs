@@ -167,10 +167,8 @@ fn check(state: &MetaState) -> Result<(), String> {
         .collect();
     ring.sort();
     let mut seen = BTreeSet::new();
-    let receivers: BTreeSet<&String> = ring
-        .iter()
-        .filter(|id| state.member(id).is_some_and(|m| !m.draining))
-        .collect();
+    let receivers: BTreeSet<&String> =
+        ring.iter().filter(|id| state.member(id).is_some_and(|m| !m.draining)).collect();
     let moves_from = commands[marked.len()..]
         .iter()
         .position(|c| matches!(c, Command::SetAssignmentTarget(_) | Command::AbortMove(_)))

@@ -58,13 +58,11 @@ use tracing::{debug, info, warn};
 
 use crate::ratelimit::TokenBucket;
 
-/// bcrypt cost of stored hashes.
-pub const BCRYPT_COST: u32 = 10;
-/// bcrypt reads at most this many bytes of a password; longer ones are
-/// refused rather than silently truncated.
-pub const PASSWORD_BYTES_MAX: usize = 72;
-/// 400 text for a password over [`PASSWORD_BYTES_MAX`].
-pub const PASSWORD_TOO_LONG: &str = "password longer than 72 bytes";
+pub use narad_node::root::{
+    BCRYPT_COST, PASSWORD_BYTES_MAX, PASSWORD_TOO_LONG, check_password_len, hash_password,
+    random_password, seed_root,
+};
+
 /// Failed attempts allowed in a burst, per username and client address.
 const FAIL_BURST: f64 = 5.0;
 /// One more failed attempt per username and address every this often.
@@ -200,29 +198,9 @@ fn dummy_hash() -> &'static str {
     })
 }
 
-/// Refuses a password bcrypt would truncate (the 400 of create and change).
-pub fn check_password_len(password: &str) -> Result<(), &'static str> {
-    if password.len() > PASSWORD_BYTES_MAX { Err(PASSWORD_TOO_LONG) } else { Ok(()) }
-}
-
-/// Hashes a password with bcrypt (blocking: call it off the async threads).
-/// A password over 72 bytes is refused, never truncated.
-pub fn hash_password(password: &str) -> Result<String, String> {
-    check_password_len(password).map_err(str::to_owned)?;
-    bcrypt::hash(password, BCRYPT_COST).map_err(|e| format!("cannot hash password: {e}"))
-}
-
 /// Runs `f` on the blocking pool.
 pub async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
     tokio::task::spawn_blocking(f).await.ok()
-}
-
-/// 18 random bytes as 24 URL-safe base64 characters.
-pub fn random_password() -> Result<String, String> {
-    use base64::Engine;
-    let mut bytes = [0u8; 18];
-    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a password: {e}"))?;
-    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
 }
 
 /// The bcrypt verifies: at most one running per slot, at most `queue_max`
@@ -463,41 +441,6 @@ impl Authenticator {
     }
 }
 
-/// Seeds the root user `admin` when there is none (blocking: it hashes).
-/// The password is `admin_password`, else a random one that is logged once
-/// at WARN. Returns whether a root was seeded.
-pub fn seed_root(meta: &MetaStore, admin_password: Option<&str>) -> Result<bool, String> {
-    if meta.snapshot().has_root() {
-        return Ok(false);
-    }
-    let (password, generated) = match admin_password {
-        Some(p) => (p.to_owned(), false),
-        None => (random_password()?, true),
-    };
-    let hash = hash_password(&password)?;
-    meta.seed_root_user(hash).map_err(|e| format!("cannot seed the root user: {e}"))?;
-    if generated {
-        warn!(
-            component = "audit",
-            event = "user.seed_root",
-            actor = "system",
-            target = narad_meta::ROOT_USERNAME,
-            password = %password,
-            "seeded the root user with a generated password (shown once: change it with \
-             'narad user passwd admin')"
-        );
-    } else {
-        info!(
-            component = "audit",
-            event = "user.seed_root",
-            actor = "system",
-            target = narad_meta::ROOT_USERNAME,
-            "seeded the root user with NARAD_ADMIN_PASSWORD"
-        );
-    }
-    Ok(true)
-}
-
 /// Decodes `Authorization: Basic base64(user:password)`.
 pub fn basic_credentials(header: Option<&axum::http::HeaderValue>) -> Option<(String, String)> {
     use base64::Engine;
@@ -575,19 +518,5 @@ mod tests {
         assert_ne!(client_key(a), client_key("2001:db8:1:3::1".parse().unwrap()));
         let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
         assert_eq!(client_key(mapped), "10.0.0.7".parse::<IpAddr>().unwrap());
-    }
-
-    #[test]
-    fn passwords_over_72_bytes_are_refused_not_truncated() {
-        assert!(check_password_len(&"p".repeat(72)).is_ok());
-        assert_eq!(check_password_len(&"p".repeat(73)), Err(PASSWORD_TOO_LONG));
-        assert_eq!(hash_password(&"p".repeat(73)).unwrap_err(), PASSWORD_TOO_LONG);
-    }
-
-    #[test]
-    fn random_passwords_are_long_and_differ() {
-        let (a, b) = (random_password().unwrap(), random_password().unwrap());
-        assert_eq!(a.len(), 24);
-        assert_ne!(a, b);
     }
 }

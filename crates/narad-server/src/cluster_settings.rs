@@ -1,6 +1,6 @@
 //! The cluster part of the configuration (SPEC §8 `cluster.*`, the
 //! `security.cluster_tls_*` files and `NARAD_CLUSTER_SECRET`), checked as a
-//! whole and resolved into [`ClusterSettings`]: what the control plane
+//! whole and resolved into [`ClusterSettings`] (narad-node's): what the control plane
 //! needs to start, with every peer address a [`SocketAddr`].
 //!
 //! No peers configured (the default) means a single node: no settings
@@ -25,7 +25,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
-use narad_cluster::{ClusterAuth, ClusterSecret, TlsFiles};
+use narad_node::settings::{ClusterAuth, ClusterSecret, TlsFiles};
+pub use narad_node::settings::{
+    ClusterPeer, ClusterSettings, NODE_ID_LEN_MAX, raft_id, validate_node_id,
+};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::config::Config;
@@ -39,9 +42,6 @@ pub const CLUSTER_SECRET_PREVIOUS_ENV: &str = "NARAD_CLUSTER_SECRET_PREVIOUS";
 pub const DEFAULT_CLUSTER_ADDR: &str = "0.0.0.0:7943";
 /// `cluster.addr` of a `--dev` start.
 pub const DEFAULT_DEV_CLUSTER_ADDR: &str = "127.0.0.1:7943";
-/// The longest node id.
-pub const NODE_ID_LEN_MAX: usize = 64;
-
 /// One entry of `cluster.peers`: `"id@host:port"` or `{id, addr}` in a
 /// file, `id@host:port,...` in `NARAD_CLUSTER_PEERS`. Printed as
 /// `"id@host:port"`.
@@ -96,76 +96,15 @@ impl<'de> Deserialize<'de> for PeerSpec {
     }
 }
 
-/// One resolved peer (this node included).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterPeer {
-    /// The node id.
-    pub id: String,
-    /// Its cluster (node RPC, UDP) address.
-    pub addr: SocketAddr,
-    /// Its Raft node id ([`raft_id`] of `id`).
-    pub raft_id: u64,
-}
-
-/// What a node in a cluster starts with: the resolved, validated `cluster.*`
-/// keys and the way nodes authenticate each other.
-#[derive(Debug, Clone)]
-pub struct ClusterSettings {
-    /// This node's id (`cluster.node_id`).
-    pub node_id: String,
-    /// Where this node's node RPC listens (`cluster.addr`, UDP).
-    pub bind_addr: SocketAddr,
-    /// This node's address as the peers dial it (its own peer entry).
-    pub advertised_addr: SocketAddr,
-    /// Every peer in `cluster.peers` order, this node included.
-    pub peers: Vec<ClusterPeer>,
-    /// `cluster.initial_members` (empty: every peer bootstraps).
-    pub initial_members: Vec<String>,
-    /// The cluster secret and/or the cluster TLS files (neither only with
-    /// `--dev`).
-    pub auth: ClusterAuth,
-}
-
-impl ClusterSettings {
-    /// Whether this node only joins (a non-empty `initial_members` that
-    /// does not list it): it never bootstraps.
-    pub fn join_only(&self) -> bool {
-        !self.initial_members.is_empty() && !self.initial_members.contains(&self.node_id)
-    }
-
-    /// The peers other than this node.
-    pub fn others(&self) -> impl Iterator<Item = &ClusterPeer> {
-        self.peers.iter().filter(move |p| p.id != self.node_id)
-    }
-}
-
-/// The Raft node id of a node id (FNV-1a 64 of its bytes): the control
-/// plane's own derivation, so validation and Raft never disagree.
-/// Validation refuses peers whose ids collide.
-pub use narad_cluster::raft::raft_id;
-
-/// Checks a node id: `^[A-Za-z0-9._-]{1,64}$`.
-pub fn validate_node_id(id: &str) -> Result<(), String> {
-    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
-    if id.is_empty() || id.len() > NODE_ID_LEN_MAX || !id.bytes().all(ok) {
-        return Err(format!("node id {id:?} must match ^[A-Za-z0-9._-]{{1,64}}$"));
-    }
-    Ok(())
-}
-
 /// The cluster TLS files of `security.*`: all three or none.
 pub fn cluster_tls_files(c: &Config) -> Result<Option<TlsFiles>, String> {
     let s = &c.security;
     let path = |p: &str| (!p.is_empty()).then(|| PathBuf::from(p));
-    TlsFiles::from_options(
+    narad_node::settings::tls_files(
         path(&s.cluster_tls_cert_file),
         path(&s.cluster_tls_key_file),
         path(&s.cluster_tls_ca_file),
     )
-    .map_err(|e| match e {
-        narad_cluster::Error::Config(m) => m,
-        other => other.to_string(),
-    })
 }
 
 /// Resolves `host:port` to one socket address (the first the resolver
@@ -342,15 +281,6 @@ mod tests {
     }
 
     const THREE: &str = "n1@127.0.0.1:7943,n2@127.0.0.1:7944,n3@127.0.0.1:7945";
-
-    #[test]
-    fn raft_ids_are_fnv_1a_64_of_the_id() {
-        // Reference values of FNV-1a 64 (the published test vectors).
-        assert_eq!(raft_id(""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(raft_id("a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(raft_id("foobar"), 0x8594_4171_f739_67e8);
-        assert_ne!(raft_id("n1"), raft_id("n2"));
-    }
 
     #[test]
     fn colliding_raft_ids_are_found() {

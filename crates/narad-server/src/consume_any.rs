@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use narad_broker::{Broker, Delivered};
-use narad_cluster::rpc::{self, Reply, Request};
+use narad_broker::Delivered;
+use narad_node::consume::answer_of;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -57,8 +57,8 @@ use tokio::sync::Notify;
 
 use crate::cluster::ClusterView;
 use crate::error::{ApiError, json_response};
-use crate::forward::{self, PartitionRoute, relay};
-use crate::routes::consume::{answer_of, as_batch_if};
+use crate::forward::{ConsumeAsk, PartitionRoute, PeerAnswer, relay};
+use crate::routes::consume::as_batch_if;
 use crate::state::Shared;
 
 /// How often a watcher asks its owner for fresh counts while consumes
@@ -371,17 +371,14 @@ async fn ask_owner(
     p: Option<u32>,
     max: Option<usize>,
 ) -> Option<Response> {
-    let request = Request::Consume(rpc::Consume {
+    let ask = ConsumeAsk {
         topic: topic.to_owned(),
-        partition: p.map_or(0, |p| p as i32),
-        has_partition: p.is_some(),
-        offset: 0,
-        has_offset: false,
-        wait_nanos: 0,
-        local_only: p.is_none(),
-        max: max.map_or(1, |m| m as u32),
-    });
-    match cluster.forward(owner, request, CONSUME_PROBE_TIMEOUT).await {
+        partition: p,
+        offset: None,
+        wait: Duration::ZERO,
+        max,
+    };
+    match cluster.consume_at(owner, ask, CONSUME_PROBE_TIMEOUT).await {
         Ok(reply) if reply.status == 200 => {
             if let Some(p) = p {
                 turns.took(owner, p, count_messages(&reply, max.is_some()));
@@ -391,7 +388,7 @@ async fn ask_owner(
         Ok(reply) => {
             if reply.status != 204 {
                 tracing::debug!(topic, owner, status = reply.status,
-                    error = %forward::reply_message(&reply), "an owner refused a queue-mode consume");
+                    error = %reply.message(), "an owner refused a queue-mode consume");
             }
             if let Some(p) = p {
                 turns.took(owner, p, 0);
@@ -409,7 +406,7 @@ async fn ask_owner(
 }
 
 /// How many messages an owner's 200 holds (a batch's, or 1).
-fn count_messages(reply: &Reply, batch: bool) -> u64 {
+fn count_messages(reply: &PeerAnswer, batch: bool) -> u64 {
     #[derive(Deserialize)]
     struct Batch {
         messages: Vec<serde::de::IgnoredAny>,
@@ -502,12 +499,7 @@ async fn watch(
             }
         }
         let wait = if waiting { WATCH_WAIT } else { Duration::ZERO };
-        let request = Request::ReadyCounts(rpc::ReadyCounts {
-            topic: topic.to_owned(),
-            wait_nanos: wait.as_nanos() as i64,
-        });
-        let timeout = request.timeout();
-        let reply = cluster.forward(peer, request, timeout).await;
+        let reply = cluster.ready_counts_at(peer, topic, wait).await;
         let outcome = match reply {
             Ok(r) if r.status == 200 => match serde_json::from_slice::<ReadyReply>(&r.body) {
                 Ok(counts) => {
@@ -533,7 +525,7 @@ async fn watch(
                     "failed"
                 }
             },
-            Ok(r) if r.status == 400 && forward::reply_message(&r).contains("unsupported") => {
+            Ok(r) if r.status == 400 && r.message().contains("unsupported") => {
                 tracing::info!(
                     topic,
                     peer,
@@ -546,7 +538,7 @@ async fn watch(
             }
             Ok(r) => {
                 tracing::debug!(topic, peer, status = r.status,
-                    error = %forward::reply_message(&r), "an owner refused ReadyCounts");
+                    error = %r.message(), "an owner refused ReadyCounts");
                 "refused"
             }
             Err(why) => {
@@ -571,17 +563,5 @@ async fn watch(
                 tokio::time::sleep(WATCH_RETRY).await;
             }
         }
-    }
-}
-
-/// ReadyCounts (37) from another node: this node's partitions of the topic
-/// and their messages ready to lease, once one has some or the wait (at
-/// most 30 s) is over.
-pub async fn ready_for_peer(broker: &Broker, r: rpc::ReadyCounts) -> Reply {
-    let wait = Duration::from_nanos(r.wait_nanos.max(0) as u64)
-        .min(narad_cluster::limits::CONSUME_MAX_WAIT);
-    match broker.wait_ready(&r.topic, wait).await {
-        Ok(ready) => Reply::json(200, serde_json::json!({ "ready": ready }).to_string()),
-        Err(e) => forward::reply_of(e.into()),
     }
 }

@@ -4,13 +4,11 @@
 //! 405). Every 503 carries `Retry-After` ([`RETRY_AFTER_SECS`]): the
 //! refusal is temporary (an election, an owner restarting, a full queue).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use narad_broker::BrokerError;
 use narad_meta::MetaError;
-use tracing::{debug, error, warn};
+use narad_node::error::NodeError;
 
 /// An error answer.
 #[derive(Debug)]
@@ -61,22 +59,6 @@ impl ApiError {
     }
 }
 
-/// When the last "control plane unavailable" WARN went out (ms since the
-/// Unix epoch; 0 = never).
-static CONTROL_PLANE_WARNED_MS: AtomicU64 = AtomicU64::new(0);
-
-/// At most one "control plane unavailable" WARN per 10 s.
-fn control_plane_warn_due() -> bool {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    let last = CONTROL_PLANE_WARNED_MS.load(Ordering::Relaxed);
-    now.saturating_sub(last) >= 10_000
-        && CONTROL_PLANE_WARNED_MS
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-}
-
 /// The `Retry-After` of a 503: one second, as the password-verify queue's.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -94,34 +76,19 @@ pub fn error_body(message: &str) -> String {
     s
 }
 
+impl From<NodeError> for ApiError {
+    fn from(e: NodeError) -> ApiError {
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        ApiError::Json { status, message: e.message }
+    }
+}
+
+/// A broker error's status and public message (logged where it becomes a
+/// [`NodeError`]: by design refusals at DEBUG, a leaderless control plane
+/// at most one WARN per 10 s, other 5xx at ERROR).
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> ApiError {
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        match e {
-            // Designed back-pressure, not a fault: the client retries (the
-            // lease is kept) and `narad_ack_rejected_total{reason="cap"}`
-            // counts it; at ERROR, 64 consumers behind one slow head wrote
-            // ~40,000 lines a second. Likewise refusals while shutting down.
-            BrokerError::AckedAheadFull | BrokerError::ShuttingDown => {
-                debug!(error = %e, status = status.as_u16(), "request refused");
-            }
-            // No leader (an election, a lost quorum) or the leader out of
-            // reach: the cluster's state, not a fault of this request, and
-            // every metadata write of a leaderless minute would repeat it.
-            // The control plane logs the election itself; one WARN per
-            // 10 s says requests are being refused.
-            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_))
-                if control_plane_warn_due() =>
-            {
-                warn!(error = %e, status = status.as_u16(), "metadata write refused: control plane unavailable");
-            }
-            BrokerError::Meta(MetaError::Unavailable(_) | MetaError::Upstream(_)) => {}
-            _ if status.is_server_error() => {
-                error!(error = %e, status = status.as_u16(), "http server error");
-            }
-            _ => {}
-        }
-        ApiError::Json { status, message: e.public_message() }
+        NodeError::from(e).into()
     }
 }
 

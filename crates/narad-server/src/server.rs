@@ -1,4 +1,5 @@
-//! Wiring: bind, open the broker, serve, shut down gracefully.
+//! Wiring: bind, start the node (narad-node's `Node`: the broker and the
+//! cluster side), serve, shut down gracefully.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -10,11 +11,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post, put};
-use narad_broker::{Broker, BrokerConfig, Registration, metrics::BrokerMetrics};
+use narad_broker::{BrokerConfig, metrics::BrokerMetrics};
 use narad_clock::SystemClock;
 use narad_fs::RealFs;
 use narad_log::LogConfig;
-use narad_meta::{Member, MemberStatus, TopicDefaults};
+use narad_meta::TopicDefaults;
+use narad_node::control_restart::Stop;
+use narad_node::node::{Node, NodeConfig, NodeStartError};
 use narad_wal::WalOptions;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -23,8 +26,7 @@ use tracing::{error, info, warn};
 
 use crate::accept::{ConnLimit, PlainListener, auto_max_connections, open_file_limit};
 use crate::access::Security;
-use crate::auth::{Authenticator, seed_root};
-use crate::cluster_node::ClusterNode;
+use crate::auth::Authenticator;
 use crate::cluster_settings::ClusterSettings;
 use crate::config::{Config, LimitsConfig};
 use crate::conn::ConnConfig;
@@ -45,7 +47,7 @@ pub struct ServerConfig {
     /// This node's id: the configured one, or without one the host name
     /// (what a data directory from a release before `node.id` is owned
     /// by); [`run`] settles it against the data directory's
-    /// [`node_identity`](crate::node_identity) file.
+    /// [`node_identity`](narad_node::node_identity) file.
     pub node_id: String,
     /// Whether `node_id` was configured (flag, environment, file) rather
     /// than defaulted.
@@ -151,14 +153,14 @@ pub enum ServerError {
     Serve(#[source] std::io::Error),
     /// The node id is not the data directory's, or its file is unusable.
     #[error("cannot start: {0}")]
-    Identity(#[source] crate::node_identity::IdentityError),
+    Identity(#[source] narad_node::node_identity::IdentityError),
     /// The data directory is not this start's to use as configured (a
     /// cluster member's without peers, a renamed node's).
     #[error("cannot start: {0}")]
     Refused(String),
     /// The cluster side (node RPC, consensus) could not start.
     #[error("cannot start: {0}")]
-    Cluster(#[source] crate::cluster_node::ClusterStartError),
+    Cluster(#[source] narad_node::cluster_node::ClusterStartError),
     /// A final sync at shutdown failed.
     #[error("shutdown did not complete cleanly: {0}")]
     Shutdown(#[source] narad_broker::BrokerError),
@@ -166,6 +168,17 @@ pub enum ServerError {
     /// the server stopped for its supervisor to start it afresh.
     #[error("restart required: {0}")]
     ControlPlaneStopped(String),
+}
+
+impl From<NodeStartError> for ServerError {
+    fn from(e: NodeStartError) -> ServerError {
+        match e {
+            NodeStartError::Broker(e) => ServerError::Start(e),
+            NodeStartError::Identity(e) => ServerError::Identity(e),
+            NodeStartError::Refused(why) => ServerError::Refused(why),
+            NodeStartError::Cluster(e) => ServerError::Cluster(e),
+        }
+    }
 }
 
 /// The router, for tests and for [`run`].
@@ -184,11 +197,6 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(cluster::members))
-        .route(
-            "/v1/cluster/members/{id}/decommission",
-            post(cluster::decommission).delete(cluster::cancel_decommission),
-        )
-        .route("/v1/cluster/moves", get(cluster::moves).post(cluster::start_move))
         .route("/v1/cluster/rebalance", get(cluster::rebalance))
         .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))
@@ -218,7 +226,7 @@ pub async fn run(
     let _data_dir_lock =
         narad_fs::DirLock::acquire(&config.data_dir).map_err(ServerError::DataDir)?;
     let (fs, clock) = (RealFs::shared(), SystemClock::shared());
-    let settled = crate::node_identity::settle(
+    let settled = narad_node::node_identity::settle(
         &*fs,
         &config.data_dir,
         config.node_id_configured.then_some(config.node_id.as_str()),
@@ -226,18 +234,18 @@ pub async fn run(
     )
     .map_err(ServerError::Identity)?;
     match &settled {
-        crate::node_identity::Settled::Stored(id) => {
+        narad_node::node_identity::Settled::Stored(id) => {
             tracing::info!(node_id = %id, "node id (from the data directory)")
         }
-        crate::node_identity::Settled::Adopted(id) => {
+        narad_node::node_identity::Settled::Adopted(id) => {
             tracing::info!(node_id = %id, "node id adopted by a data directory from an older release, now recorded in it")
         }
-        crate::node_identity::Settled::New(id) => {
+        narad_node::node_identity::Settled::New(id) => {
             tracing::info!(node_id = %id, "node id recorded in the new data directory; keep it: a later start under another id is refused")
         }
     }
     config.node_id = settled.id().to_owned();
-    let adopted = matches!(settled, crate::node_identity::Settled::Adopted(_));
+    let adopted = matches!(settled, narad_node::node_identity::Settled::Adopted(_));
     let tls = match &config.tls {
         Some(f) => Some(
             crate::tls::server_config(&f.cert, &f.key, f.client_ca.as_deref())
@@ -270,112 +278,33 @@ pub async fn run(
         wal: config.wal,
         idle_log_eviction_ms: config.idle_log_eviction_ms,
     };
-    let (broker, cluster) = match &config.cluster {
-        None => {
-            let meta = Broker::open_meta(&broker_config, fs.clone(), clock.clone())
-                .await
-                .map_err(ServerError::Start)?;
-            crate::node_identity::refuse_single_start(&config.data_dir, &meta, &config.node_id)
-                .map_err(ServerError::Refused)?;
-            if adopted {
-                crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
-                    .map_err(ServerError::Identity)?;
-            }
-            let broker = Broker::open_on(
-                broker_config,
-                fs,
-                clock,
-                metrics,
-                meta,
-                Registration::Now,
-                narad_broker::Routing::Local,
-            )
-            .await
-            .map_err(ServerError::Start)?;
-            (broker, None)
-        }
-        Some(settings) => {
-            // Consensus runs over the metastore before the broker opens on
-            // it, so every write of the broker's goes through consensus.
-            let meta = Broker::open_meta(&broker_config, fs.clone(), clock.clone())
-                .await
-                .map_err(ServerError::Start)?;
-            let node = ClusterNode::start(
-                settings,
-                local.to_string(),
-                meta.clone(),
-                config.data_dir.clone(),
-                fs.clone(),
-                &mut registry,
-            )
-            .await
-            .map_err(ServerError::Cluster)?;
-            if adopted {
-                // Checked by the start (a pre-cluster state's owners).
-                if let Err(e) =
-                    crate::node_identity::record(&*fs, &config.data_dir, &config.node_id)
-                {
-                    node.shutdown().await;
-                    return Err(ServerError::Identity(e));
-                }
-            }
-            let routing = node.routing(clock.clone(), &mut registry);
-            let broker = match Broker::open_on(
-                broker_config,
-                fs,
-                clock.clone(),
-                metrics,
-                meta,
-                Registration::ByHeartbeat,
-                routing,
-            )
-            .await
-            {
-                Ok(b) => b,
-                Err(e) => {
-                    node.shutdown().await;
-                    return Err(ServerError::Start(e));
-                }
-            };
-            node.attach_broker(broker.clone());
-            node.start_membership(
-                Member {
-                    id: config.node_id.clone(),
-                    addr: local.to_string(),
-                    cluster_addr: Some(settings.advertised_addr.to_string()),
-                    status: MemberStatus::Alive,
-                    last_heartbeat: 0,
-                    draining: false,
-                },
-                clock,
-                &mut registry,
-                {
-                    let metrics = broker.metrics().clone();
-                    Arc::new(move |component: &str, kind: &str| metrics.error(component, kind))
-                },
-            );
-            (broker, Some(node))
-        }
-    };
+    let node = Node::start(
+        NodeConfig { broker: broker_config, cluster: config.cluster.clone(), adopted_id: adopted },
+        fs,
+        clock,
+        metrics,
+        &mut registry,
+    )
+    .await
+    .map_err(ServerError::from)?;
+    let node = Arc::new(node);
+    let broker = node.broker().clone();
+    let cluster = node.cluster();
     let auth = if config.security_enabled {
-        let started = match &cluster {
-            None => start_security(broker.meta().clone(), config.admin_password.clone()).await,
-            Some(node) => {
-                node.seed_root_when_led(config.admin_password.clone());
+        let started = match node.seed_root(config.admin_password.clone()).await {
+            Ok(()) => {
                 let meta = broker.meta().clone();
                 tokio::task::spawn_blocking(move || Authenticator::new(meta))
                     .await
                     .map_err(|e| format!("security set-up: {e}"))
                     .and_then(|a| a)
             }
+            Err(e) => Err(e),
         };
         match started {
             Ok(a) => Some(a),
             Err(e) => {
-                let _ = broker.shutdown().await;
-                if let Some(node) = &cluster {
-                    node.shutdown().await;
-                }
+                let _ = node.shutdown().await;
                 return Err(ServerError::Security(e));
             }
         }
@@ -401,11 +330,11 @@ pub async fn run(
         shutting_down: AtomicBool::new(false),
         max_consume_wait: config.max_consume_wait,
         security,
-        cluster: cluster.clone().map(|n| n as Arc<dyn crate::cluster::ClusterView>),
+        cluster: cluster.clone(),
     });
-    if let Some(node) = &cluster {
+    {
         let st = Arc::downgrade(&state);
-        node.mark_ready_when_caught_up(config.security_enabled, move |caught_up| {
+        node.on_ready(config.security_enabled, move |caught_up| {
             if let Some(st) = st.upgrade() {
                 st.ready.store(true, Ordering::Release);
                 let why = if caught_up {
@@ -430,28 +359,21 @@ pub async fn run(
         log_ready(boot_started.elapsed(), "single node");
     }
     let st = state.clone();
-    let b = broker.clone();
-    let leaving = cluster.clone();
+    let leaving = node.clone();
     // Set when the server stops because its control plane stopped (see
     // `control_restart`): the run then ends in an error.
-    let restart_why: Arc<std::sync::Mutex<Option<crate::control_restart::Stop>>> = Arc::default();
-    let restart_needed = cluster.as_ref().map(|n| n.restart_needed());
+    let restart_why: Arc<std::sync::Mutex<Option<Stop>>> = Arc::default();
+    let restart = node.stop_needed();
     let why_slot = restart_why.clone();
     let drain = async move {
-        let restart = async move {
-            match restart_needed {
-                Some(f) => f.await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             () = shutdown => info!("shutdown requested: draining in-flight requests"),
             why = restart => {
                 match &why {
-                    crate::control_restart::Stop::Restart(why) => {
+                    Stop::Restart(why) => {
                         error!(reason = %why, "stopping for a restart: draining in-flight requests")
                     }
-                    crate::control_restart::Stop::Refused(why) => {
+                    Stop::Refused(why) => {
                         error!(reason = %why, "stopping: this node cannot start under its id")
                     }
                 }
@@ -459,10 +381,7 @@ pub async fn run(
             }
         }
         st.shutting_down.store(true, Ordering::Release);
-        b.begin_drain();
-        if let Some(node) = leaving {
-            node.begin_leaving();
-        }
+        leaving.begin_leaving();
     };
     let app = crate::fast::App::new(router(state.clone()), state.clone());
     let (conn, grace) = (config.conn, config.shutdown_grace);
@@ -471,10 +390,7 @@ pub async fn run(
             Ok(listener) => crate::conn::serve(listener, app, conn, drain, grace).await,
             Err(e) => {
                 error!(error = %e, "http server failed");
-                let _ = broker.shutdown().await;
-                if let Some(node) = &cluster {
-                    node.shutdown().await;
-                }
+                let _ = node.shutdown().await;
                 return Err(ServerError::Serve(e));
             }
         },
@@ -483,18 +399,15 @@ pub async fn run(
             crate::conn::serve(listener, app, conn, drain, grace).await
         }
     }
-    let stopped = broker.shutdown().await;
-    // After the broker (its last metadata writes): membership stops, a
-    // leader hands leadership over, consensus and node RPC stop.
-    if let Some(node) = &cluster {
-        node.shutdown().await;
-    }
-    stopped.map_err(ServerError::Shutdown)?;
+    // The broker, then the cluster side (membership, consensus, node RPC).
+    node.shutdown().await.map_err(ServerError::Shutdown)?;
     match restart_why.lock().unwrap_or_else(|p| p.into_inner()).take() {
-        Some(crate::control_restart::Stop::Restart(why)) => {
+        Some(Stop::Restart(why)) => {
             return Err(ServerError::ControlPlaneStopped(why));
         }
-        Some(crate::control_restart::Stop::Refused(why)) => return Err(ServerError::Refused(why)),
+        Some(Stop::Refused(why)) => {
+            return Err(ServerError::Refused(why));
+        }
         None => {}
     }
     info!("narad stopped");
@@ -536,20 +449,6 @@ fn max_connections(configured: usize) -> usize {
         );
     }
     configured
-}
-
-/// Seeds the root user if needed and builds the authenticator (both on
-/// the blocking pool: seeding hashes a password).
-async fn start_security(
-    meta: Arc<narad_meta::MetaStore>,
-    admin_password: Option<String>,
-) -> Result<Authenticator, String> {
-    tokio::task::spawn_blocking(move || {
-        seed_root(&meta, admin_password.as_deref())?;
-        Authenticator::new(meta)
-    })
-    .await
-    .map_err(|e| format!("security set-up: {e}"))?
 }
 
 /// Resolves on SIGTERM or SIGINT.

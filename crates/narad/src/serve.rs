@@ -117,7 +117,7 @@ pub fn load_config(a: &ServeArgs) -> Result<Config, String> {
     flag("http.tls_client_ca_file", a.tls_client_ca.clone().map(path_value));
     let env = std::env::vars().filter(|(k, _)| k.starts_with("NARAD_")).collect();
     // An id left unset is settled at start against the data directory's
-    // `node.id` (narad_server::node_identity), with the host name only for
+    // `node.id` (narad_node::node_identity), with the host name only for
     // a directory from a release before that file.
     Config::load(Sources { file: a.config.as_deref(), env, flags, dev: a.dev })
 }

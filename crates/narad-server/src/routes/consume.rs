@@ -7,25 +7,20 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_broker::{AckAction, Delivered};
+use narad_broker::AckAction;
+use narad_node::consume::consume_here;
 use serde::Deserialize;
 use utoipa::ToSchema;
-
-use std::sync::Arc;
-
-use narad_broker::Broker;
-use narad_cluster::rpc::{self, Reply, Request};
 
 use crate::body::{read_limited, strict_json};
 use crate::duration::parse_go_duration;
 use crate::error::{ApiError, json_response};
-use crate::forward::{self, PartitionRoute, relay};
+use crate::forward::{self, ConsumeAsk, PartitionRoute, PeerAnswer, relay};
 use crate::limits::{BATCH_ACK_BODY_BYTES, BATCH_ACK_MAX};
 use crate::openapi::ErrorBody;
 use crate::query::{decode_component, pairs, values};
 use crate::state::Shared;
-use crate::wire::{ConsumeReply, MessageView, encode_message, push_json_string};
-use narad_broker::limits::CONSUME_BATCH_BYTES;
+use crate::wire::{ConsumeReply, push_json_string};
 
 /// The parsed query of a consume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,52 +93,6 @@ pub fn parse_consume_query(raw: &str) -> Result<ConsumeQuery, ApiError> {
     Ok(ConsumeQuery { partition, offset, wait, max })
 }
 
-fn view(d: &Delivered) -> MessageView<'_> {
-    MessageView {
-        topic: &d.topic,
-        partition: d.partition,
-        offset: d.offset,
-        key: d.key.as_deref(),
-        payload: &d.payload,
-        commit_time_ms: d.commit_time_ms,
-        receipt_handle: d.receipt_handle.as_deref(),
-    }
-}
-
-/// The JSON answer to a consume and how many of `got` it holds (`None`
-/// when `got` is empty): a batch answer is at most [`CONSUME_BATCH_BYTES`]
-/// as sent (base64, escapes, field names and the final newline counted),
-/// with at least one message.
-fn messages_json(got: &[Delivered], batch: bool) -> Option<(String, usize)> {
-    if got.is_empty() {
-        return None;
-    }
-    let mut s = String::with_capacity(
-        got.iter().map(|d| d.payload.len() + 160).sum::<usize>().min(CONSUME_BATCH_BYTES),
-    );
-    let mut sent = 1;
-    if batch {
-        const CLOSE: usize = "]}\n".len();
-        s.push_str("{\"messages\":[");
-        for (i, d) in got.iter().enumerate() {
-            let before = s.len();
-            if i > 0 {
-                s.push(',');
-            }
-            encode_message(&mut s, &view(d));
-            if i > 0 && s.len() + CLOSE > CONSUME_BATCH_BYTES {
-                s.truncate(before);
-                break;
-            }
-            sent = i + 1;
-        }
-        s.push_str("]}");
-    } else {
-        encode_message(&mut s, &view(&got[0]));
-    }
-    Some((s, sent))
-}
-
 /// `GET /v1/topics/{topic}/consume?partition=&offset=&wait=&max=`.
 #[utoipa::path(
     get,
@@ -191,34 +140,31 @@ pub async fn consume(
             Ok(answer(got))
         }
         PartitionRoute::Remote(owner) => {
-            let request = Request::Consume(rpc::Consume {
+            let ask = ConsumeAsk {
                 topic: topic.clone(),
-                partition: p as i32,
-                has_partition: true,
-                offset: q.offset.map_or(0, |o| o.min(i64::MAX as u64) as i64),
-                has_offset: q.offset.is_some(),
-                wait_nanos: wait.as_nanos().min(i64::MAX as u128) as i64,
-                local_only: false,
-                max: q.max.map_or(1, |m| m as u32),
-            });
-            let timeout = request.timeout();
-            match cluster.forward(&owner, request, timeout).await {
+                partition: Some(p),
+                offset: q.offset,
+                wait,
+                max: q.max,
+            };
+            let timeout = ask.timeout();
+            match cluster.consume_at(&owner, ask, timeout).await {
                 Ok(reply) => Ok(relay(as_batch_if(reply, q.max == Some(1)))),
                 Err(why) => {
                     tracing::warn!(topic, partition = p, owner, why, "forwarded consume failed");
-                    Err(forward::peer_failed(&topic, p, &owner, &why))
+                    Err(forward::peer_failed(&topic, p, &owner, &why).into())
                 }
             }
         }
-        PartitionRoute::OwnerDown(owner) => Err(forward::owner_down(&topic, p, &owner)),
-        PartitionRoute::Unassigned => Err(forward::not_owner()),
+        PartitionRoute::OwnerDown(owner) => Err(forward::owner_down(&topic, p, &owner).into()),
+        PartitionRoute::Unassigned => Err(forward::not_owner().into()),
     }
 }
 
 /// An owner's single-message answer in the batch shape, when the client
 /// asked for `max=1` (a forwarded consume of one message travels in the
 /// single shape: SPEC's op 2 has no batch size below 2).
-pub(crate) fn as_batch_if(reply: Reply, batch_of_one: bool) -> Reply {
+pub(crate) fn as_batch_if(reply: PeerAnswer, batch_of_one: bool) -> PeerAnswer {
     if !batch_of_one || reply.status != 200 {
         return reply;
     }
@@ -226,7 +172,7 @@ pub(crate) fn as_batch_if(reply: Reply, batch_of_one: bool) -> Reply {
     body.extend_from_slice(b"{\"messages\":[");
     body.extend_from_slice(&reply.body);
     body.extend_from_slice(b"]}");
-    Reply { body: body.into(), ..reply }
+    PeerAnswer { body: body.into(), ..reply }
 }
 
 fn answer(got: Option<String>) -> Response {
@@ -234,46 +180,6 @@ fn answer(got: Option<String>) -> Response {
         Some(json) => json_response(StatusCode::OK, json),
         None => StatusCode::NO_CONTENT.into_response(),
     }
-}
-
-/// A consume served from this node's partitions: a replay (`offset`, one
-/// record, no lease), a pinned or a queue-mode consume (`max`: the batch
-/// shape). The JSON of the answer, or `None` for nothing (204). Leased
-/// messages that do not fit the answer are given back at once.
-pub async fn consume_here(
-    broker: &Arc<Broker>,
-    topic: &str,
-    partition: Option<u32>,
-    offset: Option<u64>,
-    wait: Duration,
-    max: Option<usize>,
-) -> Result<Option<String>, ApiError> {
-    if let (Some(offset), Some(partition)) = (offset, partition) {
-        let got = broker.replay(topic, partition, offset, 1).await?;
-        return Ok(messages_json(&got, false).map(|(json, _)| json));
-    }
-    let got = broker.consume(topic, partition, wait, max.unwrap_or(1)).await?;
-    Ok(answer_of(broker, topic, &got, max.is_some()))
-}
-
-/// The JSON answer of leased messages `got` (the batch shape with
-/// `batch`), `None` for none. Leased messages that do not fit the answer
-/// are given back at once.
-pub(crate) fn answer_of(
-    broker: &Broker,
-    topic: &str,
-    got: &[Delivered],
-    batch: bool,
-) -> Option<String> {
-    let (json, sent) = messages_json(got, batch)?;
-    // What did not fit is given back at once, not left leased until its
-    // visibility timeout. (A nack that finds the lease gone is harmless.)
-    for d in &got[sent..] {
-        if let Some(h) = &d.receipt_handle {
-            let _ = broker.resolve(topic, h, AckAction::Nack);
-        }
-    }
-    Some(json)
 }
 
 /// Parses `extend=`: absent, bare, empty or `false` ack; `true`/`1` extend;
@@ -411,7 +317,7 @@ pub async fn ack(
                 };
                 Some((api.status().as_u16(), msg))
             }
-            Err(Resolved::Owner(reply)) => Some((reply.status, forward::reply_message(&reply))),
+            Err(Resolved::Owner(reply)) => Some((reply.status, reply.message())),
         };
         match failed {
             None => out.push_str("{\"status\":204}"),
@@ -430,7 +336,7 @@ pub async fn ack(
 /// answer (relayed as it is).
 enum Resolved {
     Here(ApiError),
-    Owner(Reply),
+    Owner(PeerAnswer),
 }
 
 /// Acks, extends or nacks `handle` where its partition is served: here,
@@ -451,27 +357,15 @@ async fn resolve_anywhere(
             s.broker.resolve(topic, handle, action).map_err(|e| Resolved::Here(e.into()))
         }
         PartitionRoute::OwnerDown(owner) => {
-            Err(Resolved::Here(forward::owner_down(topic, p, &owner)))
+            Err(Resolved::Here(forward::owner_down(topic, p, &owner).into()))
         }
         PartitionRoute::Remote(owner) => {
-            let receipt = rpc::Receipt {
-                topic: topic.to_owned(),
-                partition: p as i32,
-                offset: offset.min(i64::MAX as u64) as i64,
-                nonce: nonce.min(i64::MAX as u64) as i64,
-            };
-            let request = match action {
-                AckAction::Ack => Request::Ack(receipt),
-                AckAction::Extend => Request::ExtendAck(receipt),
-                AckAction::Nack => Request::Nack(receipt),
-            };
-            let timeout = request.timeout();
-            match cluster.forward(&owner, request, timeout).await {
+            match cluster.resolve_at(&owner, topic, (p, offset, nonce), action).await {
                 Ok(reply) if reply.status == 204 => Ok(()),
                 Ok(reply) => Err(Resolved::Owner(reply)),
                 Err(why) => {
                     tracing::warn!(topic, partition = p, owner, why, "forwarded ack failed");
-                    Err(Resolved::Here(forward::peer_failed(topic, p, &owner, &why)))
+                    Err(Resolved::Here(forward::peer_failed(topic, p, &owner, &why).into()))
                 }
             }
         }

@@ -1,13 +1,13 @@
 //! The cluster side of a node (DESIGN §6b). With peers configured the
-//! server binds node RPC (QUIC, `cluster.addr`), starts the replicated
+//! node binds node RPC (QUIC, `cluster.addr`), starts the replicated
 //! metastore ([`ControlPlane`]) over it, routes this node's metadata writes
 //! through it, and runs the membership heartbeat and the leader's
 //! controller. Without peers none of this exists and the metastore applies
 //! directly, as a single node always has.
 //!
-//! Start-up: metastore opened → node RPC bound → consensus started over the
-//! store → writes routed through it → broker opened on the store →
-//! membership → HTTP. `/readyz` turns 200 once a leader is visible and this
+//! Start-up ([`crate::node::Node::start`]): metastore opened → node RPC
+//! bound → consensus started over the store → writes routed through it →
+//! broker opened on the store → membership → HTTP. `/readyz` turns 200 once a leader is visible and this
 //! replica has applied what it knows committed, or after
 //! [`READY_CATCH_UP_WAIT`] with a leader visible (SPEC §7.6).
 //!
@@ -35,10 +35,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tracing::{info, warn};
 
-use crate::cluster::{BoxFuture, ClusterMode, ClusterRole, ClusterStatus, ClusterView};
-use crate::cluster_settings::ClusterSettings;
-use crate::forward::{self, PartitionRoute};
+use crate::error::{self, NodeError};
+use crate::forward::{self, ConsumeAsk, PartitionRoute, PeerAnswer};
 use crate::remote_owner::{RemoteCommitMetrics, RemoteOwner, RemoteOwnerRef};
+use crate::settings::ClusterSettings;
+use crate::view::{BoxFuture, ClusterMode, ClusterRole, ClusterStatus, ClusterView};
 use narad_broker::ownership::OwnerLiveness;
 
 /// How long a node that sees a leader waits for its replica to catch up
@@ -155,7 +156,7 @@ impl NodeHandler {
             Request::SettleFanoutLinks(index) => {
                 crate::fanout_peers::settle_for_peer(broker, index).await
             }
-            Request::ReadyCounts(r) => crate::consume_any::ready_for_peer(broker, r).await,
+            Request::ReadyCounts(r) => crate::consume::ready_for_peer(broker, r).await,
             other => unsupported(&other),
         }
     }
@@ -181,7 +182,7 @@ impl NodeHandler {
                 return Reply::error(400, "invalid partition");
             };
             if !self.owns(broker, &c.topic, p) {
-                return forward::reply_of(forward::not_owner());
+                return forward::reply_of(error::not_owner());
             }
             Some(p)
         } else {
@@ -192,9 +193,7 @@ impl NodeHandler {
             (true, Ok(o)) if partition.is_some() => Some(o),
             (true, _) => return Reply::error(400, "invalid offset"),
         };
-        match crate::routes::consume::consume_here(broker, &c.topic, partition, offset, wait, max)
-            .await
-        {
+        match crate::consume::consume_here(broker, &c.topic, partition, offset, wait, max).await {
             Ok(Some(json)) => Reply::json(200, json),
             Ok(None) => {
                 Reply { status: 204, content_type: String::new(), body: Default::default() }
@@ -696,6 +695,60 @@ impl ClusterNode {
             .map_err(|e| format!("{owner} answered unreadable figures: {e}"))
     }
 
+    /// Sends `request` to member `member` and waits at most `timeout` for
+    /// its reply; `Err` says why there is none. A member that cannot be
+    /// reached (the call failed on a dial, a timeout, a lost connection or
+    /// an unanswered ping), or that is suspect because an earlier call did
+    /// and it has not answered since, is answered here at once as if it
+    /// had said 503 `partition owner N is unreachable; retry later`, and is
+    /// left out of [`ClusterView::serving_peers`] until it answers a ping.
+    /// A forwarded consume whose caller goes away is stopped on the owner,
+    /// and what it leased is given back (`forwarded_consume`).
+    async fn forward(
+        &self,
+        member: &str,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Reply, String> {
+        let op = request.op().name();
+        let count = |outcome| {
+            self.forwarded
+                .get_or_create(&ForwardLabels { op, peer: member.to_owned(), outcome })
+                .inc()
+        };
+        let unreachable = || forward::reply_of(error::owner_unreachable(member));
+        let peer = self.peer_of(member)?;
+        if peer.suspicion().is_some() {
+            count("suspect");
+            return Ok(unreachable());
+        }
+        let reply = match request {
+            Request::Consume(_) => {
+                crate::forwarded_consume::call(peer, request, timeout, self.releases.clone()).await
+            }
+            request => peer.call_watched(&request, timeout).await,
+        };
+        match reply {
+            Ok(r) => {
+                count(match r.status {
+                    0..300 => "2xx",
+                    300..500 => "4xx",
+                    _ => "5xx",
+                });
+                Ok(r)
+            }
+            Err(e) if e.means_unreachable() => {
+                count("unreachable");
+                tracing::debug!(peer = member, op, error = %e, "a forwarded request found its owner unreachable");
+                Ok(unreachable())
+            }
+            Err(e) => {
+                count("failed");
+                Err(format!("{member}: {e}"))
+            }
+        }
+    }
+
     /// Starts the heartbeat (and, while this node leads, the controller).
     pub fn start_membership(
         &self,
@@ -752,7 +805,7 @@ impl ClusterNode {
                 }
                 let (meta, password) = (me.meta.clone(), admin_password.clone());
                 let seeded = tokio::task::spawn_blocking(move || {
-                    crate::auth::seed_root(&meta, password.as_deref())
+                    crate::root::seed_root(&meta, password.as_deref())
                 })
                 .await;
                 match seeded {
@@ -882,7 +935,7 @@ impl ClusterView for ClusterNode {
         topic: &'a str,
         incarnation: u64,
         partition: u32,
-    ) -> crate::cluster::BoxFuture<'a, Result<PartitionStats, String>> {
+    ) -> BoxFuture<'a, Result<PartitionStats, String>> {
         Box::pin(self.fetch_partition_stats(owner, topic, incarnation, partition))
     }
 
@@ -915,52 +968,39 @@ impl ClusterView for ClusterNode {
         out
     }
 
-    fn forward<'a>(
+    fn consume_at<'a>(
         &'a self,
         member: &'a str,
-        request: Request,
+        ask: ConsumeAsk,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Reply, String>> {
-        Box::pin(async move {
-            let op = request.op().name();
-            let count = |outcome| {
-                self.forwarded
-                    .get_or_create(&ForwardLabels { op, peer: member.to_owned(), outcome })
-                    .inc()
-            };
-            let unreachable = || forward::reply_of(forward::owner_unreachable(member));
-            let peer = self.peer_of(member)?;
-            if peer.suspicion().is_some() {
-                count("suspect");
-                return Ok(unreachable());
-            }
-            let reply = match request {
-                Request::Consume(_) => {
-                    crate::forwarded_consume::call(peer, request, timeout, self.releases.clone())
-                        .await
-                }
-                request => peer.call_watched(&request, timeout).await,
-            };
-            match reply {
-                Ok(r) => {
-                    count(match r.status {
-                        0..300 => "2xx",
-                        300..500 => "4xx",
-                        _ => "5xx",
-                    });
-                    Ok(r)
-                }
-                Err(e) if e.means_unreachable() => {
-                    count("unreachable");
-                    tracing::debug!(peer = member, op, error = %e, "a forwarded request found its owner unreachable");
-                    Ok(unreachable())
-                }
-                Err(e) => {
-                    count("failed");
-                    Err(format!("{member}: {e}"))
-                }
-            }
-        })
+    ) -> BoxFuture<'a, Result<PeerAnswer, String>> {
+        Box::pin(async move { self.forward(member, ask.request(), timeout).await.map(Into::into) })
+    }
+
+    fn resolve_at<'a>(
+        &'a self,
+        member: &'a str,
+        topic: &'a str,
+        receipt: (u32, u64, u64),
+        action: AckAction,
+    ) -> BoxFuture<'a, Result<PeerAnswer, String>> {
+        let request = forward::resolve_request(topic, receipt, action);
+        let timeout = request.timeout();
+        Box::pin(async move { self.forward(member, request, timeout).await.map(Into::into) })
+    }
+
+    fn ready_counts_at<'a>(
+        &'a self,
+        member: &'a str,
+        topic: &'a str,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<PeerAnswer, String>> {
+        let request = Request::ReadyCounts(rpc::ReadyCounts {
+            topic: topic.to_owned(),
+            wait_nanos: wait.as_nanos() as i64,
+        });
+        let timeout = request.timeout();
+        Box::pin(async move { self.forward(member, request, timeout).await.map(Into::into) })
     }
 
     fn status(&self) -> ClusterStatus {
@@ -996,6 +1036,6 @@ fn resolve_for_peer(broker: &Broker, r: rpc::Receipt, action: AckAction) -> Repl
     let handle = format!("{}:{}:{}", r.partition, r.offset, r.nonce);
     match broker.resolve(&r.topic, &handle, action) {
         Ok(()) => Reply { status: 204, content_type: String::new(), body: Default::default() },
-        Err(e) => forward::reply_of(e.into()),
+        Err(e) => forward::reply_of(NodeError::from(e)),
     }
 }

@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! file = magic "NNID" | version u8 (1) | len u32 BE | crc32c u32 BE of the body | body
-//! body = the node id, UTF-8 (len bytes, 1..=64, cluster_settings' id rules)
+//! body = the node id, UTF-8 (len bytes, 1..=64, settings::validate_node_id's rules)
 //! ```
 //!
 //! Written whole with [`narad_fs::write_file_atomic`] (temporary sibling,
@@ -45,7 +45,7 @@ pub const VERSION: u8 = 1;
 /// Bytes before the body.
 pub const HEADER_LEN: usize = 4 + 1 + 4 + 4;
 /// The largest file accepted (header and the longest id).
-const MAX_FILE_LEN: u64 = (HEADER_LEN + crate::cluster_settings::NODE_ID_LEN_MAX) as u64;
+const MAX_FILE_LEN: u64 = (HEADER_LEN + crate::settings::NODE_ID_LEN_MAX) as u64;
 
 /// Where the identity file of `data_dir` lives.
 pub fn path(data_dir: &Path) -> PathBuf {
@@ -88,7 +88,7 @@ pub fn decode(bytes: &[u8]) -> Result<String, String> {
         return Err("checksum mismatch (the file is damaged)".into());
     }
     let id = std::str::from_utf8(body).map_err(|_| "the id is not UTF-8".to_owned())?;
-    crate::cluster_settings::validate_node_id(id)?;
+    crate::settings::validate_node_id(id)?;
     Ok(id.to_owned())
 }
 
