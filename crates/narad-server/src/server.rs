@@ -197,6 +197,11 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(cluster::members))
+        .route(
+            "/v1/cluster/members/{id}/decommission",
+            post(cluster::decommission).delete(cluster::cancel_decommission),
+        )
+        .route("/v1/cluster/moves", get(cluster::moves).post(cluster::start_move))
         .route("/v1/cluster/rebalance", get(cluster::rebalance))
         .route("/v1/cluster/status", get(cluster::status))
         .route("/healthz", get(health::healthz))
