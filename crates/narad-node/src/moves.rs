@@ -68,6 +68,28 @@ const SCAN_EVERY: Duration = Duration::from_secs(1);
 /// Back-off between attempts to reach a source that did not answer.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 
+/// Test-only: the mover sleeps this many milliseconds before each chunk it
+/// fetches (a slow copy, so a test can kill a node mid-copy). Unset or
+/// unparsable: no delay.
+pub const CHUNK_DELAY_ENV: &str = "NARAD_TEST_MOVE_CHUNK_DELAY_MS";
+
+fn chunk_delay() -> Option<Duration> {
+    static DELAY: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms: u64 = std::env::var(CHUNK_DELAY_ENV).ok()?.trim().parse().ok()?;
+        warn!(ms, "test hook: the partition mover waits {ms} ms before each chunk");
+        Some(Duration::from_millis(ms))
+    })
+}
+
+/// Why a copy stopped: the source did not answer (or refused) a call,
+/// with the freeze answer if it had frozen; or a step on this node failed.
+#[derive(Debug)]
+enum Stall {
+    Source(String, Option<FrozenSource>),
+    Local(String),
+}
+
 /// One move as the metastore shows it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Move {
@@ -306,29 +328,40 @@ impl Mover {
             .move_stage(&m.topic, m.incarnation, m.partition)
             .await
             .map_err(|e| e.to_string())?;
+        match self.copy_until_frozen(m, &mut copy).await {
+            Ok((frozen, oldest)) => {
+                self.install_and_flip(m, copy, oldest, frozen).await?;
+                Ok("copied")
+            }
+            Err(Stall::Source(why, frozen)) => self.source_gone(m, copy, frozen, why).await,
+            Err(Stall::Local(why)) => Err(why),
+        }
+    }
+
+    /// Copy rounds, the freeze and the tail; the frozen figures and the
+    /// source's oldest offset.
+    async fn copy_until_frozen(
+        &self,
+        m: &Move,
+        copy: &mut IncomingCopy,
+    ) -> Result<(FrozenSource, u64), Stall> {
         let mut rounds = 0;
         loop {
             rounds += 1;
-            let listing = match self.list(m).await {
-                Ok(l) => l,
-                Err(why) => return self.source_gone(m, copy, None, why).await,
-            };
-            let behind = self.copy_round(m, &listing, &mut copy).await?;
+            let listing = self.list(m).await.map_err(|why| Stall::Source(why, None))?;
+            let behind = self.copy_round(m, &listing, copy).await?;
             if behind <= MOVE_CATCH_UP_BYTES || rounds >= MOVE_MAX_ROUNDS {
                 break;
             }
         }
-        let frozen = match self.freeze(m).await {
-            Ok(f) => f,
-            Err(why) => return self.source_gone(m, copy, None, why).await,
+        let frozen = self.freeze(m).await.map_err(|why| Stall::Source(why, None))?;
+        let with_freeze = |stall: Stall| match stall {
+            Stall::Source(why, _) => Stall::Source(why, Some(frozen)),
+            local => local,
         };
-        let listing = match self.list(m).await {
-            Ok(l) => l,
-            Err(why) => return self.source_gone(m, copy, Some(frozen), why).await,
-        };
-        self.copy_round(m, &listing, &mut copy).await?;
-        self.install_and_flip(m, copy, listing.oldest, frozen).await?;
-        Ok("copied")
+        let listing = self.list(m).await.map_err(|why| Stall::Source(why, Some(frozen)))?;
+        self.copy_round(m, &listing, copy).await.map_err(with_freeze)?;
+        Ok((frozen, listing.oldest))
     }
 
     async fn install_and_flip(
@@ -385,9 +418,13 @@ impl Mover {
                             Err(_) => continue,
                         },
                     };
-                    self.copy_round(m, &listing, &mut copy).await?;
-                    let listing = self.list(m).await.map_err(|e| e.to_string())?;
-                    self.copy_round(m, &listing, &mut copy).await?;
+                    if self.copy_round(m, &listing, &mut copy).await.is_err() {
+                        continue;
+                    }
+                    let Ok(listing) = self.list(m).await else { continue };
+                    if self.copy_round(m, &listing, &mut copy).await.is_err() {
+                        continue;
+                    }
                     self.install_and_flip(m, copy, listing.oldest, frozen).await?;
                     return Ok("copied after the source came back");
                 }
@@ -472,11 +509,14 @@ impl Mover {
         m: &Move,
         listing: &MoveListing,
         copy: &mut IncomingCopy,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, Stall> {
         let held: u64 = listing.segments.iter().map(|s| copy.written(s.base)).sum();
         let behind = listing.segments.iter().map(|s| s.len).sum::<u64>().saturating_sub(held);
         for s in &listing.segments {
             while copy.written(s.base) < s.len {
+                if let Some(d) = chunk_delay() {
+                    tokio::time::sleep(d).await;
+                }
                 let at = copy.written(s.base);
                 let request = Request::FetchSegmentChunk(SegmentChunk {
                     topic: m.topic.clone(),
@@ -486,11 +526,13 @@ impl Mover {
                     length: (s.len - at).min(MOVE_CHUNK_BYTES) as i64,
                     incarnation: Self::incarnation(m),
                 });
-                let reply = self.call(&m.source, &request).await?;
+                let reply =
+                    self.call(&m.source, &request).await.map_err(|why| Stall::Source(why, None))?;
                 if reply.body.is_empty() {
-                    return Err(format!("segment {} of the source ended early", s.base));
+                    let why = format!("segment {} of the source ended early", s.base);
+                    return Err(Stall::Local(why));
                 }
-                copy.write(s.base, at, &reply.body).map_err(|e| e.to_string())?;
+                copy.write(s.base, at, &reply.body).map_err(|e| Stall::Local(e.to_string()))?;
             }
         }
         Ok(behind)
