@@ -70,17 +70,7 @@ fn print_moves(c: &Client, v: &Value) {
         c.print_json(v);
         return;
     }
-    let rows: Vec<Vec<String>> = v["moves"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| vec![cell(&m["topic"]), cell(&m["partition"]), cell(&m["from"]), cell(&m["to"])])
-        .collect();
-    if rows.is_empty() {
-        println!("no moves in flight");
-    } else {
-        print_table(&["topic", "partition", "from", "to"], rows);
-    }
+    print_moves_table(v, "no moves in flight");
 }
 
 fn set_draining(c: &Client, id: &str, draining: bool) -> CliResult {
@@ -97,11 +87,9 @@ fn set_draining(c: &Client, id: &str, draining: bool) -> CliResult {
     Ok(())
 }
 
-fn print_plan(c: &Client, v: &Value) {
-    if c.output == Output::Json {
-        c.print_json(v);
-        return;
-    }
+/// `v["moves"]` as a topic/partition/from/to table, or `empty` when there
+/// are none (the plan and the moves in flight print alike).
+fn print_moves_table(v: &Value, empty: &str) {
     let rows: Vec<Vec<String>> = v["moves"]
         .as_array()
         .into_iter()
@@ -109,10 +97,18 @@ fn print_plan(c: &Client, v: &Value) {
         .map(|m| vec![cell(&m["topic"]), cell(&m["partition"]), cell(&m["from"]), cell(&m["to"])])
         .collect();
     if rows.is_empty() {
-        println!("balanced: nothing to move");
+        println!("{empty}");
     } else {
         print_table(&["topic", "partition", "from", "to"], rows);
     }
+}
+
+fn print_plan(c: &Client, v: &Value) {
+    if c.output == Output::Json {
+        c.print_json(v);
+        return;
+    }
+    print_moves_table(v, "balanced: nothing to move");
     println!(
         "receivers {}; {} moves in flight (at most {}); {} partitions of dead members stay",
         names(&v["receivers"]),
