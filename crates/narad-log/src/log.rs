@@ -308,6 +308,50 @@ impl PartitionLog {
         })
     }
 
+    /// Creates a new, empty log in `dir` whose first offset is `base` and
+    /// opens it: its oldest offset and high watermark are `base`, and its
+    /// first commit gets offset `base`. Refused when `dir` already holds a
+    /// segment (the log exists: open it instead).
+    ///
+    /// Used for a partition whose earlier log is lost with its node's disk
+    /// (`narad cluster remove --force`): its offsets continue from where the
+    /// cluster last saw them, never from 0. Nothing new is on disk: the
+    /// log is one empty segment file named for `base` (its directory entry
+    /// durable), which [`PartitionLog::open`] gives a format 2 header in
+    /// place, as it does for any empty last segment. A crash before the
+    /// file's entry is durable leaves no segment (the caller creates it
+    /// again); after it, an empty segment at `base`, which opens as this
+    /// log.
+    pub fn create_at(
+        fs: FsRef,
+        dir: PathBuf,
+        config: LogConfig,
+        clock: ClockRef,
+        base: u64,
+    ) -> Result<PartitionLog, LogError> {
+        config.validate()?;
+        fs.create_dir_all(&dir).map_err(|e| LogError::io("create directory", &dir, e))?;
+        let entries = fs.list_dir(&dir).map_err(|e| LogError::io("list", &dir, e))?;
+        if let Some(e) = entries
+            .iter()
+            .find(|e| !e.is_dir && segment::parse_segment_file_name(&e.name).is_some())
+        {
+            return Err(LogError::io(
+                "create log",
+                &dir.join(&e.name),
+                std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "the partition directory already holds a log",
+                ),
+            ));
+        }
+        let path = segment::segment_path(&dir, base);
+        fs.open(&path, OpenMode::CreateNew).map_err(|e| LogError::io("create", &path, e))?;
+        let log = PartitionLog::open(fs, dir, config, clock)?;
+        debug_assert_eq!((log.oldest_offset(), log.high_watermark()), (base, base));
+        Ok(log)
+    }
+
     /// The partition directory.
     pub fn dir(&self) -> &Path {
         &self.dir
