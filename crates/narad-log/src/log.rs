@@ -338,7 +338,7 @@ impl PartitionLog {
         {
             return Err(LogError::io(
                 "create log",
-                &dir.join(&e.name),
+                dir.join(&e.name),
                 std::io::Error::new(
                     std::io::ErrorKind::AlreadyExists,
                     "the partition directory already holds a log",
