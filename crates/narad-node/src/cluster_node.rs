@@ -329,6 +329,9 @@ pub struct ClusterNode {
     /// The partition mover and the freeze expiry (stopped by `shutdown`).
     move_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     move_stop: tokio::sync::watch::Sender<bool>,
+    /// The destination's mover, once the broker is attached.
+    mover: OnceLock<Arc<crate::moves::Mover>>,
+    move_metrics: crate::moves::MoveMetrics,
     /// `narad_cluster_forwarded_requests_total{op,peer,outcome}`.
     forwarded: Family<ForwardLabels, Counter>,
     /// What forwarded consumes whose caller went away gave back.
@@ -545,6 +548,8 @@ impl ClusterNode {
             orphan_task: std::sync::Mutex::new(None),
             move_tasks: std::sync::Mutex::new(Vec::new()),
             move_stop: tokio::sync::watch::channel(false).0,
+            mover: OnceLock::new(),
+            move_metrics: crate::moves::MoveMetrics::new(registry),
             forwarded,
             releases: crate::forwarded_consume::Releases::new(registry),
         }))
@@ -563,7 +568,9 @@ impl ClusterNode {
                 self.meta.clone(),
                 broker.clone(),
                 self.transport.clone(),
+                self.move_metrics.clone(),
             );
+            let _ = self.mover.set(mover.clone());
             let mut tasks = self.move_tasks.lock().unwrap_or_else(|p| p.into_inner());
             tasks.push(tokio::spawn(mover.run(self.move_stop.subscribe())));
             tasks.push(tokio::spawn(crate::moves::expire_freezes(
@@ -925,6 +932,10 @@ impl DeleteConfirmer for LeaderConfirmer {
 }
 
 impl ClusterView for ClusterNode {
+    fn move_progress(&self) -> Vec<crate::moves::MoveProgress> {
+        self.mover.get().map(|m| m.progress()).unwrap_or_default()
+    }
+
     fn control_plane_stopped(&self) -> Option<String> {
         self.control.stopped()
     }

@@ -42,7 +42,7 @@
 //! lifted by the source: it proposes AbortMove, and the metastore decides
 //! ([`expire_freezes`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -59,6 +59,13 @@ use narad_meta::limits::{
     MOVE_FREEZE_TTL, MOVE_MAX_ROUNDS,
 };
 use narad_meta::{MemberStatus, MetaStore};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use serde::Serialize;
 use tracing::{info, warn};
 
 /// How often the mover looks for moves to run, and a source for expired
@@ -97,6 +104,112 @@ struct Move {
     incarnation: u64,
     partition: u32,
     source: String,
+}
+
+/// `{outcome}` of a move this node ran as its destination.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MoveOutcomeLabels {
+    /// `completed` (copied and flipped), `force_promoted` (the source was
+    /// dead and the copy held its frozen high watermark) or `aborted`.
+    pub outcome: String,
+}
+
+/// The destination's move metrics (SPEC §9 "Moves"): created at start,
+/// registered in the node's registry.
+#[derive(Debug, Clone)]
+pub struct MoveMetrics {
+    /// `narad_moves_inflight`: moves this node is running as destination.
+    inflight: Gauge,
+    /// `narad_moves_total{outcome}`.
+    total: Family<MoveOutcomeLabels, Counter>,
+    /// `narad_moves_duration_seconds`: from the start of the copy to the
+    /// flip (or the abort).
+    duration: Histogram,
+    /// `narad_moves_bytes_total`: segment bytes copied from sources.
+    bytes: Counter,
+}
+
+impl MoveMetrics {
+    /// New metrics, added to `registry`.
+    pub fn new(registry: &mut Registry) -> MoveMetrics {
+        let m = MoveMetrics {
+            inflight: Gauge::default(),
+            total: Family::default(),
+            duration: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
+            bytes: Counter::default(),
+        };
+        registry.register(
+            "moves_inflight",
+            "Partition moves this node is running as their destination",
+            m.inflight.clone(),
+        );
+        registry.register(
+            "moves",
+            "Partition moves this node ran as their destination, by outcome (completed, force_promoted, aborted)",
+            m.total.clone(),
+        );
+        registry.register(
+            "moves_duration_seconds",
+            "Time from the start of a move's copy to its owner flip or abort, on the destination",
+            m.duration.clone(),
+        );
+        registry.register(
+            "moves_bytes",
+            "Partition segment bytes copied from move sources",
+            m.bytes.clone(),
+        );
+        m
+    }
+
+    fn ended(&self, outcome: &str, took: Duration) {
+        self.total.get_or_create(&MoveOutcomeLabels { outcome: outcome.to_owned() }).inc();
+        self.duration.observe(took.as_secs_f64());
+    }
+}
+
+/// Where a running move is (the destination's view), for
+/// `GET /v1/cluster/moves`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MovePhase {
+    /// Copy rounds: the source still takes commits.
+    Copying,
+    /// The source is frozen; the tail is being copied.
+    Frozen,
+    /// Verifying and installing the copy, then the owner flip.
+    Installing,
+    /// The source does not answer: waiting for it (or for force-promote).
+    WaitingForSource,
+}
+
+/// A move this node is running as its destination.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MoveProgress {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: u32,
+    /// The source (the owner).
+    pub from: String,
+    /// Where the move is.
+    pub phase: MovePhase,
+    /// Copy rounds started (the tail after the freeze counts as one).
+    pub rounds: u32,
+    /// Segment bytes copied so far.
+    pub bytes_copied: u64,
+    /// Segment bytes the source held at its last listing.
+    pub bytes_total: u64,
+    /// Milliseconds since this node started the move.
+    pub age_ms: u64,
+}
+
+#[derive(Debug)]
+struct Running {
+    started: Instant,
+    phase: MovePhase,
+    rounds: u32,
+    bytes_copied: u64,
+    bytes_total: u64,
 }
 
 /// Answers node RPC 22, 23 and 24 (`None` for any other request).
@@ -238,6 +351,8 @@ pub struct Mover {
     broker: Arc<Broker>,
     transport: Arc<Transport>,
     running: Mutex<BTreeSet<Move>>,
+    progress: Mutex<BTreeMap<Move, Running>>,
+    metrics: MoveMetrics,
 }
 
 impl Mover {
@@ -247,8 +362,42 @@ impl Mover {
         meta: Arc<MetaStore>,
         broker: Arc<Broker>,
         transport: Arc<Transport>,
+        metrics: MoveMetrics,
     ) -> Arc<Mover> {
-        Arc::new(Mover { me, meta, broker, transport, running: Mutex::new(BTreeSet::new()) })
+        Arc::new(Mover {
+            me,
+            meta,
+            broker,
+            transport,
+            running: Mutex::new(BTreeSet::new()),
+            progress: Mutex::new(BTreeMap::new()),
+            metrics,
+        })
+    }
+
+    /// The moves this node runs as their destination, in (topic,
+    /// partition) order.
+    pub fn progress(&self) -> Vec<MoveProgress> {
+        let progress = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        progress
+            .iter()
+            .map(|(m, r)| MoveProgress {
+                topic: m.topic.clone(),
+                partition: m.partition,
+                from: m.source.clone(),
+                phase: r.phase,
+                rounds: r.rounds,
+                bytes_copied: r.bytes_copied,
+                bytes_total: r.bytes_total,
+                age_ms: r.started.elapsed().as_millis() as u64,
+            })
+            .collect()
+    }
+
+    fn note(&self, m: &Move, f: impl FnOnce(&mut Running)) {
+        if let Some(r) = self.progress.lock().unwrap_or_else(|p| p.into_inner()).get_mut(m) {
+            f(r);
+        }
     }
 
     /// Runs until `stop`: starts a task for every move to this node that
@@ -301,10 +450,29 @@ impl Mover {
     async fn run_move(self: Arc<Self>, m: Move) {
         let started = Instant::now();
         info!(topic = %m.topic, partition = m.partition, from = %m.source, "partition move to this node starts");
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            m.clone(),
+            Running {
+                started,
+                phase: MovePhase::Copying,
+                rounds: 0,
+                bytes_copied: 0,
+                bytes_total: 0,
+            },
+        );
+        self.metrics.inflight.inc();
+        // Counted down and the progress dropped however the task ends
+        // (aborted at shutdown included).
+        let _running = RunningGuard { mover: &self, m: &m };
         match self.copy_and_flip(&m).await {
-            Ok(how) => info!(topic = %m.topic, partition = m.partition, from = %m.source,
-                how, elapsed_ms = started.elapsed().as_millis() as u64, "partition moved to this node"),
+            Ok(how) => {
+                let outcome = if how == FORCE_PROMOTED { "force_promoted" } else { "completed" };
+                self.metrics.ended(outcome, started.elapsed());
+                info!(topic = %m.topic, partition = m.partition, from = %m.source,
+                how, elapsed_ms = started.elapsed().as_millis() as u64, "partition moved to this node")
+            }
             Err(why) => {
+                self.metrics.ended("aborted", started.elapsed());
                 warn!(topic = %m.topic, partition = m.partition, from = %m.source, reason = %why,
                     "partition move failed: aborting it");
                 let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
@@ -348,6 +516,7 @@ impl Mover {
         let mut rounds = 0;
         loop {
             rounds += 1;
+            self.note(m, |r| r.rounds = rounds);
             let listing = self.list(m).await.map_err(|why| Stall::Source(why, None))?;
             let behind = self.copy_round(m, &listing, copy).await?;
             if behind <= MOVE_CATCH_UP_BYTES || rounds >= MOVE_MAX_ROUNDS {
@@ -355,6 +524,10 @@ impl Mover {
             }
         }
         let frozen = self.freeze(m).await.map_err(|why| Stall::Source(why, None))?;
+        self.note(m, |r| {
+            r.phase = MovePhase::Frozen;
+            r.rounds += 1;
+        });
         let with_freeze = |stall: Stall| match stall {
             Stall::Source(why, _) => Stall::Source(why, Some(frozen)),
             local => local,
@@ -371,6 +544,7 @@ impl Mover {
         oldest: u64,
         frozen: FrozenSource,
     ) -> Result<(), String> {
+        self.note(m, |r| r.phase = MovePhase::Installing);
         self.broker
             .move_install(&m.topic, m.incarnation, m.partition, copy, oldest, frozen)
             .await
@@ -396,6 +570,7 @@ impl Mover {
         why: String,
     ) -> Result<&'static str, String> {
         let mut dead_since: Option<Instant> = None;
+        self.note(m, |r| r.phase = MovePhase::WaitingForSource);
         loop {
             tokio::time::sleep(RETRY_EVERY).await;
             let state = self.meta.snapshot();
@@ -444,7 +619,7 @@ impl Mover {
                 high_watermark = frozen.high_watermark,
                 "the move's source is dead; force-promoting the copy, which holds everything it had frozen");
             self.install_and_flip(m, copy, oldest, frozen).await?;
-            return Ok("force-promoted");
+            return Ok(FORCE_PROMOTED);
         }
     }
 
@@ -511,7 +686,12 @@ impl Mover {
         copy: &mut IncomingCopy,
     ) -> Result<u64, Stall> {
         let held: u64 = listing.segments.iter().map(|s| copy.written(s.base)).sum();
-        let behind = listing.segments.iter().map(|s| s.len).sum::<u64>().saturating_sub(held);
+        let total = listing.segments.iter().map(|s| s.len).sum::<u64>();
+        let behind = total.saturating_sub(held);
+        self.note(m, |r| {
+            r.bytes_total = total;
+            r.bytes_copied = held;
+        });
         for s in &listing.segments {
             while copy.written(s.base) < s.len {
                 if let Some(d) = chunk_delay() {
@@ -533,9 +713,29 @@ impl Mover {
                     return Err(Stall::Local(why));
                 }
                 copy.write(s.base, at, &reply.body).map_err(|e| Stall::Local(e.to_string()))?;
+                let n = reply.body.len() as u64;
+                self.metrics.bytes.inc_by(n);
+                self.note(m, |r| r.bytes_copied += n);
             }
         }
         Ok(behind)
+    }
+}
+
+/// How [`Mover::copy_and_flip`] says a move was force-promoted.
+const FORCE_PROMOTED: &str = "force-promoted";
+
+/// Drops a move's progress entry and counts it out of
+/// `narad_moves_inflight` when its task ends, however it ends.
+struct RunningGuard<'a> {
+    mover: &'a Mover,
+    m: &'a Move,
+}
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.mover.metrics.inflight.dec();
+        self.mover.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(self.m);
     }
 }
 

@@ -102,6 +102,12 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The partition moves this node runs as their destination, with where
+    /// each is (empty on a single node).
+    fn move_progress(&self) -> Vec<crate::moves::MoveProgress> {
+        Vec::new()
+    }
+
     /// The figures of a partition as its owner `owner` has them, for the
     /// topic's incarnation `incarnation` (node RPC op 8; an `Err` says why
     /// the owner did not answer).

@@ -443,6 +443,33 @@ fn a_moves_source_killed_mid_copy_and_restarted_hands_the_partition_over_losing_
         .unwrap();
     assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
     std::thread::sleep(Duration::from_secs(3));
+    // Mid-copy: the destination shows where it is; the CLI asked through
+    // another node fetches that from the destination.
+    let progress = |c: &Cluster, i: usize| {
+        let (_, v) = c.get_json(i, "/v1/cluster/moves")?;
+        v["moves"]
+            .as_array()?
+            .iter()
+            .find(|m| m["topic"] == "big" && m["partition"] == 0)
+            .map(|m| m["progress"].clone())
+    };
+    let p = progress(&c, 2).expect("n3 shows the move");
+    assert_eq!(p["phase"], "copying", "{p}");
+    assert!(p["rounds"].as_u64() >= Some(1), "{p}");
+    let copied = p["bytes_copied"].as_u64().unwrap();
+    assert!(copied > 0 && copied < p["bytes_total"].as_u64().unwrap(), "a slowed copy: {p}");
+    assert!(p["age_ms"].as_u64() >= Some(1_000), "{p}");
+    assert_eq!(progress(&c, source), Some(Value::Null), "only the destination knows");
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["cluster", "moves", "-s", &c.node(source).url("")])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&cli.stdout);
+    assert!(cli.status.success(), "{table} {}", String::from_utf8_lossy(&cli.stderr));
+    assert!(
+        table.contains("copying") && table.contains("PHASE") && table.contains(" MiB"),
+        "the CLI shows the destination's progress: {table}"
+    );
     c.kill9(source);
     // Records for partition 0 wait in the accepting node's WAL (or go to a
     // sibling once the owner is marked dead); none is lost either way.
@@ -465,5 +492,16 @@ fn a_moves_source_killed_mid_copy_and_restarted_hands_the_partition_over_losing_
         || c.describe(),
     );
     eprintln!("moved after the source's restart in {:?}", started.elapsed());
+    let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
+    let metric = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the destination's metrics"))
+    };
+    assert_eq!(metric("narad_moves_total{outcome=\"completed\"}"), 1.0);
+    assert_eq!(metric("narad_moves_inflight"), 0.0);
+    assert!(metric("narad_moves_bytes_total") >= copied as f64);
+    assert_eq!(metric("narad_moves_duration_seconds_count"), 1.0);
     deliver_all(&c, "big", &produced);
 }

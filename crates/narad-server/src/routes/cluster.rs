@@ -158,6 +158,29 @@ pub struct MoveJson {
     pub from: String,
     /// The member copying it, which becomes the owner when the move ends.
     pub to: String,
+    /// Where the copy is, when the node answering is the destination
+    /// (`null` otherwise: ask `to`'s own `GET /v1/cluster/moves`, as
+    /// `narad cluster moves` does).
+    pub progress: Option<MoveProgressJson>,
+}
+
+/// Where a move is, as its destination sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct MoveProgressJson {
+    /// `copying` (rounds while the source takes commits), `frozen` (the
+    /// source is frozen, the tail is copied), `installing` (verify,
+    /// install, owner flip) or `waiting_for_source` (the source does not
+    /// answer).
+    #[schema(value_type = String, example = "copying")]
+    pub phase: narad_node::moves::MovePhase,
+    /// Copy rounds started (the tail after the freeze counts as one).
+    pub rounds: u32,
+    /// Segment bytes copied so far.
+    pub bytes_copied: u64,
+    /// Segment bytes the source held at its last listing.
+    pub bytes_total: u64,
+    /// Milliseconds since the destination started the move.
+    pub age_ms: u64,
 }
 
 /// `GET /v1/cluster/moves`.
@@ -167,15 +190,35 @@ pub struct Moves {
     pub moves: Vec<MoveJson>,
 }
 
-/// The moves in flight in `state`: the partitions with a target.
-pub fn moves_of(state: &MetaState) -> Vec<MoveJson> {
-    rebalance::partition_views(state)
-        .into_iter()
-        .filter_map(|v| {
-            let to = v.target?;
-            Some(MoveJson { topic: v.topic, partition: v.partition, from: v.owner, to })
-        })
-        .collect()
+/// The moves in flight in `state` (the partitions with a target), with
+/// the progress of those in `local` (the moves this node runs as their
+/// destination).
+pub fn moves_of(state: &MetaState, local: &[narad_node::moves::MoveProgress]) -> Vec<MoveJson> {
+    let mut out = Vec::new();
+    for t in state.topics() {
+        let Some(parts) = state.assignments(t.name()) else { continue };
+        for (&partition, a) in parts.iter() {
+            let Some(to) = &a.target_id else { continue };
+            let progress = local
+                .iter()
+                .find(|l| l.topic == t.name() && l.partition == partition && l.from == a.owner_id)
+                .map(|l| MoveProgressJson {
+                    phase: l.phase,
+                    rounds: l.rounds,
+                    bytes_copied: l.bytes_copied,
+                    bytes_total: l.bytes_total,
+                    age_ms: l.age_ms,
+                });
+            out.push(MoveJson {
+                topic: t.name().to_owned(),
+                partition,
+                from: a.owner_id.clone(),
+                to: to.clone(),
+                progress,
+            });
+        }
+    }
+    out
 }
 
 /// `GET /v1/cluster/moves`.
@@ -190,7 +233,8 @@ pub fn moves_of(state: &MetaState) -> Vec<MoveJson> {
     )
 )]
 pub async fn moves(State(s): State<Shared>) -> Response {
-    let reply = Moves { moves: moves_of(&s.broker.meta().snapshot()) };
+    let local = s.cluster.as_ref().map(|c| c.move_progress()).unwrap_or_default();
+    let reply = Moves { moves: moves_of(&s.broker.meta().snapshot(), &local) };
     json_response(StatusCode::OK, serde_json::to_string(&reply).expect("moves serialize"))
 }
 
@@ -243,7 +287,8 @@ pub async fn start_move(
     let (t, p, to, owner) = (req.topic.clone(), req.partition, req.to.clone(), from.clone());
     run(move || Ok(meta.set_assignment_target(&t, incarnation, p, &owner, &to)?)).await?;
     audit(&caller, "cluster.move", &format!("{}/{}", req.topic, req.partition));
-    let reply = MoveJson { topic: req.topic, partition: req.partition, from, to: req.to };
+    let reply =
+        MoveJson { topic: req.topic, partition: req.partition, from, to: req.to, progress: None };
     Ok(json_response(
         StatusCode::ACCEPTED,
         serde_json::to_string(&reply).expect("a move serializes"),

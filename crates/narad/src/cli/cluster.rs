@@ -65,12 +65,82 @@ enum ClusterCommand {
     },
 }
 
+/// Fills in the progress of every move the answering node is not the
+/// destination of, from the destination's own `GET /v1/cluster/moves`
+/// (left `null` where it does not answer).
+fn with_progress(c: &Client, mut v: Value) -> Value {
+    let Some(moves) = v["moves"].as_array_mut() else { return v };
+    if moves.iter().all(|m| !m["progress"].is_null()) {
+        return v;
+    }
+    let members = c
+        .get("/v1/cluster/members")
+        .and_then(|r| r.expect(200, "cluster members"))
+        .and_then(|r| r.value())
+        .unwrap_or(Value::Null);
+    let addr_of = |id: &str| {
+        members["members"].as_array()?.iter().find(|m| m["id"] == id)?["addr"]
+            .as_str()
+            .map(str::to_owned)
+    };
+    let mut asked: std::collections::BTreeMap<String, Value> = Default::default();
+    for m in moves.iter_mut().filter(|m| m["progress"].is_null()) {
+        let Some(to) = m["to"].as_str().map(str::to_owned) else { continue };
+        let theirs = asked.entry(to.clone()).or_insert_with(|| {
+            addr_of(&to)
+                .and_then(|addr| c.at(&addr).get("/v1/cluster/moves").ok())
+                .and_then(|r| r.expect(200, "cluster moves").ok())
+                .and_then(|r| r.value().ok())
+                .unwrap_or(Value::Null)
+        });
+        if let Some(p) = theirs["moves"].as_array().into_iter().flatten().find(|t| {
+            t["topic"] == m["topic"] && t["partition"] == m["partition"] && t["from"] == m["from"]
+        }) {
+            m["progress"] = p["progress"].clone();
+        }
+    }
+    v
+}
+
 fn print_moves(c: &Client, v: &Value) {
     if c.output == Output::Json {
         c.print_json(v);
         return;
     }
-    print_moves_table(v, "no moves in flight");
+    let mib = |b: &Value| b.as_u64().map(|b| format!("{:.1}", b as f64 / (1 << 20) as f64));
+    let rows: Vec<Vec<String>> = v["moves"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let p = &m["progress"];
+            let dash = || "-".to_owned();
+            vec![
+                cell(&m["topic"]),
+                cell(&m["partition"]),
+                cell(&m["from"]),
+                cell(&m["to"]),
+                p["phase"].as_str().map(str::to_owned).unwrap_or_else(dash),
+                p["rounds"].as_u64().map(|r| r.to_string()).unwrap_or_else(dash),
+                match (mib(&p["bytes_copied"]), mib(&p["bytes_total"])) {
+                    (Some(a), Some(b)) => format!("{a}/{b} MiB"),
+                    _ => dash(),
+                },
+                p["age_ms"]
+                    .as_u64()
+                    .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                    .unwrap_or_else(dash),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        println!("no moves in flight");
+    } else {
+        print_table(
+            &["topic", "partition", "from", "to", "phase", "rounds", "copied", "age"],
+            rows,
+        );
+    }
 }
 
 fn set_draining(c: &Client, id: &str, draining: bool) -> CliResult {
@@ -195,7 +265,7 @@ pub fn run(a: ClusterArgs) -> CliResult {
         }
         ClusterCommand::Moves => {
             let v = c.get("/v1/cluster/moves")?.expect(200, "cluster moves")?.value()?;
-            print_moves(&c, &v);
+            print_moves(&c, &with_progress(&c, v));
         }
         ClusterCommand::Move { topic, partition, to } => {
             let body = serde_json::json!({"topic": topic, "partition": partition, "to": to});

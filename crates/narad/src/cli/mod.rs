@@ -248,6 +248,19 @@ impl Client {
         Ok(Client { agent, base, auth, output: conn.output })
     }
 
+    /// The same connection (credentials, TLS, output) to another server:
+    /// `addr` is a member's advertised HTTP `host:port`, reached with this
+    /// client's scheme.
+    pub fn at(&self, addr: &str) -> Client {
+        let scheme = self.base.split("://").next().unwrap_or("http");
+        Client {
+            agent: self.agent.clone(),
+            base: format!("{scheme}://{addr}"),
+            auth: self.auth.clone(),
+            output: self.output,
+        }
+    }
+
     /// Sends one request; `path` starts with `/`.
     pub fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Reply, CliError> {
         let url = format!("{}{path}", self.base);
