@@ -17,8 +17,8 @@ use std::sync::Arc;
 use crate::assignment::Assignment;
 use crate::command::{
     AbortMove, AlterTopic, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic,
-    CreateUser, DeleteUser, DetachChild, MemberDead, MemberJoin, Response, SeedRootUser,
-    SetAssignmentTarget, SetMemberDraining, UpdateUser,
+    CreateUser, DeleteUser, DetachChild, MemberDead, MemberJoin, Reassigned, RemoveMember,
+    Response, SeedRootUser, SetAssignmentTarget, SetMemberDraining, UpdateUser,
 };
 use crate::error::MetaError;
 use crate::limits::{
@@ -82,6 +82,7 @@ pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied
         Command::CompleteMove(c) => complete_move(&mut txn, c)?,
         Command::AbortMove(c) => abort_move(&mut txn, c)?,
         Command::SetMemberDraining(c) => set_member_draining(&mut txn, c)?,
+        Command::RemoveMember(c) => remove_member(&mut txn, c)?,
     };
     Ok(txn.finish(index, response))
 }
@@ -143,6 +144,13 @@ impl Txn {
         self.dirty.members.insert(member.id.clone());
         Arc::make_mut(&mut self.state.members).insert(member.id.clone(), member.clone());
         member
+    }
+
+    fn remove_member(&mut self, id: &str) {
+        if self.state.members.contains_key(id) {
+            self.dirty.members.insert(id.to_owned());
+            Arc::make_mut(&mut self.state.members).remove(id);
+        }
     }
 
     fn user(&self, name: &str) -> Result<Arc<User>, MetaError> {
@@ -526,8 +534,11 @@ fn assign_partitions(txn: &mut Txn, c: &AssignPartitions) -> Result<Response, Me
         if c.unassigned_only && parts.contains_key(&a.partition) {
             continue;
         }
-        let assignment =
-            Assignment { owner_id: a.owner_id.clone(), target_id: a.target_id.clone() };
+        let assignment = Assignment {
+            owner_id: a.owner_id.clone(),
+            target_id: a.target_id.clone(),
+            base_offset: None,
+        };
         parts.insert(a.partition, assignment);
     }
     txn.put_assignments(&c.topic, parts);
@@ -632,7 +643,10 @@ fn complete_move(txn: &mut Txn, c: &CompleteMove) -> Result<Response, MetaError>
             c.target_id
         )));
     }
-    parts.insert(c.partition, Assignment { owner_id: c.target_id.clone(), target_id: None });
+    parts.insert(
+        c.partition,
+        Assignment { owner_id: c.target_id.clone(), target_id: None, base_offset: None },
+    );
     txn.put_assignments(&c.topic, parts);
     Ok(Response::Assigned)
 }
@@ -658,6 +672,77 @@ fn set_member_draining(txn: &mut Txn, c: &SetMemberDraining) -> Result<Response,
     let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
     let member = Member { draining: c.draining, ..(*current).clone() };
     Ok(Response::Member(txn.put_member(member)))
+}
+
+/// Op 17 (see [`RemoveMember`]): a compare and set on the member being
+/// dead with the heartbeat the proposer saw, then every partition it owns
+/// to its new owner ([`crate::placement::reassign_removed`] on this
+/// state) with its start offset, every move to or from it cleared, and its
+/// record removed, all in this one command.
+fn remove_member(txn: &mut Txn, c: &RemoveMember) -> Result<Response, MetaError> {
+    let current = txn.state.members.get(&c.id).cloned();
+    let current = current.ok_or_else(|| MetaError::NotFound("member not found".to_owned()))?;
+    if current.status != MemberStatus::Dead {
+        return Err(conflict(format!(
+            "member {} is alive: only a member marked dead can be removed (drain a live one: \
+             narad cluster drain {})",
+            c.id, c.id
+        )));
+    }
+    if current.last_heartbeat != c.last_heartbeat {
+        return Err(conflict(format!(
+            "member {} heartbeated at {}, not {} as the removal saw it: it may have come back",
+            c.id, current.last_heartbeat, c.last_heartbeat
+        )));
+    }
+    let plan = crate::placement::reassign_removed(&txn.state, &c.id).map_err(conflict)?;
+    let mut reassigned = Vec::with_capacity(plan.len());
+    for new in plan {
+        let start = c.partitions.iter().find(|r| {
+            r.topic == new.topic && r.incarnation == new.incarnation && r.partition == new.partition
+        });
+        let Some(start) = start else {
+            return Err(conflict(format!(
+                "partition {} of {:?} (incarnation {}) of member {} has no start offset in the \
+                 removal: it was planned on an older state; ask again",
+                new.partition, new.topic, new.incarnation, c.id
+            )));
+        };
+        reassigned.push(Reassigned {
+            topic: new.topic,
+            incarnation: new.incarnation,
+            partition: new.partition,
+            owner_id: new.owner_id,
+            base_offset: start.base_offset,
+        });
+    }
+    let names: Vec<String> = txn.state.assignments.keys().cloned().collect();
+    for name in names {
+        let mut parts: TopicAssignments = (*txn.state.assignments[&name]).clone();
+        let mut changed = false;
+        for (p, a) in parts.iter_mut() {
+            if a.owner_id == c.id {
+                let new = reassigned
+                    .iter()
+                    .find(|r| r.topic == name && r.partition == *p)
+                    .expect("every partition of the member is reassigned");
+                *a = Assignment {
+                    owner_id: new.owner_id.clone(),
+                    target_id: None,
+                    base_offset: Some(new.base_offset),
+                };
+                changed = true;
+            } else if a.target_id.as_deref() == Some(c.id.as_str()) {
+                a.target_id = None;
+                changed = true;
+            }
+        }
+        if changed {
+            txn.put_assignments(&name, parts);
+        }
+    }
+    txn.remove_member(&c.id);
+    Ok(Response::MemberRemoved { member: current, reassigned })
 }
 
 fn member_dead(txn: &mut Txn, c: &MemberDead) -> Result<Response, MetaError> {

@@ -1006,3 +1006,134 @@ fn draining_is_set_by_its_command_and_survives_heartbeats() {
     let json = serde_json::to_string(&member("n1", 1)).unwrap();
     assert!(!json.contains("draining"), "{json}");
 }
+
+fn remove_cmd(id: &str, heartbeat: i64, starts: &[(&str, u64, u32, u64)]) -> Command {
+    Command::RemoveMember(crate::command::RemoveMember {
+        id: id.into(),
+        last_heartbeat: heartbeat,
+        partitions: starts
+            .iter()
+            .map(|&(topic, incarnation, partition, base_offset)| crate::command::RemovedPartition {
+                topic: topic.into(),
+                incarnation,
+                partition,
+                base_offset,
+            })
+            .collect(),
+    })
+}
+
+fn dead(sm: &mut Sm, id: &str) {
+    sm.run(Command::MemberDead(MemberDead { id: id.into(), last_heartbeat: None })).unwrap();
+}
+
+#[test]
+fn removing_a_dead_member_gives_each_of_its_partitions_a_new_owner_and_start_offset() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    // A second topic with two partitions on n3, and a move from n3 and
+    // one to n3 in flight.
+    let u = sm.create(CreateTopicRequest { name: "u".into(), partitions: 3, ..Default::default() });
+    sm.run(assign("u", u.incarnation, &[(0, "n3"), (1, "n3"), (2, "n2")])).unwrap();
+    sm.run(target(inc, 2, "n3", "n4")).unwrap();
+    sm.run(target(inc, 1, "n2", "n3")).unwrap();
+    dead(&mut sm, "n3");
+    let (ui, before) = (u.incarnation, sm.state.clone());
+    let starts = [("t", inc, 2, 1_048_700), ("u", ui, 0, 1_048_576), ("u", ui, 1, 1_049_000)];
+    let Response::MemberRemoved { member, reassigned } =
+        sm.run(remove_cmd("n3", 10, &starts)).unwrap()
+    else {
+        panic!("op 17 answers MemberRemoved")
+    };
+    assert_eq!(member.id, "n3");
+    assert!(sm.state.member("n3").is_none(), "the record is gone");
+    let got: Vec<(&str, u32, &str, u64)> = reassigned
+        .iter()
+        .map(|r| (r.topic.as_str(), r.partition, r.owner_id.as_str(), r.base_offset))
+        .collect();
+    // Loads before: n1 2, n2 2 (t/1, u/2), n4 0: the least loaded first.
+    assert_eq!(
+        got,
+        vec![("t", 2, "n4", 1_048_700), ("u", 0, "n4", 1_048_576), ("u", 1, "n1", 1_049_000)]
+    );
+    for r in &reassigned {
+        let a = sm.state.assignment(&r.topic, r.partition).unwrap();
+        assert_eq!(
+            (a.owner_id.as_str(), a.target_id.as_deref(), a.base_offset),
+            (r.owner_id.as_str(), None, Some(r.base_offset))
+        );
+    }
+    // The move to n3 is cleared, its owner kept; nothing else changed.
+    let a = sm.state.assignment("t", 1).unwrap();
+    assert_eq!((a.owner_id.as_str(), a.target_id.as_deref(), a.base_offset), ("n2", None, None));
+    assert_eq!(sm.state.assignment("t", 0), before.assignment("t", 0));
+    assert_eq!(sm.state.assignment("u", 2), before.assignment("u", 2));
+    assert_eq!(sm.state.versions.members, before.versions.members + 1);
+    assert_eq!(sm.state.versions.assignments, before.versions.assignments + 1);
+    // A second removal finds no member.
+    assert_eq!(sm.refuse(remove_cmd("n3", 10, &starts)).status(), 404);
+    // The assignment's start offset is stored only when set.
+    let json = serde_json::to_string(sm.state.assignment("t", 0).unwrap()).unwrap();
+    assert_eq!(json, r#"{"owner_id":"n1"}"#);
+    let json = serde_json::to_string(sm.state.assignment("u", 0).unwrap()).unwrap();
+    assert_eq!(json, r#"{"owner_id":"n4","base_offset":1048576}"#);
+}
+
+#[test]
+fn a_removal_is_refused_unless_the_member_is_dead_as_the_proposer_saw_it() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    let starts = [("t", inc, 2, 5)];
+    let e = sm.refuse(remove_cmd("n3", 10, &starts));
+    assert!((e.status(), e.to_string().contains("is alive")) == (409, true), "{e}");
+    assert_eq!(sm.refuse(remove_cmd("n9", 10, &starts)).status(), 404);
+    dead(&mut sm, "n3");
+    // It came back and died again since the proposer looked: another
+    // heartbeat.
+    sm.run(Command::MemberJoin(MemberJoin { member: member("n3", 11) })).unwrap();
+    dead(&mut sm, "n3");
+    let e = sm.refuse(remove_cmd("n3", 10, &starts));
+    assert!(e.to_string().contains("may have come back"), "{e}");
+    // A partition the proposer did not plan (a topic placed on it since).
+    let e = sm.refuse(remove_cmd("n3", 11, &[("t", inc + 1, 2, 5)]));
+    assert!(e.to_string().contains("has no start offset"), "{e}");
+    sm.run(remove_cmd("n3", 11, &starts)).unwrap();
+    assert_eq!(sm.state.assignment("t", 2).unwrap().base_offset, Some(5));
+}
+
+#[test]
+fn a_removal_keeps_a_child_partition_off_its_parent_partitions_owner_and_needs_a_live_member() {
+    let mut sm = Sm::default();
+    for id in ["n1", "n2", "n3"] {
+        sm.run(Command::MemberJoin(MemberJoin { member: member(id, 10) })).unwrap();
+    }
+    let p = sm.create(CreateTopicRequest { name: "p".into(), partitions: 3, ..Default::default() });
+    let c = sm.create(CreateTopicRequest {
+        name: "c".into(),
+        parent: "p".into(),
+        partitions: 3,
+        ..Default::default()
+    });
+    sm.run(assign("p", p.incarnation, &[(0, "n1"), (1, "n1"), (2, "n3")])).unwrap();
+    sm.run(assign("c", c.incarnation, &[(0, "n3"), (1, "n3"), (2, "n1")])).unwrap();
+    dead(&mut sm, "n3");
+    let starts =
+        [("p", p.incarnation, 2, 7), ("c", c.incarnation, 0, 8), ("c", c.incarnation, 1, 9)];
+    sm.run(remove_cmd("n3", 10, &starts)).unwrap();
+    // n2 owns nothing and takes p/2 first; c/0 and c/1 would go to the
+    // least loaded, but n1 owns p/0 and p/1: they go to n2.
+    let owner = |t: &str, i: u32| sm.state.assignment(t, i).unwrap().owner_id.clone();
+    assert_eq!([owner("p", 2), owner("c", 0), owner("c", 1)], ["n2", "n2", "n2"]);
+    for i in 0..3 {
+        assert_ne!(owner("p", i), owner("c", i), "partition {i}");
+    }
+    // With nobody alive left to take them, nothing is removed.
+    let mut sm2 = Sm::default();
+    sm2.run(Command::MemberJoin(MemberJoin { member: member("n1", 10) })).unwrap();
+    let t =
+        sm2.create(CreateTopicRequest { name: "t".into(), partitions: 3, ..Default::default() });
+    sm2.run(assign("t", t.incarnation, &[(0, "n1")])).unwrap();
+    dead(&mut sm2, "n1");
+    let e = sm2.refuse(remove_cmd("n1", 10, &[("t", t.incarnation, 0, 0)]));
+    assert!(e.to_string().contains("no member is alive"), "{e}");
+}

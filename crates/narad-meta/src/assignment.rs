@@ -12,4 +12,13 @@ pub struct Assignment {
     /// The member a rebalance is moving it to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_id: Option<String>,
+    /// The offset the owner's log starts at when the owner has no log of
+    /// the partition yet: set when the partition's earlier owner was
+    /// removed for good with its disk (`RemoveMember`, op 17), so that
+    /// offsets keep growing from where the cluster last saw them instead of
+    /// starting again at 0. Absent otherwise (and in records written
+    /// before it existed); a move's flip drops it (the new owner installs
+    /// a copy of the log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_offset: Option<u64>,
 }

@@ -27,6 +27,7 @@
 //! | 14 | [`CompleteMove`] |
 //! | 15 | [`AbortMove`] |
 //! | 16 | [`SetMemberDraining`] |
+//! | 17 | [`RemoveMember`] |
 //!
 //! Everything time-based, random or slow (creation time, attach epochs,
 //! heartbeat times, password hashes) is decided by the proposer and carried
@@ -80,6 +81,9 @@ pub enum Command {
     AbortMove(AbortMove),
     /// Op 16: mark a member draining, or clear the mark.
     SetMemberDraining(SetMemberDraining),
+    /// Op 17: remove a dead member for good; its partitions get new owners
+    /// whose logs start at the given offsets.
+    RemoveMember(RemoveMember),
 }
 
 /// Creates a topic. Built by [`crate::CreateTopicRequest::resolve`], which
@@ -338,6 +342,63 @@ pub struct SetMemberDraining {
     pub draining: bool,
 }
 
+/// Removes a member that is gone for good (its disk is lost): `narad
+/// cluster remove <id> --force`. Atomically: every partition it owns (any
+/// topic, fan-out children included) gets a new owner, placed by
+/// [`crate::placement::reassign_removed`] over the alive, non-draining
+/// members as the state is when the command applies, with its log's start
+/// offset from `partitions`; a move to or from it is cleared (a copy in
+/// flight is never taken as complete: nothing can prove it caught up with a
+/// node that is gone); and its member record goes.
+///
+/// Refused (409, nothing changes) unless the member is marked dead with
+/// exactly `last_heartbeat` (a compare and set: a member that came back
+/// since is alive, or has a newer heartbeat), when a partition it owns
+/// has no entry in `partitions` (the proposer planned on an older state),
+/// or when no other member is alive to take its partitions; 404 for an
+/// unknown member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveMember {
+    /// The member id.
+    pub id: String,
+    /// The heartbeat the proposer saw on the dead member's record.
+    pub last_heartbeat: i64,
+    /// The start offset of every partition it owns (extra entries are
+    /// ignored).
+    pub partitions: Vec<RemovedPartition>,
+}
+
+/// The start offset of one partition of a removed member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovedPartition {
+    /// The topic.
+    pub topic: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The offset its new log starts at.
+    pub base_offset: u64,
+}
+
+/// One partition a [`RemoveMember`] gave a new owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reassigned {
+    /// The topic.
+    pub topic: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The new owner.
+    pub owner_id: String,
+    /// The offset its new log starts at.
+    pub base_offset: u64,
+}
+
 /// What applying a command produced.
 ///
 /// Serializes (for a follower that forwarded a command to the leader) as
@@ -369,6 +430,14 @@ pub enum Response {
         /// The link the child had.
         link: ParentLink,
     },
+    /// A member was removed ([`RemoveMember`]): its record as it was, and
+    /// the partitions it owned with their new owners.
+    MemberRemoved {
+        /// The removed member's last record.
+        member: Arc<Member>,
+        /// Its partitions, in (topic, partition) order.
+        reassigned: Vec<Reassigned>,
+    },
 }
 
 impl Command {
@@ -391,6 +460,7 @@ impl Command {
             Command::CompleteMove(_) => 14,
             Command::AbortMove(_) => 15,
             Command::SetMemberDraining(_) => 16,
+            Command::RemoveMember(_) => 17,
         }
     }
 
@@ -426,6 +496,7 @@ impl Serialize for Command {
             Command::CompleteMove(c) => envelope.serialize_field("d", c)?,
             Command::AbortMove(c) => envelope.serialize_field("d", c)?,
             Command::SetMemberDraining(c) => envelope.serialize_field("d", c)?,
+            Command::RemoveMember(c) => envelope.serialize_field("d", c)?,
         }
         envelope.end()
     }
@@ -462,6 +533,7 @@ impl<'de> Deserialize<'de> for Command {
             14 => Command::CompleteMove(payload(d)?),
             15 => Command::AbortMove(payload(d)?),
             16 => Command::SetMemberDraining(payload(d)?),
+            17 => Command::RemoveMember(payload(d)?),
             op => return Err(D::Error::custom(format!("unknown metastore command opcode {op}"))),
         })
     }
@@ -632,6 +704,19 @@ mod tests {
                 Command::SetMemberDraining(SetMemberDraining { id: "n2".into(), draining: true }),
                 r#"{"op":16,"d":{"id":"n2","draining":true}}"#,
             ),
+            (
+                Command::RemoveMember(RemoveMember {
+                    id: "n3".into(),
+                    last_heartbeat: 1_700_000_005,
+                    partitions: vec![RemovedPartition {
+                        topic: "orders".into(),
+                        incarnation: 7,
+                        partition: 2,
+                        base_offset: 1_049_000,
+                    }],
+                }),
+                r#"{"op":17,"d":{"id":"n3","last_heartbeat":1700000005,"partitions":[{"topic":"orders","incarnation":7,"partition":2,"base_offset":1049000}]}}"#,
+            ),
         ]
     }
 
@@ -683,7 +768,27 @@ mod tests {
             fanout_delay_ms: 0,
             attached_at_ms: 7,
         };
+        let removed = Member {
+            id: "n3".into(),
+            addr: "h:3".into(),
+            cluster_addr: None,
+            status: MemberStatus::Dead,
+            last_heartbeat: 9,
+            draining: false,
+        };
+        let reassigned = Reassigned {
+            topic: "p".into(),
+            incarnation: 3,
+            partition: 1,
+            owner_id: "n1".into(),
+            base_offset: 1_048_586,
+        };
         let cases = [
+            (
+                Response::MemberRemoved { member: Arc::new(removed), reassigned: vec![reassigned] },
+                r#"{"r":"member_removed","d":{"member":{"id":"n3","addr":"h:3","status":"dead","last_heartbeat":9},"reassigned":[{"topic":"p","incarnation":3,"partition":1,"owner_id":"n1","base_offset":1048586}]}}"#
+                    .to_owned(),
+            ),
             (Response::Topic(Arc::new(topic.clone())), format!(r#"{{"r":"topic","d":{topic_json}}}"#)),
             (
                 Response::TopicDeleted(Arc::new(topic.clone())),
@@ -735,7 +840,7 @@ mod tests {
     #[test]
     fn opcodes_are_distinct_and_never_renumbered() {
         let ops: Vec<u8> = golden().iter().map(|(c, _)| c.opcode()).collect();
-        assert_eq!(ops, (1..=16).collect::<Vec<u8>>());
+        assert_eq!(ops, (1..=17).collect::<Vec<u8>>());
     }
 
     #[test]

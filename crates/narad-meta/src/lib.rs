@@ -39,7 +39,8 @@ pub use assignment::Assignment;
 pub use command::{
     AbortMove, AlterTopic, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic,
     CreateUser, DeleteTopic, DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment,
-    Response, SeedRootUser, SetAssignmentTarget, SetMemberDraining, UpdateUser,
+    Reassigned, RemoveMember, RemovedPartition, Response, SeedRootUser, SetAssignmentTarget,
+    SetMemberDraining, UpdateUser,
 };
 pub use config::TopicDefaults;
 pub use error::{MetaError, StorageError};

@@ -83,6 +83,94 @@ pub fn place(
     out
 }
 
+/// One partition of a removed member and its new owner
+/// ([`reassign_removed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOwner {
+    /// The topic.
+    pub topic: String,
+    /// Its incarnation.
+    pub incarnation: u64,
+    /// The partition.
+    pub partition: u32,
+    /// The member that takes it.
+    pub owner_id: String,
+}
+
+/// New owners for every partition member `removed` owns in `state` (every
+/// topic, fan-out children included), for `RemoveMember` (op 17): a pure
+/// function of the state, so the proposer's preview and every replica's
+/// apply agree.
+///
+/// Receivers are the members marked alive, not draining, other than
+/// `removed` (all alive ones when every one drains); none is an error.
+/// Partitions go in (topic, partition) order, parents before children,
+/// each to the receiver that owns the fewest partitions so far (ties by
+/// id), preferring one that owns neither the partition of the same index
+/// of the topic's parent nor of any of its children (SPEC §6
+/// anti-affinity, kept where a receiver allows it).
+pub fn reassign_removed(state: &MetaState, removed: &str) -> Result<Vec<NewOwner>, String> {
+    let alive: Vec<&std::sync::Arc<crate::Member>> =
+        state.members().filter(|m| m.status == MemberStatus::Alive && m.id != removed).collect();
+    let mut receivers: Vec<&str> =
+        alive.iter().filter(|m| !m.draining).map(|m| m.id.as_str()).collect();
+    if receivers.is_empty() {
+        receivers = alive.iter().map(|m| m.id.as_str()).collect();
+    }
+    let mut load: std::collections::BTreeMap<&str, u64> =
+        receivers.iter().map(|id| (*id, 0)).collect();
+    let mut owners: std::collections::BTreeMap<(&str, u32), &str> = Default::default();
+    for t in state.topics() {
+        for (p, a) in state.assignments(t.name()).into_iter().flat_map(|a| a.iter()) {
+            owners.insert((t.name(), *p), a.owner_id.as_str());
+            if let Some(n) = load.get_mut(a.owner_id.as_str()) {
+                *n += 1;
+            }
+        }
+    }
+    let (parents, children): (Vec<&Topic>, Vec<&Topic>) =
+        state.topics().map(|t| &**t).partition(|t| t.parent().is_none());
+    let mut out = Vec::new();
+    for t in parents.into_iter().chain(children) {
+        for p in 0..t.partitions() {
+            if owners.get(&(t.name(), p)) != Some(&removed) {
+                continue;
+            }
+            if receivers.is_empty() {
+                return Err(format!(
+                    "no member is alive to take the partitions of {removed}: start a node first"
+                ));
+            }
+            let relatives = t
+                .parent()
+                .map(|l| l.name.as_str())
+                .into_iter()
+                .chain(t.children().iter().map(String::as_str));
+            let avoid: Vec<&str> = relatives.filter_map(|r| owners.get(&(r, p)).copied()).collect();
+            let pick = |allowed: &dyn Fn(&str) -> bool| {
+                receivers
+                    .iter()
+                    .copied()
+                    .filter(|id| allowed(id))
+                    .min_by_key(|id| (load.get(id).copied().unwrap_or(0), *id))
+            };
+            let owner = pick(&|id| !avoid.contains(&id))
+                .or_else(|| pick(&|_| true))
+                .expect("receivers is not empty");
+            *load.entry(owner).or_default() += 1;
+            owners.insert((t.name(), p), owner);
+            out.push(NewOwner {
+                topic: t.name().to_owned(),
+                incarnation: t.incarnation(),
+                partition: p,
+                owner_id: owner.to_owned(),
+            });
+        }
+    }
+    out.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+    Ok(out)
+}
+
 /// The first member of `ring`, starting at position `p` and wrapping, that
 /// is not `avoid`; `avoid` itself when it is the only member.
 fn anti_affine(ring: &[String], p: u32, avoid: &str) -> String {

@@ -51,8 +51,9 @@ use narad_fs::{Fs, SimRng};
 use crate::apply::{Applied, apply};
 use crate::command::{
     AbortMove, AssignPartitions, AttachChild, Command, CompleteMove, CreateTopic, CreateUser,
-    DeleteTopic, DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment, Response,
-    SeedRootUser, SetAssignmentTarget, SetMemberDraining, UpdateUser,
+    DeleteTopic, DeleteUser, DetachChild, MemberDead, MemberJoin, PartitionAssignment, Reassigned,
+    RemoveMember, RemovedPartition, Response, SeedRootUser, SetAssignmentTarget, SetMemberDraining,
+    UpdateUser,
 };
 use crate::config::TopicDefaults;
 use crate::error::{MetaError, StorageError};
@@ -443,6 +444,26 @@ impl MetaStore {
     }
 }
 
+/// Removing a member for good (op 17).
+impl MetaStore {
+    /// Removes dead member `id`, last heard from at `last_heartbeat`, and
+    /// gives its partitions new owners starting at the offsets of
+    /// `partitions` ([`RemoveMember`]); returns its last record and the
+    /// reassigned partitions.
+    pub fn remove_member(
+        &self,
+        id: &str,
+        last_heartbeat: i64,
+        partitions: Vec<RemovedPartition>,
+    ) -> Result<(Arc<Member>, Vec<Reassigned>), MetaError> {
+        let command = RemoveMember { id: id.to_owned(), last_heartbeat, partitions };
+        match self.propose(Command::RemoveMember(command))? {
+            Response::MemberRemoved { member, reassigned } => Ok((member, reassigned)),
+            other => unreachable!("RemoveMember answered {other:?}"),
+        }
+    }
+}
+
 /// The user record an apply answered with.
 fn user_response(r: Response) -> Arc<User> {
     match r {
@@ -739,6 +760,14 @@ fn log_applied(command: &Command, response: &Response, index: u64) {
                 delay_ms = c.fanout_delay_ms,
                 index,
                 "child attached"
+            );
+        }
+        Response::MemberRemoved { member, reassigned } => {
+            tracing::info!(
+                member = member.id,
+                partitions = reassigned.len(),
+                index,
+                "member removed for good; its partitions have new owners"
             );
         }
         Response::ChildDetached { parent, link } => {
