@@ -584,8 +584,6 @@ impl ControlPlane {
         }
         let monitor = tokio::spawn(plane.clone().monitor());
         lock(&plane.tasks).push(monitor);
-        let steward = tokio::spawn(plane.clone().steward_voters());
-        lock(&plane.tasks).push(steward);
         let greet = tokio::spawn(plane.clone().greet_peers());
         lock(&plane.tasks).push(greet);
         if !bootstraps {
@@ -1270,11 +1268,7 @@ impl ControlPlane {
                 }
                 Some(_) => {}
             }
-            // A drained member rejoining (a restart) stays a learner while
-            // the group keeps enough voters without it (`voters`).
-            let stays_learner = super::voters::drained(&self.meta.snapshot(), &j.id)
-                && m.voter_ids().count() >= super::voters::MIN_VOTERS_AFTER_DRAIN;
-            if !is_voter && !stays_learner {
+            if !is_voter {
                 self.raft
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
                     .await
@@ -1614,70 +1608,6 @@ impl ControlPlane {
             if rx.changed().await.is_err() {
                 // Raft stopped: no leader will ever be visible.
                 std::future::pending::<()>().await;
-            }
-        }
-    }
-
-    /// The leader's side of [`super::voters`]: every controller interval,
-    /// one change of who votes (a drained member leaves the voters, the
-    /// leader handing over first when it is the one; an undrained one
-    /// votes again). Runs on every node, acts only while leading.
-    async fn steward_voters(self: Arc<Self>) {
-        let mut tick = tokio::time::interval_at(
-            tokio::time::Instant::now() + crate::limits::CONTROLLER_INTERVAL,
-            crate::limits::CONTROLLER_INTERVAL,
-        );
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if self.stopping.load(Ordering::SeqCst) {
-                return;
-            }
-            if !self.is_leader() {
-                continue;
-            }
-            if let Err(why) = self.voter_step().await {
-                tracing::warn!(reason = %why, "voter change not committed; the next tick retries");
-            }
-        }
-    }
-
-    async fn voter_step(&self) -> Result<(), String> {
-        use super::voters::{VoterStep, voter_step};
-        let one = self.join_lock.lock().await;
-        let membership = self.raft.metrics().borrow().membership_config.clone();
-        let m = membership.membership();
-        let named = |id: NodeId| m.get_node(&id).map(|n| (id, n.id.clone()));
-        let voters: Vec<(NodeId, String)> = m.voter_ids().filter_map(named).collect();
-        let learners: Vec<(NodeId, String)> = m.learner_ids().filter_map(named).collect();
-        let step = voter_step(&self.meta.snapshot(), &voters, &learners, self.raft_id);
-        match step {
-            None => Ok(()),
-            Some(VoterStep::HandOver) => {
-                drop(one);
-                tracing::info!(
-                    node_id = %self.me.id,
-                    "this leader is drained: handing leadership over before it leaves the voters"
-                );
-                self.hand_over().await;
-                // `hand_over` silenced this node for a stop; it keeps
-                // running (as a follower, then a learner).
-                self.raft.runtime_config().heartbeat(true);
-                self.raft.runtime_config().elect(true);
-                Ok(())
-            }
-            Some(VoterStep::Demote(id, name)) => {
-                let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
-                self.raft.change_membership(change, true).await.map_err(|e| e.to_string())?;
-                tracing::info!(node_id = %name, voters_left = voters.len() - 1,
-                    "drained member left the raft voters (it stays a learner)");
-                Ok(())
-            }
-            Some(VoterStep::Promote(id, name)) => {
-                let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
-                self.raft.change_membership(change, false).await.map_err(|e| e.to_string())?;
-                tracing::info!(node_id = %name, voters = voters.len() + 1, "learner became a raft voter");
-                Ok(())
             }
         }
     }
