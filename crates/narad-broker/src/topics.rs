@@ -316,6 +316,53 @@ pub struct Topics {
     frontier_moves: Arc<AtomicU64>,
     /// Lease nonces of every shard (see [`Nonces`]).
     nonces: Arc<Nonces>,
+    /// Where a partition's new log starts when this node owns it with a
+    /// start offset (see [`BaseOffsets`]).
+    base_offsets: Option<BaseOffsets>,
+}
+
+/// The offset at which this node's log of `(topic, incarnation,
+/// partition)` must start, when this node owns the partition and its
+/// assignment names one (`Assignment::base_offset`: the partition of a
+/// member removed for good, `narad cluster remove --force`); `None`
+/// otherwise.
+///
+/// [`Topics::partition`] asks it whenever it opens a log, so the log is
+/// created at that offset (first segment base, high watermark and consumer
+/// frontier) by the same open that any commit or consume goes through: no
+/// commit can land at a lower offset first. A log this node already holds
+/// whose oldest offset is below it is a leftover of an earlier ownership
+/// (it owned the partition before a move to the removed member): its
+/// records were copied to the member that is gone, its offsets are behind
+/// the ones the cluster has seen since, and appending to it would hand them
+/// out again, so it is removed and a new log is created at the start offset
+/// (or at its high watermark, if that is higher). A log created at the
+/// start offset never has an oldest offset below it (retention only
+/// raises it), so a restart keeps it.
+#[derive(Clone)]
+pub struct BaseOffsets(pub Arc<BaseOffsetFn>);
+
+/// `(topic, incarnation, partition)` → the start offset, if any.
+pub type BaseOffsetFn = dyn Fn(&str, u64, u32) -> Option<u64> + Send + Sync;
+
+/// The [`BaseOffsets`] of node `me` over the metastore `meta`: an
+/// assignment's start offset, when `me` owns the partition of that
+/// incarnation.
+pub fn base_offsets_of(meta: &Arc<narad_meta::MetaStore>, me: &str) -> BaseOffsets {
+    let (meta, me) = (Arc::downgrade(meta), me.to_owned());
+    BaseOffsets(Arc::new(move |topic, incarnation, p| {
+        let state = meta.upgrade()?.snapshot();
+        if state.topic(topic)?.incarnation() != incarnation {
+            return None;
+        }
+        state.assignment(topic, p).filter(|a| a.owner_id == me).and_then(|a| a.base_offset)
+    }))
+}
+
+impl std::fmt::Debug for BaseOffsets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BaseOffsets")
+    }
 }
 
 fn partition_dir(topic_dir: &Path, p: u32) -> PathBuf {
@@ -336,7 +383,70 @@ impl Topics {
             frontier_moves: Arc::default(),
             nonces: Arc::new(Nonces::seeded(clock.wall_ms())),
             clock,
+            base_offsets: None,
         }
+    }
+
+    /// Creates missing partition logs at their assignment's start offset
+    /// (see [`BaseOffsets`]).
+    pub fn with_base_offsets(mut self, base_offsets: BaseOffsets) -> Topics {
+        self.base_offsets = Some(base_offsets);
+        self
+    }
+
+    /// The start offset `partition` of `topic` must have here, if any.
+    fn base_offset(&self, topic: &Topic, p: u32) -> Option<u64> {
+        self.base_offsets.as_ref().and_then(|f| (f.0)(topic.name(), topic.incarnation(), p))
+    }
+
+    /// Opens partition `p`'s log in `dir`, at its start offset when it has
+    /// one and this node holds no log of it from the owner that started
+    /// it (see [`BaseOffsets`]). Under the open lock.
+    fn open_log(&self, topic: &Topic, p: u32, dir: &Path) -> Result<PartitionLog, BrokerError> {
+        fn err(e: impl std::fmt::Display) -> BrokerError {
+            BrokerError::internal("open partition log", e)
+        }
+        let open = || {
+            PartitionLog::open(
+                self.fs.clone(),
+                dir.to_path_buf(),
+                self.log_config.clone(),
+                self.clock.clone(),
+            )
+            .map_err(err)
+        };
+        let Some(base) = self.base_offset(topic, p) else { return open() };
+        let has_segments = self.fs.exists(dir).map_err(err)?
+            && self.fs.list_dir(dir).map_err(err)?.iter().any(|e| {
+                !e.is_dir && narad_log::segment::parse_segment_file_name(&e.name).is_some()
+            });
+        let mut start = base;
+        if has_segments {
+            let log = open()?;
+            if log.oldest_offset() >= base {
+                return Ok(log);
+            }
+            let (oldest, hwm) = (log.oldest_offset(), log.high_watermark());
+            log.close();
+            drop(log);
+            warn!(
+                topic = %topic.name(), partition = p, oldest, high_watermark = hwm, start_offset = base,
+                "partition log here is a leftover of an earlier ownership, behind the start offset \
+                 its owner was removed at: removed, and a new log starts at the start offset"
+            );
+            self.fs.remove_dir_all(dir).map_err(err)?;
+            start = base.max(hwm);
+        }
+        info!(topic = %topic.name(), partition = p, start_offset = start,
+            "partition log created at its start offset (its earlier owner was removed)");
+        PartitionLog::create_at(
+            self.fs.clone(),
+            dir.to_path_buf(),
+            self.log_config.clone(),
+            self.clock.clone(),
+            start,
+        )
+        .map_err(err)
     }
 
     /// Reports every log's commit cycles to `metrics` (the storage flush
@@ -375,7 +485,10 @@ impl Topics {
     /// needed (blocking I/O: call from a blocking context).
     pub fn partition(&self, topic: &Topic, p: u32) -> Result<Arc<PartitionRt>, BrokerError> {
         let rt = self.topic(topic)?;
-        if let Some(part) = rt.partition_if_open(p) {
+        let behind = |part: &PartitionRt| {
+            self.base_offset(topic, p).is_some_and(|base| part.log.oldest_offset() < base)
+        };
+        if let Some(part) = rt.partition_if_open(p).filter(|part| !behind(part)) {
             return Ok(part);
         }
         let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -383,16 +496,19 @@ impl Topics {
             return Err(BrokerError::TopicNotFound);
         }
         if let Some(part) = rt.partition_if_open(p) {
-            return Ok(part);
+            if !behind(&part) {
+                return Ok(part);
+            }
+            // A leftover of an earlier ownership, open since: closed here,
+            // and `open_log` replaces it (see [`BaseOffsets`]).
+            let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(old) = parts.get_mut(p as usize).and_then(Option::take) {
+                old.retire();
+                self.open_logs.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         let dir = partition_dir(&rt.dir, p);
-        let log = PartitionLog::open(
-            self.fs.clone(),
-            dir.clone(),
-            self.log_config.clone(),
-            self.clock.clone(),
-        )
-        .map_err(|e| BrokerError::internal("open partition log", e))?;
+        let log = self.open_log(topic, p, &dir)?;
         let wake = rt.wake.clone();
         log.set_commit_listener(Some(Box::new(move |_hwm| wake.available())));
         if let Some(m) = &self.metrics {

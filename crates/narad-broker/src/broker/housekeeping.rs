@@ -71,6 +71,7 @@ impl Broker {
         tasks.push(every_blocking(&me, METRICS_POLL_INTERVAL, stop.clone(), Broker::poll_metrics));
         if self.meta.is_replicated() {
             tasks.push(self.follow_replicated_deletes(stop.clone()));
+            tasks.push(self.follow_removals(stop.clone()));
             tasks.push(self.follow_move_outcomes(stop));
         }
     }

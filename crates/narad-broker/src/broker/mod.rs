@@ -42,6 +42,7 @@ mod links;
 mod moves;
 mod open;
 mod produce;
+mod removed;
 mod serving;
 mod stats;
 

@@ -223,7 +223,8 @@ impl Broker {
                 })?;
             }
             let topics = Topics::new(fs2.clone(), &cfg.data_dir, cfg.log.clone(), clock2.clone())
-                .with_metrics(metrics2);
+                .with_metrics(metrics2)
+                .with_base_offsets(crate::topics::base_offsets_of(&meta, &cfg.node_id));
             let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
             let deferred = topics.open_at_startup(&live, meta.is_replicated())?;
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
