@@ -34,7 +34,10 @@ def req(url, method="GET", body=None, timeout=30):
         return 0, str(e).encode()
 
 class Cluster:
-    def __init__(self, binary, n=3, env=None):
+    def __init__(self, binary, n=3, env=None, start=None):
+        """n nodes n1..nN, all named in NARAD_CLUSTER_PEERS; only the first
+        `start` (default: all) are started (spawn(i) starts the others later:
+        a node joining, with NARAD_CLUSTER_INITIAL_MEMBERS in `env`)."""
         self.binary, self.root = binary, tempfile.mkdtemp(prefix="narad-bench-cluster-")
         self.env = dict(env or {})
         self.http = [free_port() for _ in range(n)]
@@ -42,8 +45,9 @@ class Cluster:
         self.ids = [f"n{i+1}" for i in range(n)]
         self.peers = ",".join(f"{self.ids[i]}@127.0.0.1:{self.udp[i]}" for i in range(n))
         self.procs = [None] * n
-        for i in range(n): self.spawn(i)
-        for i in range(n): self.wait_ready(i)
+        start = n if start is None else start
+        for i in range(start): self.spawn(i)
+        for i in range(start): self.wait_ready(i)
     def spawn(self, i, extra_env=None):
         cluster = dict(NARAD_CLUSTER_PEERS=self.peers, NARAD_NODE_ID=self.ids[i],
                        NARAD_CLUSTER_ADDR=f"127.0.0.1:{self.udp[i]}") if len(self.ids) > 1 else {}
