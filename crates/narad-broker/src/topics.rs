@@ -793,6 +793,64 @@ impl Topics {
             .map_err(|e| BrokerError::internal("install partition", e))
     }
 
+    /// The partitions of the open topic `topic` whose directories exist on
+    /// this node's disk (blocking I/O).
+    pub fn partitions_on_disk(&self, topic: &Topic) -> Result<Vec<u32>, BrokerError> {
+        let Some(rt) = self.get_open(topic.name(), topic.incarnation()) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for p in 0..topic.partitions() {
+            let there = self
+                .fs
+                .exists(&partition_dir(&rt.dir, p))
+                .map_err(|e| BrokerError::internal("list partition directories", e))?;
+            if there {
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes this node's copy of partition `p` of `topic`, a leftover of
+    /// an ownership that moved away: closes its log if open and deletes its
+    /// directory. `still_leftover` is asked again under the open lock
+    /// (which [`Topics::install_partition`] and every open take), so a
+    /// move back to this node never races the removal. Returns whether
+    /// files were removed.
+    pub fn discard_partition(
+        &self,
+        topic: &Topic,
+        p: u32,
+        still_leftover: impl FnOnce() -> bool,
+    ) -> Result<bool, BrokerError> {
+        let Some(rt) = self.get_open(topic.name(), topic.incarnation()) else {
+            return Ok(false);
+        };
+        let _g = self.open_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if rt.is_closed() || !still_leftover() {
+            return Ok(false);
+        }
+        let open = {
+            let mut parts = rt.partitions.write().unwrap_or_else(|e| e.into_inner());
+            parts.get_mut(p as usize).and_then(Option::take)
+        };
+        if let Some(part) = open {
+            part.retire();
+            self.open_logs.fetch_sub(1, Ordering::Relaxed);
+        }
+        rt.evicted.lock().unwrap_or_else(|e| e.into_inner()).remove(&p);
+        let dir = partition_dir(&rt.dir, p);
+        let exists =
+            self.fs.exists(&dir).map_err(|e| BrokerError::internal("discard partition", e))?;
+        if exists {
+            self.fs
+                .remove_dir_all(&dir)
+                .map_err(|e| BrokerError::internal("discard partition", e))?;
+        }
+        Ok(exists)
+    }
+
     /// Closes the logs of incarnation `incarnation` of topic `name`, or of
     /// an older one (queued commits fail), and deletes its files; a newer
     /// incarnation (the name was recreated meanwhile) is left alone, open

@@ -92,6 +92,10 @@ impl Handler for NodeHandler {
                 Some(broker) => self.data_plane(broker, request).await,
                 None => starting(),
             },
+            Request::KnownOffsets => {
+                let known = crate::offsets_seen::global().known();
+                Reply::json(200, serde_json::to_vec(&known).unwrap_or_default())
+            }
             Request::ListPartitionSegments(_)
             | Request::FetchSegmentChunk(_)
             | Request::PrepareHandoff(_) => match self.broker.get() {
@@ -577,6 +581,11 @@ impl ClusterNode {
                 broker.clone(),
                 self.move_stop.subscribe(),
             )));
+            tasks.push(tokio::spawn(crate::moves::discard_leftovers(
+                broker.clone(),
+                self.control.clone(),
+                self.move_stop.subscribe(),
+            )));
         }
         if broker.unconfirmed_orphans().is_empty() {
             return;
@@ -931,9 +940,40 @@ impl DeleteConfirmer for LeaderConfirmer {
     }
 }
 
+/// How long `narad cluster remove` waits for each live member's offsets
+/// (node RPC op 40).
+const REMOVE_ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl ClusterView for ClusterNode {
     fn move_progress(&self) -> Vec<crate::moves::MoveProgress> {
         self.mover.get().map(|m| m.progress()).unwrap_or_default()
+    }
+
+    fn known_offsets(&self) -> BoxFuture<'_, (Vec<crate::offsets_seen::KnownOffset>, Vec<String>)> {
+        Box::pin(async move {
+            let snap = self.meta.snapshot();
+            let peers: Vec<String> = snap
+                .members()
+                .filter(|m| m.status == narad_meta::MemberStatus::Alive && m.id != self.node_id)
+                .map(|m| m.id.clone())
+                .collect();
+            let asks = peers.iter().map(|id| async move {
+                let reply = self.forward(id, Request::KnownOffsets, REMOVE_ASK_TIMEOUT).await;
+                let known = reply.ok().filter(|r| r.status == 200).and_then(|r| {
+                    serde_json::from_slice::<crate::offsets_seen::KnownOffsets>(&r.body).ok()
+                });
+                (id.clone(), known)
+            });
+            let mut all = crate::offsets_seen::global().known().partitions;
+            let mut silent = Vec::new();
+            for (id, known) in futures_util::future::join_all(asks).await {
+                match known {
+                    Some(k) => all.extend(k.partitions),
+                    None => silent.push(id),
+                }
+            }
+            (all, silent)
+        })
     }
 
     fn control_plane_stopped(&self) -> Option<String> {
@@ -997,7 +1037,16 @@ impl ClusterView for ClusterNode {
     ) -> BoxFuture<'a, Result<PeerAnswer, String>> {
         let request = forward::resolve_request(topic, receipt, action);
         let timeout = request.timeout();
-        Box::pin(async move { self.forward(member, request, timeout).await.map(Into::into) })
+        Box::pin(async move {
+            let reply = self.forward(member, request, timeout).await?;
+            // A receipt the owner took names an offset it served.
+            if reply.status < 300
+                && let Some(t) = self.meta.topic(topic)
+            {
+                crate::offsets_seen::global().saw(topic, t.incarnation(), receipt.0, receipt.1);
+            }
+            Ok(reply.into())
+        })
     }
 
     fn ready_counts_at<'a>(

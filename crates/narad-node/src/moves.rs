@@ -343,6 +343,43 @@ pub async fn expire_freezes(broker: Arc<Broker>, mut stop: tokio::sync::watch::R
     }
 }
 
+/// How often a node looks for its copies of partitions that moved away.
+const LEFTOVERS_EVERY: Duration = Duration::from_secs(5);
+
+/// The source's side after a flip (SPEC §7.1's destruction rule): deletes
+/// this node's copy of every partition the replica shows owned by another
+/// member, once the metastore's leader confirms this replica is caught up
+/// (so "owned elsewhere" is the cluster's view, not a stale one). Nothing
+/// is deleted while no leader answers. Runs every
+/// [`LEFTOVERS_EVERY`] until `stop`.
+pub async fn discard_leftovers(
+    broker: Arc<Broker>,
+    control: Arc<narad_cluster::raft::ControlPlane>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(LEFTOVERS_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        match broker.moved_away_leftovers().await {
+            Ok(l) if l.is_empty() => continue,
+            Ok(_) => {}
+            Err(e) => {
+                warn!(error = %e, "cannot list the partitions that moved away from this node");
+                continue;
+            }
+        }
+        if let Err(why) = control.caught_up_with_leader().await {
+            tracing::debug!(%why, "leftover partition copies kept: the leader did not confirm this replica");
+            continue;
+        }
+        if let Err(e) = broker.discard_moved_partitions().await {
+            warn!(error = %e, "cannot delete the copy of a partition that moved away; retrying");
+        }
+    }
+}
+
 /// The destination's mover (see the module docs).
 #[derive(Debug)]
 pub struct Mover {

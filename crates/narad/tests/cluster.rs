@@ -895,3 +895,79 @@ fn a_drained_member_gets_no_new_partitions_is_emptied_and_an_undrain_restores_it
         || c.describe(),
     );
 }
+
+/// Node ids listed under `key` (`voters` or `learners`) of node `i`'s
+/// control plane status, sorted.
+fn raft_ids(c: &Cluster, i: usize, key: &str) -> Option<Vec<String>> {
+    let s = c.status(i)?;
+    let mut ids: Vec<String> =
+        s[key].as_array()?.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+    ids.sort();
+    Some(ids)
+}
+
+/// SPEC §7.3 "Decommission": the drained member leaves the Raft voters
+/// (4 voters: 3 stay), its leadership handed over first; it stays a
+/// learner that still takes produces; an undrain makes it a voter again.
+#[test]
+fn a_drained_leader_hands_over_and_leaves_the_voters_and_an_undrain_makes_it_vote_again() {
+    let c = Cluster::start(4, ClusterOpts::dev());
+    let leader = c.leader(READY);
+    let drained = c.node(leader).id.clone();
+    let others: Vec<usize> = (0..4).filter(|&i| i != leader).collect();
+    let all: Vec<String> = (0..4).map(|i| c.node(i).id.clone()).collect();
+    let owners = c.create_placed(leader, json!({"name": "t", "partitions": 8}));
+    assert!(owners.contains(&drained), "the leader owns partitions of {owners:?}");
+
+    let started = Instant::now();
+    let path = format!("/v1/cluster/members/{drained}/decommission");
+    let r = c.request(others[0], Method::POST, &path).send().unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let rest: Vec<String> = all.iter().filter(|id| **id != drained).cloned().collect();
+    wait_for(
+        Duration::from_secs(120),
+        &format!("{drained} drained, a learner, and another node leads"),
+        || {
+            others
+                .iter()
+                .all(|&i| {
+                    let s = c.status(i);
+                    let leads_elsewhere = s
+                        .as_ref()
+                        .is_some_and(|s| s["leader"].as_str().is_some_and(|l| l != drained));
+                    leads_elsewhere
+                        && raft_ids(&c, i, "voters").as_ref() == Some(&rest)
+                        && raft_ids(&c, i, "learners") == Some(vec![drained.clone()])
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    eprintln!("{drained} (the leader) drained and out of the voters in {:?}", started.elapsed());
+    let log = c.node(leader).log();
+    assert!(log.contains("handing leadership over"), "the drained leader handed over");
+
+    // A learner still takes produces (its WAL, then the owners' commits).
+    let r = c.request(leader, Method::POST, "/v1/topics/t/produce").body("after").send().unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+
+    // Undrain: it votes again.
+    let r = c.request(others[1], Method::DELETE, &path).send().unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    let started = Instant::now();
+    wait_for(
+        Duration::from_secs(60),
+        &format!("{drained} a voter again"),
+        || {
+            others
+                .iter()
+                .all(|&i| {
+                    raft_ids(&c, i, "voters").as_ref() == Some(&all)
+                        && raft_ids(&c, i, "learners") == Some(vec![])
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    eprintln!("{drained} a voter again {:?} after the undrain", started.elapsed());
+}

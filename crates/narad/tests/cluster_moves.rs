@@ -113,6 +113,16 @@ fn a_partition_moved_by_hand_under_load_loses_nothing_and_is_served_by_its_new_o
         || c.describe(),
     );
     let flipped_after = started.elapsed();
+    // The source deletes its copy once the leader confirms the new owner.
+    let p0_dir = |id: &str| c.node(c.index_of(id).unwrap()).data_dir.join("topics/mv/p00000");
+    assert!(p0_dir(&to).is_dir(), "the new owner holds the partition");
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{from} deleted its copy of partition 0"),
+        || (!p0_dir(&from).exists()).then_some(()),
+        || c.describe(),
+    );
+    eprintln!("source copy deleted {:?} after the move request", started.elapsed());
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);
     load.join().unwrap();

@@ -23,6 +23,7 @@
 //! | `admin.rs` | create, alter, delete and read topics; placing new partitions | — |
 //! | `links.rs` | parent/child links: attach, detach, fan-out lag, the owners' side of link RPCs | `links`, `fanout` |
 //! | `serving.rs` | what this node serves and answers to other nodes: owned partitions, peer commits, orphan directories | `local_owner`, `unconfirmed_orphans` |
+//! | `leftovers.rs` | deleting this node's copy of a partition whose ownership flipped away, once the leader confirmed the replica | — |
 //! | `housekeeping.rs` | background tasks: frontiers, lease expiry, retention, idle logs, replicated deletes | `tasks`, `frontier_moves_seen` |
 //! | `stats.rs` | [`PartitionStats`] and the metrics polls | `wal_seen`, `dir_walk_skip` |
 //!
@@ -38,6 +39,7 @@
 mod admin;
 mod consume;
 mod housekeeping;
+mod leftovers;
 mod links;
 mod moves;
 mod open;

@@ -456,11 +456,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long the leader waits for a removed node's membership change.
+const REMOVE_GROUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The time a forwarded write may take.
 fn budget(command: &Command) -> Duration {
     match command {
         Command::CreateTopic(_) => CREATE_FORWARD_TIMEOUT,
         Command::DeleteTopic(_) => DELETE_FORWARD_TIMEOUT,
+        // The metastore write, then the raft membership change (REMOVE_GROUP_TIMEOUT).
+        Command::RemoveMember(_) => DELETE_FORWARD_TIMEOUT,
         _ => REPLY_TIMEOUT,
     }
 }
@@ -584,6 +589,8 @@ impl ControlPlane {
         }
         let monitor = tokio::spawn(plane.clone().monitor());
         lock(&plane.tasks).push(monitor);
+        let steward = tokio::spawn(plane.clone().steward_voters());
+        lock(&plane.tasks).push(steward);
         let greet = tokio::spawn(plane.clone().greet_peers());
         lock(&plane.tasks).push(greet);
         if !bootstraps {
@@ -1268,7 +1275,11 @@ impl ControlPlane {
                 }
                 Some(_) => {}
             }
-            if !is_voter {
+            // A drained member rejoining (a restart) stays a learner while
+            // the group keeps enough voters without it (`voters`).
+            let stays_learner = super::voters::drained(&self.meta.snapshot(), &j.id)
+                && m.voter_ids().count() >= super::voters::MIN_VOTERS_AFTER_DRAIN;
+            if !is_voter && !stays_learner {
                 self.raft
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
                     .await
@@ -1358,8 +1369,68 @@ impl ControlPlane {
         Reply::json(200, r#"{"campaign":true}"#)
     }
 
-    /// Writes `command` through Raft on this node, if it leads.
+    /// Writes `command` through Raft on this node, if it leads. A
+    /// RemoveMember (op 17) also takes the member out of the Raft group
+    /// once the metastore applied it (see [`ControlPlane::remove_from_group`]).
     async fn write_local(&self, command: Command) -> LocalWrite {
+        let Command::RemoveMember(c) = &command else {
+            return self.write_command(command).await;
+        };
+        let id = c.id.clone();
+        let rid = raft_id(&id);
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let voters: Vec<NodeId> = membership.membership().voter_ids().collect();
+        if voters.iter().all(|v| *v == rid) {
+            return LocalWrite::Failed(MetaError::Conflict(format!(
+                "removing {id} would leave the raft group without a voter"
+            )));
+        }
+        let written = self.write_command(command).await;
+        if let LocalWrite::Written(_, Ok(_)) = &written
+            && let Err(e) = self.remove_from_group(&id).await
+        {
+            return LocalWrite::Failed(MetaError::Unavailable(format!(
+                "member {id} was removed from the metastore, but not from the raft group: {e}"
+            )));
+        }
+        written
+    }
+
+    /// Takes node `id`, removed for good, out of the Raft group on the
+    /// leader: out of the voters (the joint change needs a majority of the
+    /// old voters and of the new ones, which the live nodes are: a 3-voter
+    /// group that lost one node becomes a 2-voter group that keeps its
+    /// quorum with both) and out of the nodes, or out of the learners. A
+    /// node that comes back under the id afterwards is not in the group: it
+    /// can only join as a new member (its wiped directory is refused as
+    /// before while any peer still knows it; once nobody does, it joins
+    /// with an empty log as a member that owns nothing).
+    async fn remove_from_group(&self, id: &str) -> Result<(), String> {
+        let rid = raft_id(id);
+        let _one = self.join_lock.lock().await;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let m = membership.membership();
+        let change = if m.voter_ids().any(|v| v == rid) {
+            ChangeMembers::RemoveVoters(BTreeSet::from([rid]))
+        } else if m.get_node(&rid).is_some() {
+            ChangeMembers::RemoveNodes(BTreeSet::from([rid]))
+        } else {
+            return Ok(());
+        };
+        match tokio::time::timeout(REMOVE_GROUP_TIMEOUT, self.raft.change_membership(change, false))
+            .await
+        {
+            Ok(Ok(_)) => {
+                tracing::warn!(node_id = %id, "removed node left the raft group for good");
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("not committed within {REMOVE_GROUP_TIMEOUT:?}")),
+        }
+    }
+
+    /// Writes `command` through Raft on this node, if it leads.
+    async fn write_command(&self, command: Command) -> LocalWrite {
         match tokio::time::timeout(APPLY_TIMEOUT, self.raft.client_write(command)).await {
             Err(_) => LocalWrite::Failed(MetaError::Unavailable(format!(
                 "the write was not committed within {APPLY_TIMEOUT:?} (it may still be applied)"
@@ -1608,6 +1679,70 @@ impl ControlPlane {
             if rx.changed().await.is_err() {
                 // Raft stopped: no leader will ever be visible.
                 std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The leader's side of [`super::voters`]: every controller interval,
+    /// one change of who votes (a drained member leaves the voters, the
+    /// leader handing over first when it is the one; an undrained one
+    /// votes again). Runs on every node, acts only while leading.
+    async fn steward_voters(self: Arc<Self>) {
+        let mut tick = tokio::time::interval_at(
+            tokio::time::Instant::now() + crate::limits::CONTROLLER_INTERVAL,
+            crate::limits::CONTROLLER_INTERVAL,
+        );
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            if !self.is_leader() {
+                continue;
+            }
+            if let Err(why) = self.voter_step().await {
+                tracing::warn!(reason = %why, "voter change not committed; the next tick retries");
+            }
+        }
+    }
+
+    async fn voter_step(&self) -> Result<(), String> {
+        use super::voters::{VoterStep, voter_step};
+        let one = self.join_lock.lock().await;
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let m = membership.membership();
+        let named = |id: NodeId| m.get_node(&id).map(|n| (id, n.id.clone()));
+        let voters: Vec<(NodeId, String)> = m.voter_ids().filter_map(named).collect();
+        let learners: Vec<(NodeId, String)> = m.learner_ids().filter_map(named).collect();
+        let step = voter_step(&self.meta.snapshot(), &voters, &learners, self.raft_id);
+        match step {
+            None => Ok(()),
+            Some(VoterStep::HandOver) => {
+                drop(one);
+                tracing::info!(
+                    node_id = %self.me.id,
+                    "this leader is drained: handing leadership over before it leaves the voters"
+                );
+                self.hand_over().await;
+                // `hand_over` silenced this node for a stop; it keeps
+                // running (as a follower, then a learner).
+                self.raft.runtime_config().heartbeat(true);
+                self.raft.runtime_config().elect(true);
+                Ok(())
+            }
+            Some(VoterStep::Demote(id, name)) => {
+                let change = ChangeMembers::RemoveVoters(BTreeSet::from([id]));
+                self.raft.change_membership(change, true).await.map_err(|e| e.to_string())?;
+                tracing::info!(node_id = %name, voters_left = voters.len() - 1,
+                    "drained member left the raft voters (it stays a learner)");
+                Ok(())
+            }
+            Some(VoterStep::Promote(id, name)) => {
+                let change = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+                self.raft.change_membership(change, false).await.map_err(|e| e.to_string())?;
+                tracing::info!(node_id = %name, voters = voters.len() + 1, "learner became a raft voter");
+                Ok(())
             }
         }
     }

@@ -20,6 +20,7 @@ pub mod network;
 pub mod state_machine;
 pub mod types;
 pub mod upgrade;
+pub mod voters;
 
 #[cfg(test)]
 mod storage_suite;
