@@ -127,11 +127,14 @@ pub enum Op {
     /// 39: what the receiver knows of the group and of the asker, for a
     /// node without Raft state deciding whether it may bootstrap.
     ProbeGroup = 39,
+    /// 40: the offsets the receiver has seen other owners assign or serve,
+    /// per partition (the start offsets of a removed member's partitions).
+    KnownOffsets = 40,
 }
 
 impl Op {
     /// Every op, in code order.
-    pub const ALL: [Op; 39] = [
+    pub const ALL: [Op; 40] = [
         Op::Produce,
         Op::Consume,
         Op::Ack,
@@ -171,6 +174,7 @@ impl Op {
         Op::ReadyCounts,
         Op::CancelRequest,
         Op::ProbeGroup,
+        Op::KnownOffsets,
     ];
 
     /// The op of a code byte.
@@ -220,6 +224,7 @@ impl Op {
             Op::ReadyCounts => "ready_counts",
             Op::CancelRequest => "cancel_request",
             Op::ProbeGroup => "probe_group",
+            Op::KnownOffsets => "known_offsets",
         }
     }
 }
@@ -555,6 +560,12 @@ pub enum Request {
     FetchSegmentChunk(SegmentChunk),
     /// 24.
     PrepareHandoff(Handoff),
+    /// 40: no fields. Answered 200 with `{"partitions":[{"topic",
+    /// "incarnation","partition","next_offset"}...]}`: for each partition
+    /// of another owner, the highest offset this node saw that owner assign
+    /// (a commit's answer) or serve (a forwarded consume or ack), plus one,
+    /// since this process started.
+    KnownOffsets,
 }
 
 impl Request {
@@ -595,6 +606,7 @@ impl Request {
             Request::ListPartitionSegments(_) => Op::ListPartitionSegments,
             Request::FetchSegmentChunk(_) => Op::FetchSegmentChunk,
             Request::PrepareHandoff(_) => Op::PrepareHandoff,
+            Request::KnownOffsets => Op::KnownOffsets,
         }
     }
 
@@ -712,7 +724,7 @@ impl Request {
             | Request::RaftInstallSnapshot(b) => {
                 e.shared(b);
             }
-            Request::RaftCampaign | Request::ReadIndex => {}
+            Request::RaftCampaign | Request::ReadIndex | Request::KnownOffsets => {}
             Request::FanoutCursors(r) => {
                 e.str(&r.topic);
                 if let Some(id) = r.incarnation {
@@ -892,6 +904,7 @@ impl Request {
                 freeze_ttl_nanos: d.i64("freeze_ttl_nanos")?,
                 incarnation: trailing_incarnation(&mut d)?,
             }),
+            Op::KnownOffsets => Request::KnownOffsets,
             Op::Produce
             | Op::DecommissionMember
             | Op::CompleteMove

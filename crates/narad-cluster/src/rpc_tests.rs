@@ -61,6 +61,7 @@ const GOLDEN: &[(&str, &str)] = &[
     ("ready_counts", "25000000066f726465727300000002540be400"),
     ("cancel_request", "260000000000000107"),
     ("probe_group", "27000000026e33"),
+    ("known_offsets", "28"),
     ("list_partition_segments", "16000000066f7264657273000000020000000000000007"),
     (
         "fetch_segment_chunk",
@@ -254,6 +255,7 @@ fn samples() -> Vec<(&'static str, Request)> {
         ),
         ("cancel_request", Request::CancelRequest(263)),
         ("probe_group", Request::ProbeGroup("n3".into())),
+        ("known_offsets", Request::KnownOffsets),
         (
             "list_partition_segments",
             Request::ListPartitionSegments(MovePartition {
@@ -335,7 +337,7 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
         assert_eq!(Op::from_u8(*op as u8), Some(*op));
     }
     assert_eq!(Op::from_u8(0), None);
-    assert_eq!(Op::from_u8(40), None);
+    assert_eq!(Op::from_u8(41), None);
     assert_eq!(
         (Op::CommitProduceBatch as u8, Op::GetTopic as u8, Op::JoinCluster as u8),
         (11, 20, 21)
@@ -356,11 +358,12 @@ fn op_codes_are_the_specs_numbering_and_append_only() {
     assert_eq!(Op::ReadyCounts as u8, 37);
     assert_eq!(Op::CancelRequest as u8, 38);
     assert_eq!(Op::ProbeGroup as u8, 39);
+    assert_eq!(Op::KnownOffsets as u8, 40);
 }
 
 #[test]
 fn an_unknown_or_unserved_op_is_unsupported_with_400() {
-    for code in [0u8, 1, 25, 28, 40, 99, 255] {
+    for code in [0u8, 1, 25, 28, 41, 99, 255] {
         let e = Request::decode(&[code, 0, 0]).unwrap_err();
         assert!(matches!(e, Error::UnsupportedOp(c) if c == code), "{code}: {e}");
         let reply = Reply::for_decode_error(&e);

@@ -38,6 +38,7 @@ pub mod forwarded_consume;
 pub mod moves;
 pub mod node;
 pub mod node_identity;
+pub mod offsets_seen;
 pub mod remote_owner;
 pub mod root;
 pub mod settings;

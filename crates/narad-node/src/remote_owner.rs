@@ -250,8 +250,23 @@ impl RemoteOwner {
             }
         };
         match CommitAnswer::from_reply(&reply) {
-            CommitAnswer::Committed { .. } => {
+            CommitAnswer::Committed { offsets, .. } => {
                 self.count(&member, "committed");
+                if let Some(&last) = offsets.iter().max() {
+                    let incarnation = batch
+                        .records
+                        .iter()
+                        .find_map(|r| r.incarnation)
+                        .or_else(|| self.meta.topic(&batch.topic).map(|t| t.incarnation()));
+                    if let Some(incarnation) = incarnation {
+                        crate::offsets_seen::global().saw(
+                            &batch.topic,
+                            incarnation,
+                            batch.partition,
+                            last,
+                        );
+                    }
+                }
                 let label = PeerLabel { peer: member.clone() };
                 self.metrics.records.get_or_create(&label).inc_by(batch.records.len() as u64);
                 let bytes: usize = batch

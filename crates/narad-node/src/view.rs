@@ -108,6 +108,13 @@ pub trait ClusterView: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// What this node and every other alive member have seen of other
+    /// owners' offsets (node RPC op 40, [`crate::offsets_seen`]), with the
+    /// members that did not answer. Nothing on a single node.
+    fn known_offsets(&self) -> BoxFuture<'_, (Vec<crate::offsets_seen::KnownOffset>, Vec<String>)> {
+        Box::pin(async { (Vec::new(), Vec::new()) })
+    }
+
     /// The figures of a partition as its owner `owner` has them, for the
     /// topic's incarnation `incarnation` (node RPC op 8; an `Err` says why
     /// the owner did not answer).
