@@ -23,7 +23,7 @@ pub mod topics;
 
 pub use broker::{
     AckAction, Broker, BrokerConfig, Delivered, FrozenSource, MoveListing, PartitionStats,
-    ProduceRecord, Registration, Routing,
+    ProduceRecord, Registration, Routing, move_steps,
 };
 pub use error::BrokerError;
 pub use fanout::ChildLag;

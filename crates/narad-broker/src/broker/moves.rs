@@ -78,15 +78,7 @@ impl Broker {
     ) -> Result<MoveListing, BrokerError> {
         let t = self.move_topic(topic, incarnation, p)?;
         let topics = self.topics.clone();
-        blocking(move || {
-            let part = topics.partition(&t, p)?;
-            Ok(MoveListing {
-                high_watermark: part.log.high_watermark(),
-                oldest: part.log.oldest_offset(),
-                segments: part.log.segment_extents(),
-            })
-        })
-        .await
+        blocking(move || steps::listing(&topics, &t, p)).await
     }
 
     /// RPC 23: up to `max_len` raw bytes of segment `base` from byte `at`.
@@ -101,16 +93,7 @@ impl Broker {
     ) -> Result<Bytes, BrokerError> {
         let t = self.move_topic(topic, incarnation, p)?;
         let topics = self.topics.clone();
-        blocking(move || {
-            let part = topics.partition(&t, p)?;
-            part.log.read_segment_bytes(base, at, max_len).map_err(|e| match e {
-                narad_log::copy::CopyError::Gone(_) | narad_log::copy::CopyError::Range(_) => {
-                    BrokerError::Invalid(e.to_string())
-                }
-                other => BrokerError::internal("read segment", other),
-            })
-        })
-        .await
+        blocking(move || steps::chunk(&topics, &t, p, base, at, max_len)).await
     }
 
     /// RPC 24: freezes partition `p` for a move to `target` until
@@ -141,14 +124,7 @@ impl Broker {
         }
         let (topics, owner, target) =
             (self.topics.clone(), self.local_owner.clone(), target.to_owned());
-        blocking(move || {
-            let high_watermark = owner.freeze(t.name(), p, &target, deadline_ms)?;
-            let part = topics.partition(&t, p)?;
-            part.persist_frontier()?;
-            let consumer_frontier = part.persisted_frontier()?;
-            Ok(FrozenSource { high_watermark, consumer_frontier })
-        })
-        .await
+        blocking(move || steps::freeze(&topics, &owner, &t, p, &target, deadline_ms)).await
     }
 
     /// Opens partition `p` again after an aborted move to `target`;
@@ -190,16 +166,150 @@ impl Broker {
         frozen: FrozenSource,
     ) -> Result<(), BrokerError> {
         let t = self.move_topic(topic, incarnation, p)?;
-        let (topics, clock) = (self.topics.clone(), self.clock.clone());
+        let (topics, fences, clock) =
+            (self.topics.clone(), self.fences().clone(), self.clock.clone());
+        let replica =
+            self.meta.is_replicated().then(|| (self.meta.clone(), self.config.node_id.clone()));
         blocking(move || {
-            let config = topics.log_config().clone();
-            let staged = copy
-                .verify(&config, clock, oldest, frozen.high_watermark)
-                .map_err(|e| BrokerError::Invalid(format!("partition copy refused: {e}")))?;
-            topics.install_partition(&t, p, &staged, frozen.consumer_frontier)?;
-            // Open it: a consume takes only from open partitions.
-            topics.partition(&t, p).map(drop)
+            let replica = replica.as_ref().map(|(m, me)| (&**m, me.as_str()));
+            steps::install(&topics, &fences, replica, clock, &t, p, copy, oldest, frozen)
         })
         .await
+    }
+}
+
+/// The bodies of the broker's move steps, on a node's parts rather than a
+/// [`Broker`]: the broker runs them on a blocking thread, and the cluster
+/// simulation (`tests/cluster_sim.rs`), which runs each node's parts
+/// without a broker, drives the same code. Each takes the topic
+/// incarnation the move was planned for (checked by the caller).
+pub mod steps {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use narad_clock::ClockRef;
+    use narad_log::copy::IncomingCopy;
+    use narad_meta::{MetaStore, Topic};
+    use tracing::info;
+
+    use super::{FrozenSource, MoveListing};
+    use crate::error::BrokerError;
+    use crate::fence::{Fences, PartitionKey};
+    use crate::owner::LocalOwner;
+    use crate::topics::Topics;
+
+    /// RPC 22's answer: the segments of partition `p` of `t`.
+    pub fn listing(topics: &Topics, t: &Arc<Topic>, p: u32) -> Result<MoveListing, BrokerError> {
+        let part = topics.partition(t, p)?;
+        Ok(MoveListing {
+            high_watermark: part.log.high_watermark(),
+            oldest: part.log.oldest_offset(),
+            segments: part.log.segment_extents(),
+        })
+    }
+
+    /// RPC 23's answer: up to `max_len` raw bytes of segment `base` from
+    /// byte `at`.
+    pub fn chunk(
+        topics: &Topics,
+        t: &Arc<Topic>,
+        p: u32,
+        base: u64,
+        at: u64,
+        max_len: u64,
+    ) -> Result<Bytes, BrokerError> {
+        let part = topics.partition(t, p)?;
+        part.log.read_segment_bytes(base, at, max_len).map_err(|e| match e {
+            narad_log::copy::CopyError::Gone(_) | narad_log::copy::CopyError::Range(_) => {
+                BrokerError::Invalid(e.to_string())
+            }
+            other => BrokerError::internal("read segment", other),
+        })
+    }
+
+    /// RPC 24 once the caller checked the move: freezes partition `p` of
+    /// `t` for `target` until `deadline_ms`, persists its consumer
+    /// frontier, answers the frozen figures.
+    pub fn freeze(
+        topics: &Topics,
+        owner: &LocalOwner,
+        t: &Arc<Topic>,
+        p: u32,
+        target: &str,
+        deadline_ms: u64,
+    ) -> Result<FrozenSource, BrokerError> {
+        let high_watermark = owner.freeze(t.name(), p, target, deadline_ms)?;
+        let part = topics.partition(t, p)?;
+        part.persist_frontier()?;
+        let consumer_frontier = part.persisted_frontier()?;
+        Ok(FrozenSource { high_watermark, consumer_frontier })
+    }
+
+    /// The destination's install: verifies `copy` against the frozen
+    /// figures and installs it as this node's log of partition `p` of `t`,
+    /// with the source's consumer frontier, and opens it. The partition's
+    /// gate here is dropped with the leftover log the install removed: a
+    /// partition that moved away from this node earlier was sealed here as
+    /// moved, and that seal belongs to the old log, not to the copy coming
+    /// back (kept, it refused every commit once the flip made this node the
+    /// owner again, until a restart).
+    ///
+    /// `replica`, on a cluster node: its metastore replica and its member
+    /// id. A copy is never installed over a partition that replica names
+    /// this node the owner of: a mover started from a replica that lagged
+    /// behind the flip of this very move (or a source whose replica lags and
+    /// froze for it again) would otherwise replace the live log, and lose
+    /// what was committed into it since the flip.
+    #[allow(clippy::too_many_arguments)]
+    pub fn install(
+        topics: &Topics,
+        fences: &Fences,
+        replica: Option<(&MetaStore, &str)>,
+        clock: ClockRef,
+        t: &Arc<Topic>,
+        p: u32,
+        copy: IncomingCopy,
+        oldest: u64,
+        frozen: FrozenSource,
+    ) -> Result<(), BrokerError> {
+        let config = topics.log_config().clone();
+        let staged = copy
+            .verify(&config, clock, oldest, frozen.high_watermark)
+            .map_err(|e| BrokerError::Invalid(format!("partition copy refused: {e}")))?;
+        if let Some((meta, me)) = replica
+            && meta.snapshot().assignment(t.name(), p).is_some_and(|a| a.owner_id == me)
+        {
+            return Err(BrokerError::Invalid(format!(
+                "partition copy refused: this node owns partition {p} of {} already",
+                t.name()
+            )));
+        }
+        topics.install_partition(t, p, &staged, frozen.consumer_frontier)?;
+        fences.forget(&PartitionKey::new(t.name(), t.incarnation(), p));
+        // Open it: a consume takes only from open partitions.
+        topics.partition(t, p).map(drop)
+    }
+
+    /// Freezes, before the dispatcher starts, every partition node `me`
+    /// owns that a move is taking elsewhere: the freeze is in memory, so a
+    /// source that restarted while frozen would otherwise take commits the
+    /// move's copy never sees, and lose them at the flip. Frozen until the
+    /// move completes or aborts (the metastore decides, see
+    /// `follow_move_outcomes`); the mover renews it when it asks.
+    pub fn freeze_moving_partitions(owner: &LocalOwner, meta: &MetaStore, me: &str, now_ms: u64) {
+        let deadline = now_ms + narad_meta::limits::MOVE_FREEZE_TTL.as_millis() as u64;
+        let state = meta.snapshot();
+        for t in state.topics() {
+            let Some(parts) = state.assignments(t.name()) else { continue };
+            for (&p, a) in parts.iter() {
+                let Some(target) = a.target_id.as_deref().filter(|_| a.owner_id == me) else {
+                    continue;
+                };
+                let key = crate::fence::PartitionKey::new(t.name(), t.incarnation(), p);
+                if owner.fences().freeze(&key, target, deadline, || ()).is_ok() {
+                    info!(topic = %t.name(), partition = p, target, "partition frozen at start: a move to another node is in flight");
+                }
+            }
+        }
     }
 }

@@ -236,7 +236,12 @@ impl Broker {
         .await?;
         let owner = Arc::new(LocalOwner::new(meta.clone(), topics.clone(), metrics.clone()));
         if meta.is_replicated() {
-            freeze_moving_partitions(&owner, &meta, &config.node_id, clock.wall_ms());
+            super::moves::steps::freeze_moving_partitions(
+                &owner,
+                &meta,
+                &config.node_id,
+                clock.wall_ms(),
+            );
         }
         // One owner and one view of owners for the dispatcher and the
         // fan-out cursors alike.
@@ -347,28 +352,5 @@ impl Broker {
             Ok(())
         })
         .await
-    }
-}
-
-/// Freezes, before the dispatcher starts, every partition this node owns
-/// that a move is taking elsewhere: the freeze is in memory, so a source
-/// that restarted while frozen would otherwise take commits the move's copy
-/// never sees, and lose them at the flip. Frozen until the move completes
-/// or aborts (the metastore decides, see `follow_move_outcomes`); the mover
-/// renews it when it asks.
-fn freeze_moving_partitions(owner: &LocalOwner, meta: &MetaStore, me: &str, now_ms: u64) {
-    let deadline = now_ms + narad_meta::limits::MOVE_FREEZE_TTL.as_millis() as u64;
-    let state = meta.snapshot();
-    for t in state.topics() {
-        let Some(parts) = state.assignments(t.name()) else { continue };
-        for (&p, a) in parts.iter() {
-            let Some(target) = a.target_id.as_deref().filter(|_| a.owner_id == me) else {
-                continue;
-            };
-            let key = crate::fence::PartitionKey::new(t.name(), t.incarnation(), p);
-            if owner.fences().freeze(&key, target, deadline, || ()).is_ok() {
-                info!(topic = %t.name(), partition = p, target, "partition frozen at start: a move to another node is in flight");
-            }
-        }
     }
 }
