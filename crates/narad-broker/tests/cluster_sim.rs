@@ -83,16 +83,20 @@ use narad_broker::dispatch::core::{Core, Order, Outcome, OwnerId, Topology};
 use narad_broker::dispatch::resolve::{ClusterResolver, DeleteConfirmer, LeaderTopic, OwnerIds};
 use narad_broker::fanout::cursor_file::{self, CursorState};
 use narad_broker::fanout::slab::{ChildHealth, PendingSlab};
+use narad_broker::fence::{PartitionKey, Shut};
 use narad_broker::metrics::BrokerMetrics;
-use narad_broker::owner::{CommitBatch, LocalOwner};
+use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
 use narad_broker::topics::{Topics, shard_limits};
+use narad_broker::{FrozenSource, MoveListing, move_steps};
 use narad_clock::{Clock, ManualClock};
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
+use narad_log::copy::IncomingCopy;
 use narad_log::{LogConfig, ReadRequest};
+use narad_meta::limits::{MAX_MOVES_IN_FLIGHT, MOVE_MAX_ROUNDS};
 use narad_meta::{
-    AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaStore, MetaStoreOptions,
-    PartitionAssignment, Topic, TopicDefaults,
+    AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaState, MetaStore,
+    MetaStoreOptions, PartitionAssignment, Topic, TopicDefaults, placement, rebalance,
 };
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 use prometheus_client::registry::Registry;
@@ -142,26 +146,71 @@ fn wal_options() -> WalOptions {
     }
 }
 
-/// The owner of partition `p` in a cluster of `n` nodes.
-fn owner_of(p: u32, n: usize) -> usize {
-    p as usize % n
-}
+/// Moves, in virtual time and sim-sized bytes (the real limits are
+/// `MOVE_FREEZE_TTL` 30 s, `MOVE_FORCE_PROMOTE_AFTER` 120 s,
+/// `MOVE_CHUNK_BYTES` 1 MiB and `MOVE_CATCH_UP_BYTES` 4 MiB; shortened so a
+/// run of a few virtual seconds sees freezes expire, sources given up on
+/// and copies of several chunks and rounds). `MOVE_MAX_ROUNDS` and
+/// `MAX_MOVES_IN_FLIGHT` are the real ones.
+const FREEZE_TTL: Duration = Duration::from_millis(3_000);
+const FORCE_PROMOTE_AFTER: Duration = Duration::from_millis(6_000);
+const CHUNK_BYTES: u64 = 2 << 10;
+const CATCH_UP_BYTES: u64 = 1 << 10;
+/// A move RPC's budget (list, chunk, freeze), and a proposal's (the
+/// metastore's answer to a mover's or a source's command).
+const MOVE_RPC_BUDGET: Duration = Duration::from_millis(800);
+const PROPOSE_BUDGET: Duration = Duration::from_millis(1_500);
+/// How often a node's mover looks for moves to it and its expired freezes
+/// (the real `SCAN_EVERY`), and how often it retries a source that did not
+/// answer (`RETRY_EVERY`).
+const MOVER_SCAN: Duration = Duration::from_secs(1);
+const MOVER_RETRY: Duration = Duration::from_millis(500);
 
 /// The member id of node `k`.
 fn member(k: usize) -> String {
     format!("n{k}")
 }
 
+/// The node behind member id `id`.
+fn node_named(id: &str) -> usize {
+    id.trim_start_matches('n').parse().expect("member ids are n<k>")
+}
+
+/// The owner `state` names for partition `p` of `topic`, if any.
+fn owner_in(state: &MetaState, topic: &str, p: u32) -> Option<usize> {
+    state.assignment(topic, p).map(|a| node_named(&a.owner_id))
+}
+
+/// One partition of one topic incarnation, as a move names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct MoveKey {
+    topic: &'static str,
+    inc: u64,
+    p: u32,
+}
+
+impl MoveKey {
+    fn fence(&self) -> PartitionKey {
+        PartitionKey::new(self.topic, self.inc, self.p)
+    }
+}
+
+/// The static name of one of the sim's topics.
+fn topic_name(name: &str) -> &'static str {
+    TOPICS.into_iter().chain([CHILD]).find(|t| *t == name).expect("a topic of the sim")
+}
+
 /// The node behind owner id `owner` in node `me`'s table.
 fn node_of(ids: &OwnerIds, owner: OwnerId) -> usize {
-    let name = ids.name(owner).expect("owner ids come from the table");
-    name.trim_start_matches('n').parse().expect("member ids are n<k>")
+    node_named(&ids.name(owner).expect("owner ids come from the table"))
 }
 
 /// One entry of the replicated metadata log: every node applies the same
-/// entries in the same order (each one a command that succeeds), later or
+/// entries in the same order (each one a command that succeeds: the leader
+/// logs a command only once it applied on the leader's replica, so a move
+/// command whose compare and set failed there is no entry), later or
 /// sooner; the leader's replica has them all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum MetaCmd {
     /// Node `k` joins (alive).
     Join(usize),
@@ -169,23 +218,31 @@ enum MetaCmd {
     Dead(usize),
     /// The topic is created.
     Create(&'static str),
-    /// Its partitions are assigned: partition `p` to node `p % n`.
-    Assign(&'static str),
+    /// Its partitions are assigned as placement
+    /// (`narad_meta::placement::place`) put them over the leader's ring
+    /// when it proposed this: (partition, node).
+    Assign(&'static str, Vec<(u32, usize)>),
     /// The topic is deleted.
     Delete(&'static str),
     /// [`CHILD`] is attached to [`CHILD_PARENT`].
     Attach,
+    /// Node `k` is marked draining (or no longer).
+    Draining(usize, bool),
+    /// SetAssignmentTarget: the partition starts moving from node `.1` to
+    /// node `.2`.
+    Target(MoveKey, usize, usize),
+    /// CompleteMove: the owner flips from `.1` to `.2` (a compare and set
+    /// on both).
+    Complete(MoveKey, usize, usize),
+    /// AbortMove: the move to `.1` is called off (a compare and set on the
+    /// target).
+    Abort(MoveKey, usize),
 }
 
 /// Applies `cmd` to a replica (and, for a delete, removes the deleted
 /// incarnation's files as a node does when it applies one).
-fn apply_meta(
-    meta: &MetaStore,
-    topics: Option<&Topics>,
-    cmd: MetaCmd,
-    n: usize,
-) -> Result<(), String> {
-    let r = match cmd {
+fn apply_meta(meta: &MetaStore, topics: Option<&Topics>, cmd: &MetaCmd) -> Result<(), String> {
+    let r = match *cmd {
         MetaCmd::Join(k) => meta
             .member_join(Member {
                 id: member(k),
@@ -204,17 +261,26 @@ fn apply_meta(
                 ..Default::default()
             })
             .map(drop),
-        MetaCmd::Assign(name) => {
+        MetaCmd::Assign(name, ref placed) => {
             let t = meta.topic(name).ok_or("assign: no topic")?;
-            let a = (0..partitions_of(name))
-                .map(|p| PartitionAssignment {
+            let a = placed
+                .iter()
+                .map(|&(p, k)| PartitionAssignment {
                     partition: p,
-                    owner_id: member(owner_of(p, n)),
+                    owner_id: member(k),
                     target_id: None,
                 })
                 .collect();
             meta.assign_partitions(name, t.incarnation(), a)
         }
+        MetaCmd::Draining(k, on) => meta.set_member_draining(&member(k), on).map(drop),
+        MetaCmd::Target(m, from, to) => {
+            meta.set_assignment_target(m.topic, m.inc, m.p, &member(from), &member(to))
+        }
+        MetaCmd::Complete(m, from, to) => {
+            meta.complete_move(m.topic, m.inc, m.p, &member(from), &member(to))
+        }
+        MetaCmd::Abort(m, to) => meta.abort_move(m.topic, m.inc, m.p, &member(to)),
         MetaCmd::Attach => meta
             .attach_child(AttachChildRequest {
                 parent: CHILD_PARENT.into(),
@@ -229,6 +295,21 @@ fn apply_meta(
         }),
     };
     r.map_err(|e| format!("{cmd:?}: {e}"))
+}
+
+/// Where placement puts the partitions of `name` in `state` (the leader's),
+/// over its ring (members alive and not draining; the sim's members all
+/// heartbeat at second 1, so the ring is taken at second 1).
+fn place(state: &MetaState, name: &'static str) -> MetaCmd {
+    let t = state.topic(name).expect("placed after its create");
+    let mut ring = placement::alive_ring(state, 1);
+    if ring.is_empty() {
+        // Every member marked dead: the controller would wait; the sim
+        // places on every member so the topic has owners to come back to.
+        ring = state.members().map(|m| m.id.clone()).collect();
+    }
+    let placed = placement::place(state, t, 0..t.partitions(), &ring);
+    MetaCmd::Assign(name, placed.iter().map(|a| (a.partition, node_named(&a.owner_id))).collect())
 }
 
 /// The leader's confirmation of a topic (SPEC 7.1), answered from the
@@ -282,6 +363,52 @@ struct Node {
     pings: HashMap<OwnerId, Duration>,
     /// Fan-out cursors of the parent partitions this node owns.
     cursors: BTreeMap<u32, SimCursor>,
+    /// The moves to this node its mover runs (see [`SimMove`]), and when
+    /// it looks again for moves to it and for its expired freezes.
+    movers: BTreeMap<MoveKey, SimMove>,
+    next_scan: Duration,
+}
+
+/// One move the destination's mover runs, as `narad-node/src/moves.rs`
+/// does: stage a copy, copy rounds (list, chunks) until the copy is within
+/// [`CATCH_UP_BYTES`] or after `MOVE_MAX_ROUNDS`, freeze the source, copy
+/// the tail, install, propose CompleteMove; AbortMove on any failure. A
+/// source that does not answer is retried every [`MOVER_RETRY`] while its
+/// member is not dead; once it has been dead for [`FORCE_PROMOTE_AFTER`],
+/// the copy is force-promoted if the source had frozen (the install then
+/// checks the copy holds the frozen high watermark), the move aborted
+/// otherwise. The list, chunk and freeze calls and the proposals are
+/// messages of the simulated network.
+struct SimMove {
+    source: usize,
+    /// The mover's replica's applied index when the move started.
+    seen: u64,
+    copy: Option<IncomingCopy>,
+    /// The last listing, how far behind it the copy was, the rounds done.
+    listing: Option<MoveListing>,
+    behind: u64,
+    rounds: u32,
+    /// The source's frozen figures, once it answered the freeze.
+    frozen: Option<FrozenSource>,
+    /// Copying the tail (after the freeze).
+    tail: bool,
+    /// The call in the air: (request, what it is, deadline), and its
+    /// answer once it came.
+    waiting: Option<(u64, MoveCall, Duration)>,
+    answer: Option<Msg>,
+    /// The source stopped answering: when to try it again, and since when
+    /// its member is dead.
+    gone: Option<(Duration, Option<Duration>)>,
+    /// The flip proposed is a force-promotion.
+    forced: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoveCall {
+    List,
+    Chunk(u64, u64),
+    Freeze,
+    Flip,
 }
 
 /// A fan-out cursor of one parent partition into [`CHILD`], as
@@ -363,8 +490,12 @@ fn open(me: usize, fs: &SimFs, clock: &NodeClock, leader: &Arc<SimLeader>) -> Re
     let confirmer: Arc<dyn DeleteConfirmer> = leader.clone();
     let resolver =
         ClusterResolver::new(meta.clone(), ids.clone(), confirmer, Arc::new(clock.clone()));
+    let owner = LocalOwner::new(meta.clone(), topics.clone(), metrics);
+    // As a node opens: a partition this node owns that a move is taking
+    // elsewhere is frozen before anything commits.
+    move_steps::freeze_moving_partitions(&owner, &meta, &member(me), clock.wall_ms());
     Ok(Node {
-        owner: LocalOwner::new(meta.clone(), topics.clone(), metrics),
+        owner,
         ids,
         resolver,
         core: Core::new(start),
@@ -377,6 +508,8 @@ fn open(me: usize, fs: &SimFs, clock: &NodeClock, leader: &Arc<SimLeader>) -> Re
         leases: Vec::new(),
         pings: HashMap::new(),
         cursors: BTreeMap::new(),
+        movers: BTreeMap::new(),
+        next_scan: Duration::ZERO,
     })
 }
 
@@ -390,13 +523,338 @@ impl Node {
         }
     }
 
-    /// The owner's side of a commit: the same combining commit as a local
-    /// one.
-    fn commit(&self, batch: CommitBatch) -> Outcome {
-        match self.owner.commit_blocking(batch) {
-            Ok(_) => Outcome::Committed,
-            Err(e) => e.outcome(),
+    /// Whether this node serves partition `p` of `t` (consume, take): its
+    /// replica names it the owner and the fence has not sealed it as moved
+    /// (`Broker::owned_partitions` less `Broker::moved_away`).
+    fn serves(&self, me: usize, t: &Topic, p: u32) -> bool {
+        let snap = self.meta.snapshot();
+        owner_in(&snap, t.name(), p) == Some(me)
+            && !matches!(
+                self.owner.fences().shut(&PartitionKey::new(t.name(), t.incarnation(), p)),
+                Some(Shut::Moved { .. })
+            )
+    }
+}
+
+/// The owner's side of a commit on node `me`, as a real node runs it: for
+/// another node's records (`remote`), the node RPC handler's ownership
+/// check on its replica first (`cluster_node.rs`, CommitProduceBatch);
+/// then, for its own dispatcher's as for those, the local owner's
+/// combining commit through the partition's fence (a frozen partition
+/// refuses as Frozen, a sealed one as NotOwner). Every commit that lands is
+/// checked against the leader's log: the node must be the partition's
+/// owner there (a source commits until its freeze, which comes before the
+/// flip), and no offset may be committed twice (by two owners, or by one).
+#[allow(clippy::too_many_arguments)]
+fn commit_on(
+    node: &Node,
+    me: usize,
+    batch: CommitBatch,
+    remote: bool,
+    checks: &mut OwnerChecks,
+    leader: &MetaStore,
+    at: Duration,
+    seed: u64,
+) -> Outcome {
+    if remote {
+        let snap = node.meta.snapshot();
+        if snap.topic(&batch.topic).is_some()
+            && owner_in(&snap, &batch.topic, batch.partition) != Some(me)
+        {
+            checks.not_owner += 1;
+            return Outcome::Refused;
         }
+    }
+    let topic = batch.topic.clone();
+    let p = batch.partition;
+    let inc = batch.records.first().and_then(|r| r.incarnation);
+    match node.owner.commit_blocking(batch) {
+        Ok(c) => {
+            let inc = inc.expect("the sim's records name their incarnation");
+            checks.committed(seed, me, (topic_name(&topic), inc, p), c, leader, at);
+            Outcome::Committed
+        }
+        Err(e) => {
+            match e {
+                CommitError::Frozen(_) => checks.frozen += 1,
+                CommitError::NotOwner(_) => checks.sealed += 1,
+                _ => {}
+            }
+            e.outcome()
+        }
+    }
+}
+
+/// The live topic of `key` on `node`'s replica, if it is `key`'s incarnation
+/// and has its partition (`Broker::move_topic`: a move step on another
+/// incarnation is refused).
+fn move_topic(node: &Node, key: MoveKey) -> Option<Arc<Topic>> {
+    node.meta.topic(key.topic).filter(|t| t.incarnation() == key.inc && key.p < t.partitions())
+}
+
+/// What a mover's step leads to.
+enum Step {
+    /// Nothing to do now.
+    Wait,
+    /// A call to the source, or a proposal to the leader.
+    Send(Msg),
+    /// The copy is installed (with these frozen figures); the flip is
+    /// proposed.
+    Installed(FrozenSource, Msg),
+    /// The flip applied.
+    Done,
+    /// The move failed: AbortMove.
+    Abort(String),
+}
+
+/// What a mover's step works with: its node's replica and logs.
+struct MoverCtx<'a> {
+    meta: &'a MetaStore,
+    topics: &'a Topics,
+    fences: &'a narad_broker::fence::Fences,
+    clock: &'a NodeClock,
+    me: usize,
+    life: u64,
+}
+
+impl MoverCtx<'_> {
+    /// The next step of move `key` (see [`SimMove`]).
+    fn step(
+        &self,
+        key: MoveKey,
+        m: &mut SimMove,
+        now: Duration,
+        req: &mut impl FnMut() -> u64,
+    ) -> Step {
+        if let Some((_, call, deadline)) = m.waiting {
+            let answer = match m.answer.take() {
+                Some(a) => a,
+                None if deadline <= now => {
+                    m.waiting = None;
+                    if call == MoveCall::Flip {
+                        return Step::Abort("the owner flip was not answered".into());
+                    }
+                    m.gone = Some((now + MOVER_RETRY, None));
+                    return Step::Wait;
+                }
+                None => return Step::Wait,
+            };
+            m.waiting = None;
+            let Some(copy) = m.copy.as_mut() else {
+                // Installed: only the flip's answer is awaited.
+                return match answer {
+                    Msg::Proposed { ok: true, .. } => Step::Done,
+                    _ => Step::Abort("the owner flip was not committed".into()),
+                };
+            };
+            match (call, answer) {
+                (MoveCall::List, Msg::MoveListed { listing: Some(l), .. }) => {
+                    let held: u64 = l.segments.iter().map(|s| copy.written(s.base)).sum();
+                    let total: u64 = l.segments.iter().map(|s| s.len).sum();
+                    m.behind = total.saturating_sub(held);
+                    m.listing = Some(l);
+                    return self.next_chunk(key, m, now, req);
+                }
+                (MoveCall::Chunk(base, at), Msg::MoveChunked { bytes: Some(b), .. }) => {
+                    if b.is_empty() {
+                        return Step::Abort(format!("segment {base} of the source ended early"));
+                    }
+                    if let Err(e) = copy.write(base, at, &b) {
+                        return Step::Abort(e.to_string());
+                    }
+                    return self.next_chunk(key, m, now, req);
+                }
+                (MoveCall::Freeze, Msg::MoveFrozen { frozen: Some(f), .. }) => {
+                    m.frozen = Some(f);
+                    m.tail = true;
+                    return self.call(key, m, MoveCall::List, now, req);
+                }
+                // An error answer: the source is retried.
+                _ => {
+                    m.gone = Some((now + MOVER_RETRY, None));
+                    return Step::Wait;
+                }
+            }
+        }
+        let Some((next, dead_since)) = m.gone else { return Step::Wait };
+        if now < next {
+            return Step::Wait;
+        }
+        let state = self.meta.snapshot();
+        let still = state.assignment(key.topic, key.p).is_some_and(|a| {
+            a.owner_id == member(m.source) && a.target_id == Some(member(self.me))
+        });
+        if !still {
+            return Step::Abort("the move was aborted or reassigned meanwhile".into());
+        }
+        let dead = state.member(&member(m.source)).is_none_or(|s| s.status == MemberStatus::Dead);
+        if !dead {
+            // Carry on from a fresh listing: the tail if it froze, else one
+            // more round and the freeze.
+            m.gone = None;
+            if m.frozen.is_none() {
+                m.rounds = m.rounds.max(MOVE_MAX_ROUNDS - 1);
+            }
+            return self.call(key, m, MoveCall::List, now, req);
+        }
+        let since = dead_since.unwrap_or(now);
+        m.gone = Some((now + MOVER_RETRY, Some(since)));
+        if now.saturating_sub(since) < FORCE_PROMOTE_AFTER {
+            return Step::Wait;
+        }
+        let Some(frozen) = m.frozen else {
+            return Step::Abort("the source is dead and never froze".into());
+        };
+        let oldest = m.copy.as_ref().and_then(|c| c.first_segment()).unwrap_or(0);
+        m.forced = true;
+        m.gone = None;
+        self.install(key, m, oldest, frozen, now, req)
+    }
+
+    /// Sends `call` (a list or the freeze) to the source.
+    fn call(
+        &self,
+        key: MoveKey,
+        m: &mut SimMove,
+        call: MoveCall,
+        now: Duration,
+        req: &mut impl FnMut() -> u64,
+    ) -> Step {
+        let (r, life) = (req(), self.life);
+        m.waiting = Some((r, call, now + MOVE_RPC_BUDGET));
+        Step::Send(match call {
+            MoveCall::List => Msg::MoveList { key, req: r, life },
+            MoveCall::Freeze => Msg::MoveFreeze { key, req: r, life, seen: m.seen },
+            _ => unreachable!("chunks and flips have their own"),
+        })
+    }
+
+    /// The next chunk the copy lacks of the last listing; at the end of a
+    /// round, another round, the freeze, or (after the tail) the install.
+    fn next_chunk(
+        &self,
+        key: MoveKey,
+        m: &mut SimMove,
+        now: Duration,
+        req: &mut impl FnMut() -> u64,
+    ) -> Step {
+        let (Some(l), Some(copy)) = (m.listing.as_ref(), m.copy.as_ref()) else {
+            return Step::Abort("no listing".into());
+        };
+        for s in &l.segments {
+            let at = copy.written(s.base);
+            if at < s.len {
+                let len = (s.len - at).min(CHUNK_BYTES);
+                let (r, life) = (req(), self.life);
+                m.waiting = Some((r, MoveCall::Chunk(s.base, at), now + MOVE_RPC_BUDGET));
+                return Step::Send(Msg::MoveChunk { key, req: r, life, base: s.base, at, len });
+            }
+        }
+        if m.tail {
+            let (oldest, frozen) = (l.oldest, m.frozen.expect("the tail comes after the freeze"));
+            return self.install(key, m, oldest, frozen, now, req);
+        }
+        m.rounds += 1;
+        let call = if m.behind <= CATCH_UP_BYTES || m.rounds >= MOVE_MAX_ROUNDS {
+            MoveCall::Freeze
+        } else {
+            MoveCall::List
+        };
+        self.call(key, m, call, now, req)
+    }
+
+    /// Verifies and installs the copy (the broker's install), then proposes
+    /// the flip.
+    fn install(
+        &self,
+        key: MoveKey,
+        m: &mut SimMove,
+        oldest: u64,
+        frozen: FrozenSource,
+        now: Duration,
+        req: &mut impl FnMut() -> u64,
+    ) -> Step {
+        let t = self.meta.topic(key.topic).filter(|t| t.incarnation() == key.inc);
+        let (Some(t), Some(copy)) = (t, m.copy.take()) else {
+            return Step::Abort("the topic incarnation is gone".into());
+        };
+        let clock: narad_clock::ClockRef = Arc::new(self.clock.clone());
+        if let Err(e) = move_steps::install(
+            self.topics,
+            self.fences,
+            Some((self.meta, &member(self.me))),
+            clock,
+            &t,
+            key.p,
+            copy,
+            oldest,
+            frozen,
+        ) {
+            return Step::Abort(e.to_string());
+        }
+        let (r, life) = (req(), self.life);
+        m.waiting = Some((r, MoveCall::Flip, now + PROPOSE_BUDGET));
+        let cmd = MetaCmd::Complete(key, m.source, self.me);
+        let (forced, seen) = (m.forced, m.seen);
+        Step::Installed(frozen, Msg::Propose { cmd, req: r, life, forced, seen })
+    }
+}
+
+/// The offset ranges committed in one partition: first offset → (end,
+/// node, when).
+type Committed = BTreeMap<u64, (u64, usize, Duration)>;
+
+/// The record of every commit that landed, per (topic, incarnation,
+/// partition): which node committed each offset, and when.
+#[derive(Default)]
+struct OwnerChecks {
+    offsets: HashMap<(&'static str, u64, u32), Committed>,
+    /// Commits refused: by the fence as frozen, as sealed (moved), and by
+    /// the ownership check of a remote commit.
+    frozen: u64,
+    sealed: u64,
+    not_owner: u64,
+    commits: u64,
+}
+
+impl OwnerChecks {
+    fn committed(
+        &mut self,
+        seed: u64,
+        me: usize,
+        key: (&'static str, u64, u32),
+        c: narad_log::CommitOutcome,
+        leader: &MetaStore,
+        at: Duration,
+    ) {
+        let (topic, inc, p) = key;
+        self.commits += 1;
+        // The leader's log names this node the owner (unless the
+        // incarnation was deleted meanwhile: its records are destroyed).
+        let state = leader.snapshot();
+        if state.topic(topic).is_some_and(|t| t.incarnation() == inc) {
+            let owner = owner_in(&state, topic, p);
+            assert_eq!(
+                owner,
+                Some(me),
+                "seed {seed}: node {me} committed offsets {}..{} of {topic}/{p} (incarnation \
+                 {inc}) at {at:?} while the metastore's leader names {owner:?} its owner",
+                c.first_offset,
+                c.first_offset + c.count
+            );
+        }
+        let (lo, hi) = (c.first_offset, c.first_offset + c.count);
+        let ranges = self.offsets.entry(key).or_default();
+        if let Some((&b, &(e, who, when))) = ranges.range(..hi).next_back()
+            && e > lo
+        {
+            panic!(
+                "seed {seed}: offsets {lo}..{hi} of {topic}/{p} (incarnation {inc}) committed by \
+                 node {me} at {at:?}, but {b}..{e} were committed by node {who} at {when:?}: two \
+                 owners accepted commits"
+            );
+        }
+        ranges.insert(lo, (hi, me, at));
     }
 }
 
@@ -404,18 +862,105 @@ impl Node {
 #[derive(Clone)]
 enum Msg {
     /// A commit of `batch` for order `order` of the sender's life `life`.
-    Commit { order: u64, life: u64, batch: CommitBatch },
+    Commit {
+        order: u64,
+        life: u64,
+        batch: CommitBatch,
+    },
     /// Its answer.
-    Answer { order: u64, life: u64, outcome: Outcome },
+    Answer {
+        order: u64,
+        life: u64,
+        outcome: Outcome,
+    },
     /// A failing owner's ping, for owner id `owner` of the sender's table.
-    Ping { owner: OwnerId, life: u64 },
+    Ping {
+        owner: OwnerId,
+        life: u64,
+    },
     /// Its answer.
-    Pong { owner: OwnerId, life: u64 },
+    Pong {
+        owner: OwnerId,
+        life: u64,
+    },
     /// A fan-out cursor's commit of one child partition's group: cursor of
     /// parent partition `cursor`, request `req`.
-    ChildCommit { cursor: u32, req: u64, life: u64, batch: CommitBatch },
+    ChildCommit {
+        cursor: u32,
+        req: u64,
+        life: u64,
+        batch: CommitBatch,
+    },
     /// Its answer.
-    ChildAnswer { cursor: u32, partition: u32, req: u64, life: u64, outcome: Outcome },
+    ChildAnswer {
+        cursor: u32,
+        partition: u32,
+        req: u64,
+        life: u64,
+        outcome: Outcome,
+    },
+    /// A mover's list (RPC 22), chunk (RPC 23) and freeze (RPC 24, for the
+    /// sender as the target) of `key` on its source, for the mover's
+    /// request `req`.
+    MoveList {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+    },
+    MoveChunk {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        base: u64,
+        at: u64,
+        len: u64,
+    },
+    /// `seen`: how much of the metadata log the mover's replica had
+    /// applied when the move started (see [`Sim::source_freezes`]).
+    MoveFreeze {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        seen: u64,
+    },
+    /// Their answers (`None`: an error answer).
+    MoveListed {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        listing: Option<MoveListing>,
+    },
+    MoveChunked {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        bytes: Option<bytes::Bytes>,
+    },
+    MoveFrozen {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        frozen: Option<FrozenSource>,
+    },
+    /// A node proposes a metadata command to the leader (a mover's
+    /// CompleteMove or AbortMove, a source's AbortMove of an expired
+    /// freeze; `forced`: a force-promotion; `seen`: for a mover's, how much
+    /// of the log its replica had applied when its move started).
+    Propose {
+        cmd: MetaCmd,
+        req: u64,
+        life: u64,
+        forced: bool,
+        seen: u64,
+    },
+    /// Whether it applied (the leader's answer; lost like any message, or
+    /// never sent when the leader changed meanwhile).
+    Proposed {
+        key: MoveKey,
+        req: u64,
+        life: u64,
+        ok: bool,
+    },
 }
 
 struct Envelope {
@@ -447,6 +992,8 @@ struct Ledger {
     child_delivered: HashSet<Vec<u8>>,
     /// Parent records committed into the child on each node.
     child_committed_on: Vec<HashSet<Vec<u8>>>,
+    /// Every commit that landed (see [`OwnerChecks`]).
+    owners: OwnerChecks,
 }
 
 impl Ledger {
@@ -544,6 +1091,25 @@ struct Tally {
     max_child_copies: u64,
     child_rerouted: u64,
     child_delivered_without_dead: u64,
+    /// Moves: started (SetAssignmentTarget applied), completed (of them
+    /// force-promoted), aborted; drains; runs with a node joining late;
+    /// leader changes (proposals in the air lost); copies installed;
+    /// commits refused by a frozen fence, a sealed one, an ownership
+    /// check; commits checked against the leader.
+    moves_started: u64,
+    moves_completed: u64,
+    moves_forced: u64,
+    moves_aborted: u64,
+    /// Flips of an earlier attempt refused (see [`Sim::source_freezes`]).
+    stale_flips: u64,
+    drains: u64,
+    late_joins: u64,
+    leader_changes: u64,
+    installs: u64,
+    refused_frozen: u64,
+    refused_sealed: u64,
+    refused_not_owner: u64,
+    commits_checked: u64,
 }
 
 struct Sim {
@@ -577,15 +1143,22 @@ struct Sim {
     /// after every step: deterministic).
     rt: Arc<tokio::runtime::Runtime>,
     /// The highest consumer frontier persisted per (topic, incarnation,
-    /// partition): what a restart must never go below.
-    frontiers: HashMap<(String, u64, u32), u64>,
+    /// partition, node), or installed there by a move (the frozen source's):
+    /// what that node must never serve below, across its crashes.
+    frontiers: HashMap<(String, u64, u32, usize), u64>,
     /// A node that crashed for good (it is not restarted before the final
     /// drain).
     stays_dead: Option<usize>,
+    /// `NARAD_SIM_UNNAMED_MOVES=1`: a move's freeze and flip do not name
+    /// the attempt they belong to, as the broker and the metastore's
+    /// commands do not yet (see [`Sim::source_freezes`]).
+    unnamed_moves: bool,
+    /// The log position of each move's SetAssignmentTarget (its attempt).
+    attempts: HashMap<MoveKey, usize>,
 }
 
 impl Sim {
-    fn new(seed: u64, n: usize) -> Sim {
+    fn new(seed: u64, n: usize, late: Option<usize>) -> Sim {
         let clock = ManualClock::new(1_700_000_000_000);
         let mut rng = SimRng::new(seed);
         let leader_disk = SimFs::new(seed * 31 + 17);
@@ -606,14 +1179,19 @@ impl Sim {
             rng: Arc::new(std::sync::Mutex::new(rng.fork())),
             asked: Default::default(),
         });
-        let mut meta_log: Vec<MetaCmd> = (0..n).map(MetaCmd::Join).collect();
+        let mut meta_log: Vec<MetaCmd> = Vec::new();
+        let mut lead = |cmd: MetaCmd| {
+            apply_meta(&leader.meta, None, &cmd).unwrap();
+            meta_log.push(cmd);
+        };
+        for k in (0..n).filter(|&k| Some(k) != late) {
+            lead(MetaCmd::Join(k));
+        }
         for name in TOPICS.into_iter().chain([CHILD]) {
-            meta_log.extend([MetaCmd::Create(name), MetaCmd::Assign(name)]);
+            lead(MetaCmd::Create(name));
+            lead(place(&leader.meta.snapshot(), name));
         }
-        meta_log.push(MetaCmd::Attach);
-        for &cmd in &meta_log {
-            apply_meta(&leader.meta, None, cmd, n).unwrap();
-        }
+        lead(MetaCmd::Attach);
         let disks: Vec<SimFs> = (0..n as u64).map(|i| SimFs::new(seed * 31 + i)).collect();
         let skewed = rng.chance(1, 3);
         let clocks: Vec<NodeClock> = (0..n)
@@ -631,8 +1209,8 @@ impl Sim {
         for (i, fs) in disks.iter().enumerate() {
             let node = open(i, fs, &clocks[i], &leader)
                 .unwrap_or_else(|e| panic!("seed {seed}: open: {e}"));
-            for &cmd in &meta_log {
-                apply_meta(&node.meta, Some(&node.topics), cmd, n).unwrap();
+            for cmd in &meta_log {
+                apply_meta(&node.meta, Some(&node.topics), cmd).unwrap();
             }
             nodes.push(Some(node));
         }
@@ -660,9 +1238,15 @@ impl Sim {
                 child_committed_on: vec![HashSet::new(); n],
                 ..Ledger::default()
             },
-            tally: Tally { skewed_runs: u64::from(skewed), ..Tally::default() },
+            tally: Tally {
+                skewed_runs: u64::from(skewed),
+                late_joins: u64::from(late.is_some()),
+                ..Tally::default()
+            },
             next_id: 0,
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
+            unnamed_moves: std::env::var("NARAD_SIM_UNNAMED_MOVES").is_ok_and(|v| v == "1"),
+            attempts: HashMap::new(),
         }
     }
 
@@ -714,12 +1298,60 @@ impl Sim {
             if self.cut.contains(&(e.from, e.to)) {
                 continue;
             }
+            if e.to == self.n {
+                self.leader_receives(e.from, e.msg);
+                continue;
+            }
             match e.msg {
+                Msg::MoveList { key, req, life } => {
+                    let Some(node) = self.nodes[e.to].as_ref() else { continue };
+                    let listing = move_topic(node, key)
+                        .and_then(|t| move_steps::listing(&node.topics, &t, key.p).ok());
+                    self.send(e.to, e.from, Msg::MoveListed { key, req, life, listing });
+                }
+                Msg::MoveChunk { key, req, life, base, at, len } => {
+                    let Some(node) = self.nodes[e.to].as_ref() else { continue };
+                    let bytes = move_topic(node, key).and_then(|t| {
+                        move_steps::chunk(&node.topics, &t, key.p, base, at, len).ok()
+                    });
+                    self.send(e.to, e.from, Msg::MoveChunked { key, req, life, bytes });
+                }
+                Msg::MoveFreeze { key, req, life, seen } => {
+                    let frozen = self.source_freezes(e.to, e.from, key, seen);
+                    if self.nodes[e.to].is_some() {
+                        self.send(e.to, e.from, Msg::MoveFrozen { key, req, life, frozen });
+                    }
+                }
+                Msg::MoveListed { key, req, life, .. }
+                | Msg::MoveChunked { key, req, life, .. }
+                | Msg::MoveFrozen { key, req, life, .. }
+                | Msg::Proposed { key, req, life, .. } => {
+                    if life != self.lives[e.to] {
+                        continue;
+                    }
+                    let Some(node) = self.nodes[e.to].as_mut() else { continue };
+                    match node.movers.get_mut(&key) {
+                        Some(m) if m.waiting.is_some_and(|(r, ..)| r == req) => {
+                            m.answer = Some(e.msg)
+                        }
+                        _ => self.tally.late_answers += 1,
+                    }
+                }
+                Msg::Propose { .. } => unreachable!("proposals go to the leader"),
                 Msg::Commit { order, life, batch } => {
                     let payloads: Vec<Vec<u8>> =
                         batch.records.iter().map(|r| r.payload.to_vec()).collect();
                     let outcome = match self.nodes[e.to].as_ref() {
-                        Some(node) => node.commit(batch),
+                        Some(node) => commit_on(
+                            node,
+                            e.to,
+                            batch,
+                            true,
+                            &mut self.ledger.owners,
+                            &self.leader.meta,
+                            now,
+                            self.seed,
+                        ),
                         None => continue,
                     };
                     if outcome == Outcome::Committed {
@@ -732,7 +1364,16 @@ impl Sim {
                     let payloads: Vec<Vec<u8>> =
                         batch.records.iter().map(|r| r.payload.to_vec()).collect();
                     let outcome = match self.nodes[e.to].as_ref() {
-                        Some(node) => node.commit(batch),
+                        Some(node) => commit_on(
+                            node,
+                            e.to,
+                            batch,
+                            true,
+                            &mut self.ledger.owners,
+                            &self.leader.meta,
+                            now,
+                            self.seed,
+                        ),
                         None => continue,
                     };
                     if outcome == Outcome::Committed {
@@ -878,7 +1519,16 @@ impl Sim {
             if to == i {
                 let payloads: Vec<Vec<u8>> =
                     batch.records.iter().map(|r| r.payload.to_vec()).collect();
-                let outcome = node.commit(batch);
+                let outcome = commit_on(
+                    node,
+                    i,
+                    batch,
+                    false,
+                    &mut self.ledger.owners,
+                    &self.leader.meta,
+                    now,
+                    self.seed,
+                );
                 if outcome == Outcome::Committed {
                     self.ledger.committed_on[i].extend(payloads);
                 }
@@ -908,7 +1558,6 @@ impl Sim {
     fn fanout(&mut self, i: usize) {
         let now = self.now();
         let life = self.lives[i];
-        let n = self.n;
         let fs = &self.disks[i];
         let Some(node) = self.nodes[i].as_mut() else { return };
         let (Some(parent), Some(child)) = (node.meta.topic(CHILD_PARENT), node.meta.topic(CHILD))
@@ -922,7 +1571,14 @@ impl Sim {
         let owners: Vec<_> =
             (0..child.partitions()).map(|p| node.resolver.owner_of(CHILD, p)).collect();
         let mut sends = Vec::new();
-        for p in (0..PARTITIONS).filter(|&p| owner_of(p, n) == i) {
+        // The cursors of the parent partitions this node's replica names it
+        // the owner of (`fanout::desired`); a partition that moved away
+        // stops its cursor here.
+        let snap = node.meta.snapshot();
+        let mine: Vec<u32> =
+            (0..PARTITIONS).filter(|&p| owner_in(&snap, CHILD_PARENT, p) == Some(i)).collect();
+        node.cursors.retain(|p, _| mine.contains(p));
+        for p in mine {
             let Ok(part) = node.topics.partition(&parent, p) else { continue };
             let mut c = match node.cursors.remove(&p) {
                 Some(c) => c,
@@ -1008,7 +1664,16 @@ impl Sim {
                     if to == i {
                         let payloads: Vec<Vec<u8>> =
                             batch.records.iter().map(|r| r.payload.to_vec()).collect();
-                        let outcome = node.commit(batch);
+                        let outcome = commit_on(
+                            node,
+                            i,
+                            batch,
+                            false,
+                            &mut self.ledger.owners,
+                            &self.leader.meta,
+                            now,
+                            self.seed,
+                        );
                         if outcome == Outcome::Committed {
                             self.ledger.child_committed_on[i].extend(payloads);
                         }
@@ -1038,14 +1703,18 @@ impl Sim {
         live.iter().all(|&i| {
             let Some(node) = self.nodes[i].as_ref() else { return false };
             let Some(parent) = node.meta.topic(CHILD_PARENT) else { return true };
-            (0..PARTITIONS).filter(|&p| owner_of(p, self.n) == i).all(|p| {
+            let snap = node.meta.snapshot();
+            let leader = self.leader.meta.snapshot();
+            (0..PARTITIONS).filter(|&p| owner_in(&snap, CHILD_PARENT, p) == Some(i)).all(|p| {
                 let Ok(part) = node.topics.partition(&parent, p) else { return false };
                 let Some(c) = node.cursors.get(&p) else { return false };
                 if c.idle_at(part.log.high_watermark()) {
                     return true;
                 }
                 let waits_for_dead = |cp: u32, g: &CommitBatch| {
-                    Some(owner_of(cp, self.n)) == dead && g.records.iter().all(|r| r.key.is_some())
+                    dead.is_some()
+                        && owner_in(&leader, CHILD, cp) == dead
+                        && g.records.iter().all(|r| r.key.is_some())
                 };
                 c.in_flight.is_empty()
                     && c.answers.is_empty()
@@ -1056,12 +1725,42 @@ impl Sim {
         })
     }
 
+    /// The fan-out cursors of `live` that are not caught up, for a
+    /// failure's message.
+    fn cursor_report(&self, live: &[usize]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &i in live {
+            let Some(node) = self.nodes[i].as_ref() else { continue };
+            let Some(parent) = node.meta.topic(CHILD_PARENT) else { continue };
+            let snap = node.meta.snapshot();
+            for p in (0..PARTITIONS).filter(|&p| owner_in(&snap, CHILD_PARENT, p) == Some(i)) {
+                let hwm = node.topics.partition(&parent, p).map(|part| part.log.high_watermark());
+                match node.cursors.get(&p) {
+                    Some(c) if hwm.as_ref().is_ok_and(|&h| c.idle_at(h)) => {}
+                    Some(c) => out.push(format!(
+                        "node {i} cursor {p}: next {} hwm {hwm:?} pending {:?} in flight {:?} \
+                         answers {:?}",
+                        c.next,
+                        c.pending
+                            .as_ref()
+                            .map(|s| s.uncommitted().map(|(cp, _)| cp).collect::<Vec<_>>()),
+                        c.in_flight,
+                        c.answers
+                    )),
+                    None => out.push(format!("node {i} cursor {p}: none, hwm {hwm:?}")),
+                }
+            }
+        }
+        out
+    }
+
     /// A consume of partitions node `i` owns, and acks of some leases.
     fn consume(&mut self, i: usize) {
         let now_ms = self.clocks[i].wall_ms();
         let name = [TOPICS[0], TOPICS[1], CHILD][self.rng.below(3) as usize];
-        let owned: Vec<u32> =
-            (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i).collect();
+        let Some(t) = self.nodes[i].as_ref().and_then(|n| n.meta.topic(name)) else { return };
+        let node = self.nodes[i].as_ref().unwrap();
+        let owned: Vec<u32> = (0..t.partitions()).filter(|&p| node.serves(i, &t, p)).collect();
         if owned.is_empty() {
             return;
         }
@@ -1069,17 +1768,17 @@ impl Sim {
         let max = 1 + self.rng.below(5) as usize;
         let ack = self.rng.below(4) as usize;
         let Some(node) = self.nodes[i].as_mut() else { return };
-        let Some(t) = node.meta.topic(name) else { return };
         let Some(rt) = node.topics.get_open(name, t.incarnation()) else { return };
         let Some(part) = rt.partition_if_open(p) else { return };
-        let key = (name.to_owned(), t.incarnation(), p);
+        let key = (name.to_owned(), t.incarnation(), p, i);
         if let Ok(g) = part.shard()
             && let Some(s) = g.as_ref()
         {
             let persisted = self.frontiers.get(&key).copied().unwrap_or(0);
             assert!(
                 s.next() >= persisted,
-                "seed {}: the consumer frontier of {name}/{p} went back from {persisted} to {}",
+                "seed {}: the consumer frontier of {name}/{p} on node {i} went back from {persisted} \
+                 to {}",
                 self.seed,
                 s.next()
             );
@@ -1109,52 +1808,382 @@ impl Sim {
     }
 
     /// The leader changes the metadata: the churned topic deleted or
-    /// created again (with its assignments); a node that is down marked
-    /// dead, one that is up alive again.
+    /// created again (placed over the members alive then); a node that is
+    /// down marked dead, one that is up alive again; a node drained or
+    /// undrained; a manual move; the planner's moves.
     fn change_meta(&mut self, i: usize) {
         let name = TOPICS[1];
-        let mut cmds = Vec::new();
         if self.rng.chance(1, 6) {
             match self.leader.meta.topic(name) {
                 Some(_) => {
-                    cmds.push(MetaCmd::Delete(name));
+                    self.lead(MetaCmd::Delete(name)).unwrap();
                     self.tally.deletes += 1;
                 }
-                None => cmds.extend([MetaCmd::Create(name), MetaCmd::Assign(name)]),
+                None => {
+                    self.lead(MetaCmd::Create(name)).unwrap();
+                    let placed = place(&self.leader.meta.snapshot(), name);
+                    self.lead(placed).unwrap();
+                }
             }
+        } else if self.rng.chance(1, 5) {
+            self.drain_or_undrain();
+        } else if self.rng.chance(1, 4) {
+            self.manual_move();
         } else {
             let alive = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
             match (self.nodes[i].is_some(), alive) {
                 (false, Some(MemberStatus::Alive)) => {
-                    cmds.push(MetaCmd::Dead(i));
+                    self.lead(MetaCmd::Dead(i)).unwrap();
                     self.tally.deaths += 1;
                 }
-                (true, Some(MemberStatus::Dead)) => cmds.push(MetaCmd::Join(i)),
+                (true, Some(MemberStatus::Dead)) => self.lead(MetaCmd::Join(i)).unwrap(),
                 _ => {}
             }
         }
-        for cmd in cmds {
-            apply_meta(&self.leader.meta, None, cmd, self.n)
-                .unwrap_or_else(|e| panic!("seed {}: the leader: {e}", self.seed));
-            self.trace(format_args!("metadata: {cmd:?}"));
-            self.meta_log.push(cmd);
+        self.control();
+    }
+
+    /// Applies `cmd` on the leader's replica and, if it applied, appends it
+    /// to the log every replica applies; the leader's refusal otherwise (a
+    /// compare and set that failed: no entry).
+    fn lead(&mut self, cmd: MetaCmd) -> Result<(), String> {
+        apply_meta(&self.leader.meta, None, &cmd)?;
+        self.trace(format_args!("metadata: {cmd:?}"));
+        match cmd {
+            MetaCmd::Target(key, ..) => {
+                self.tally.moves_started += 1;
+                self.attempts.insert(key, self.meta_log.len());
+            }
+            MetaCmd::Complete(..) => self.tally.moves_completed += 1,
+            MetaCmd::Abort(..) => self.tally.moves_aborted += 1,
+            MetaCmd::Draining(_, true) => self.tally.drains += 1,
+            _ => {}
+        }
+        self.meta_log.push(cmd);
+        Ok(())
+    }
+
+    /// The leader's controller: a move whose target is marked dead is
+    /// aborted (nobody is left to run it), then the planner
+    /// (`narad_meta::rebalance::plan`, over the leader's state) starts the
+    /// moves that balance the receivers and empty the draining members.
+    fn control(&mut self) {
+        let state = self.leader.meta.snapshot();
+        let mut dead_targets = Vec::new();
+        for t in state.topics() {
+            let name = topic_name(t.name());
+            for (&p, a) in state.assignments(name).into_iter().flat_map(|a| a.iter()) {
+                let Some(to) = a.target_id.as_deref() else { continue };
+                if state.member(to).is_none_or(|m| m.status != MemberStatus::Alive) {
+                    let key = MoveKey { topic: name, inc: t.incarnation(), p };
+                    dead_targets.push(MetaCmd::Abort(key, node_named(to)));
+                }
+            }
+        }
+        for cmd in dead_targets {
+            let _ = self.lead(cmd);
+        }
+        for m in self.plan() {
+            let key = self.key_of(m.topic.as_str(), m.partition);
+            let _ = self.lead(MetaCmd::Target(key, node_named(&m.from), node_named(&m.to)));
         }
     }
 
+    /// The planner's moves over the leader's state now.
+    fn plan(&self) -> Vec<rebalance::PlannedMove> {
+        let state = self.leader.meta.snapshot();
+        let alive = |m: &&Arc<Member>| m.status == MemberStatus::Alive;
+        let receivers = state.members().filter(alive).filter(|m| !m.draining);
+        let receivers = receivers.map(|m| m.id.clone()).collect();
+        let draining = state.members().filter(alive).filter(|m| m.draining);
+        let draining = draining.map(|m| m.id.clone()).collect();
+        let views = rebalance::partition_views(&state);
+        rebalance::plan(&views, &receivers, &draining, MAX_MOVES_IN_FLIGHT)
+    }
+
+    /// The leader's key of partition `p` of `topic` (its live incarnation).
+    fn key_of(&self, topic: &str, p: u32) -> MoveKey {
+        let t = self.leader.meta.topic(topic).expect("the planner plans live topics");
+        MoveKey { topic: topic_name(topic), inc: t.incarnation(), p }
+    }
+
+    /// An operator drains a random member (when none is draining), or
+    /// undrains the one that is.
+    fn drain_or_undrain(&mut self) {
+        let state = self.leader.meta.snapshot();
+        if let Some(d) = state.members().find(|m| m.draining) {
+            let k = node_named(&d.id);
+            self.lead(MetaCmd::Draining(k, false)).unwrap();
+        } else {
+            let ids: Vec<usize> = state.members().map(|m| node_named(&m.id)).collect();
+            if ids.len() > 1 {
+                let k = ids[self.rng.below(ids.len() as u64) as usize];
+                self.lead(MetaCmd::Draining(k, true)).unwrap();
+            }
+        }
+    }
+
+    /// An operator moves a random partition to a random member (the
+    /// metastore refuses a target that is dead, draining, the owner, or
+    /// past the moves in flight).
+    fn manual_move(&mut self) {
+        let name = [TOPICS[0], TOPICS[1], CHILD][self.rng.below(3) as usize];
+        let p = self.rng.below(u64::from(partitions_of(name))) as u32;
+        let to = self.rng.below(self.n as u64) as usize;
+        let state = self.leader.meta.snapshot();
+        let (Some(t), Some(from)) = (state.topic(name), owner_in(&state, name, p)) else { return };
+        let key = MoveKey { topic: name, inc: t.incarnation(), p };
+        let _ = self.lead(MetaCmd::Target(key, from, to));
+    }
+
+    /// A leader change: the proposals in the air to the old leader, and
+    /// its answers, are lost (a command it had not committed never
+    /// applies).
+    fn leader_change(&mut self) {
+        let n = self.n;
+        self.net.retain(|e| e.to != n && e.from != n);
+        self.tally.leader_changes += 1;
+        self.trace(format_args!("the metastore's leader changed"));
+    }
+
+    /// The leader receives a message from node `from`: a proposal, which
+    /// applies if its compare and set holds on the leader's state, and is
+    /// answered.
+    fn leader_receives(&mut self, from: usize, msg: Msg) {
+        let Msg::Propose { cmd, req, life, forced, seen } = msg else {
+            unreachable!("only proposals go to the leader")
+        };
+        let key = match cmd {
+            MetaCmd::Complete(k, ..) | MetaCmd::Abort(k, _) => k,
+            _ => unreachable!("nodes propose move outcomes only"),
+        };
+        let complete = matches!(cmd, MetaCmd::Complete(..));
+        // The flip of an earlier attempt of this move (between the same
+        // two nodes, aborted since), arriving late: refused when moves name
+        // their attempt (see [`Sim::source_freezes`]).
+        let stale = complete
+            && !self.unnamed_moves
+            && self.attempts.get(&key).is_some_and(|&at| seen <= at as u64);
+        if stale {
+            self.tally.stale_flips += 1;
+            self.trace(format_args!("stale flip refused: {cmd:?} seen {seen}"));
+        }
+        let ok = !stale && self.lead(cmd).is_ok();
+        if ok && complete && forced {
+            self.tally.moves_forced += 1;
+        }
+        let n = self.n;
+        self.send(n, from, Msg::Proposed { key, req, life, ok });
+    }
+
     /// Node `i` applies up to `k` more entries of the metadata log (its
-    /// replica lags the leader by a random amount).
+    /// replica lags the leader by a random amount). As the broker's
+    /// `follow_move_outcomes` does, a CompleteMove away from this node
+    /// seals the partition here, and an AbortMove lifts the freeze for its
+    /// target.
     fn replicate(&mut self, i: usize, k: usize) {
         let Some(node) = self.nodes[i].as_ref() else { return };
         for _ in 0..k {
             let at = node.meta.snapshot().applied_index() as usize;
-            let Some(&cmd) = self.meta_log.get(at) else { return };
-            if let Err(e) = apply_meta(&node.meta, Some(&node.topics), cmd, self.n) {
+            let Some(cmd) = self.meta_log.get(at) else { return };
+            if let Err(e) = apply_meta(&node.meta, Some(&node.topics), cmd) {
                 // A disk fault latched the replica: it applies again after
                 // a restart.
                 self.trace(format_args!("node {i}: {e}"));
                 return;
             }
             assert_eq!(node.meta.snapshot().applied_index() as usize, at + 1, "seed {}", self.seed);
+            match *cmd {
+                MetaCmd::Complete(key, from, to) if from == i => {
+                    node.owner.fences().seal_moved(&key.fence(), &member(to))
+                }
+                MetaCmd::Abort(key, to) => {
+                    node.owner.fences().unfreeze(&key.fence(), &member(to));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// RPC 24 on source `i` for target `to`: only for a move this node's
+    /// replica shows from it to `to` (`Broker::move_freeze` on a replicated
+    /// metastore), then the broker's freeze. The frozen consumer frontier
+    /// must not be below what this node persisted before.
+    ///
+    /// Moves name their attempt (a fix the product lacks; the sim models
+    /// it so that its other checks keep their teeth, and
+    /// `NARAD_SIM_UNNAMED_MOVES=1` runs without it). Two attempts of a move
+    /// between the same two nodes look alike to the compare and sets (on
+    /// owner and target) and to the fence (by target), and that loses
+    /// acknowledged records in two ways the sim found:
+    /// * seed 447: a source whose replica lags shows an earlier attempt,
+    ///   aborted since, and freezes for the later one on it; the earlier
+    ///   attempt's AbortMove then applies there and lifts the freeze
+    ///   (`follow_move_outcomes` unfreezes by target) while the later
+    ///   attempt copies the tail and flips: what the source committed after
+    ///   the lift is lost. Named: the source freezes only once its replica
+    ///   has applied as much of the log as the mover's had when the move
+    ///   started (`seen`), so it sees the attempt the mover runs.
+    /// * seed 472: the CompleteMove of an earlier attempt reaches the
+    ///   leader late, after its AbortMove and the next attempt's
+    ///   SetAssignmentTarget, and its compare and set holds: the owner
+    ///   flips to a copy older than what the source committed after the
+    ///   abort. Named: the leader refuses a flip proposed by a mover that
+    ///   started before the current attempt's SetAssignmentTarget.
+    fn source_freezes(
+        &mut self,
+        i: usize,
+        to: usize,
+        key: MoveKey,
+        seen: u64,
+    ) -> Option<FrozenSource> {
+        let node = self.nodes[i].as_ref()?;
+        let t = move_topic(node, key)?;
+        if !self.unnamed_moves && node.meta.snapshot().applied_index() < seen {
+            return None;
+        }
+        let known = node.meta.snapshot().assignment(key.topic, key.p).is_some_and(|a| {
+            a.owner_id == member(i) && a.target_id.as_deref() == Some(member(to).as_str())
+        });
+        if !known {
+            return None;
+        }
+        let deadline = self.clocks[i].wall_ms() + FREEZE_TTL.as_millis() as u64;
+        let frozen =
+            move_steps::freeze(&node.topics, &node.owner, &t, key.p, &member(to), deadline).ok()?;
+        let floor = self.frontiers.get(&(key.topic.to_owned(), key.inc, key.p, i));
+        let next = frozen.consumer_frontier.map_or(0, |f| f + 1);
+        assert!(
+            floor.is_none_or(|&f| next >= f),
+            "seed {}: node {i} froze {}/{} with consumer frontier {next}, below the {floor:?} it \
+             persisted before",
+            self.seed,
+            key.topic,
+            key.p
+        );
+        Some(frozen)
+    }
+
+    /// Node `i`'s mover and its source side, one round: every
+    /// [`MOVER_SCAN`], freezes of this node that expired are proposed for
+    /// abort (`expire_freezes`), and a move to this node its replica shows
+    /// and its mover does not run yet starts; then every move it runs
+    /// takes its next step (see [`SimMove`]).
+    fn run_movers(&mut self, i: usize) {
+        let now = self.now();
+        let life = self.lives[i];
+        let wall = self.clocks[i].wall_ms();
+        let n = self.n;
+        let clock = self.clocks[i].clone();
+        let mut traces = Vec::new();
+        let Some(node) = self.nodes[i].as_mut() else { return };
+        let mut sends: Vec<(usize, Msg)> = Vec::new();
+        let mut next_id = self.next_id;
+        let mut req = || {
+            next_id += 1;
+            next_id
+        };
+        if node.next_scan <= now {
+            node.next_scan = now + MOVER_SCAN;
+            for (key, target) in node.owner.fences().expired(wall) {
+                let Some(t) = TOPICS.into_iter().chain([CHILD]).find(|t| *t == key.topic) else {
+                    continue;
+                };
+                let k = MoveKey { topic: t, inc: key.incarnation, p: key.partition };
+                let cmd = MetaCmd::Abort(k, node_named(&target));
+                sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+            }
+            let snap = node.meta.snapshot();
+            let mut to_me = Vec::new();
+            for t in snap.topics() {
+                let name = topic_name(t.name());
+                for (&p, a) in snap.assignments(name).into_iter().flat_map(|a| a.iter()) {
+                    if a.target_id.as_deref() == Some(member(i).as_str()) {
+                        let key = MoveKey { topic: name, inc: t.incarnation(), p };
+                        to_me.push((key, node_named(&a.owner_id), t.clone()));
+                    }
+                }
+            }
+            to_me.truncate(MAX_MOVES_IN_FLIGHT);
+            for (key, source, t) in to_me {
+                if node.movers.contains_key(&key) {
+                    continue;
+                }
+                let Ok(copy) = node.topics.incoming_copy(&t, key.p) else {
+                    let cmd = MetaCmd::Abort(key, i);
+                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+                    continue;
+                };
+                let r = req();
+                node.movers.insert(
+                    key,
+                    SimMove {
+                        source,
+                        seen: snap.applied_index(),
+                        copy: Some(copy),
+                        listing: None,
+                        behind: 0,
+                        rounds: 0,
+                        frozen: None,
+                        tail: false,
+                        waiting: Some((r, MoveCall::List, now + MOVE_RPC_BUDGET)),
+                        answer: None,
+                        gone: None,
+                        forced: false,
+                    },
+                );
+                sends.push((source, Msg::MoveList { key, req: r, life }));
+            }
+        }
+        let keys: Vec<MoveKey> = node.movers.keys().copied().collect();
+        let mut installed = Vec::new();
+        for key in keys {
+            let m = node.movers.get_mut(&key).unwrap();
+            let mv = MoverCtx {
+                meta: &node.meta,
+                topics: &node.topics,
+                fences: node.owner.fences(),
+                clock: &clock,
+                me: i,
+                life,
+            };
+            let step = mv.step(key, m, now, &mut req);
+            match step {
+                Step::Wait => {}
+                Step::Send(msg) => {
+                    let to = if matches!(msg, Msg::Propose { .. }) { n } else { m.source };
+                    sends.push((to, msg));
+                }
+                Step::Installed(frozen, msg) => {
+                    installed.push((key, frozen));
+                    sends.push((n, msg));
+                }
+                Step::Done => {
+                    node.movers.remove(&key);
+                }
+                Step::Abort(why) => {
+                    let m = node.movers.remove(&key).unwrap();
+                    if let Some(copy) = m.copy {
+                        let _ = copy.abandon();
+                    }
+                    let cmd = MetaCmd::Abort(key, i);
+                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+                    traces.push(format!("node {i}: move of {key:?} aborted: {why}"));
+                }
+            }
+        }
+        self.next_id = next_id;
+        for t in traces {
+            self.trace(format_args!("{t}"));
+        }
+        for (key, frozen) in installed {
+            // The destination serves from the frozen frontier on.
+            let next = frozen.consumer_frontier.map_or(0, |f| f + 1);
+            self.frontiers.insert((key.topic.to_owned(), key.inc, key.p, i), next);
+            self.tally.installs += 1;
+        }
+        for (to, msg) in sends {
+            self.send(i, to, msg);
         }
     }
 
@@ -1252,6 +2281,7 @@ impl Sim {
             30..=59 => {
                 self.dispatch(i);
                 self.fanout(i);
+                self.run_movers(i);
             }
             60..=64 => {
                 if let Some(n) = self.nodes[i].as_ref() {
@@ -1276,6 +2306,7 @@ impl Sim {
                 self.disks[i].inject(at, kind);
                 self.trace(format_args!("node {i}: {kind:?} armed at disk op {at}"));
             }
+            91..=93 if self.rng.chance(1, 8) => self.leader_change(),
             91..=93 => self.change_meta(i),
             94..=99 => {
                 let k = 1 + self.rng.below(3) as usize;
@@ -1294,12 +2325,12 @@ impl Sim {
         let _in_runtime = rt.enter();
         self.faulty = false;
         self.cut.clear();
-        // Every member alive again (they are all about to run).
+        // Every member alive again (they are all about to run), the late
+        // one joined.
         for i in 0..self.n {
             let status = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
-            if status == Some(MemberStatus::Dead) {
-                apply_meta(&self.leader.meta, None, MetaCmd::Join(i), self.n).unwrap();
-                self.meta_log.push(MetaCmd::Join(i));
+            if status != Some(MemberStatus::Alive) {
+                self.lead(MetaCmd::Join(i)).unwrap();
             }
         }
         for i in 0..self.n {
@@ -1314,18 +2345,13 @@ impl Sim {
                         && n.waiting.is_empty()
                 })
                 && s.cursors_settled(&all, None)
+                && s.moves_settled(&all)
         };
-        for _ in 0..20_000 {
+        for round in 0..20_000 {
             if settled(self) {
                 break;
             }
-            self.clock.advance(Duration::from_millis(50));
-            self.deliver_due();
-            for i in 0..self.n {
-                self.dispatch(i);
-                self.fanout(i);
-            }
-            self.drive();
+            self.settle_round(&all, round);
         }
         if !settled(self) {
             let state: Vec<String> = self
@@ -1346,16 +2372,82 @@ impl Sim {
                 .collect();
             panic!(
                 "seed {}: the backlogs never drained (or the fan-out cursors never caught up: \
-                 {}); {} messages in the air; nodes: {state:#?}",
+                 {:?}, or the moves never ended: {}); {} messages in the air; nodes: {state:#?}",
                 self.seed,
-                !self.cursors_settled(&all, None),
+                self.cursor_report(&all),
+                !self.moves_settled(&all),
                 self.net.len()
             );
         }
+        self.check_balanced();
         // Leases run out; then everything is taken and acked.
         self.clock.advance(self.lease_horizon());
         for i in 0..self.n {
             self.take_all(i);
+        }
+    }
+
+    /// One round of a settle with the nodes in `live` running (no faults):
+    /// messages, dispatchers, cursors, movers, replicas caught up with the
+    /// leader, and every second the leader's controller and planner.
+    fn settle_round(&mut self, live: &[usize], round: usize) {
+        self.clock.advance(Duration::from_millis(50));
+        self.deliver_due();
+        for &i in live {
+            self.dispatch(i);
+            self.fanout(i);
+            self.run_movers(i);
+            self.replicate(i, usize::MAX);
+        }
+        if round.is_multiple_of(20) {
+            self.control();
+        }
+        self.drive();
+    }
+
+    /// No move in flight in the leader's state and none planned, and the
+    /// movers of `live` idle.
+    fn moves_settled(&self, live: &[usize]) -> bool {
+        let state = self.leader.meta.snapshot();
+        let moving = state.topics().any(|t| {
+            state.assignments(t.name()).is_some_and(|a| a.values().any(|a| a.target_id.is_some()))
+        });
+        !moving
+            && self.plan().is_empty()
+            && live.iter().all(|&i| self.nodes[i].as_ref().is_some_and(|n| n.movers.is_empty()))
+    }
+
+    /// The planner converged: every alive, non-draining member holds
+    /// ⌊T/R⌋ or ⌈T/R⌉ of the T partitions of alive members, and the
+    /// draining ones hold none.
+    fn check_balanced(&self) {
+        let state = self.leader.meta.snapshot();
+        let mut load: BTreeMap<String, usize> = BTreeMap::new();
+        let mut draining = Vec::new();
+        for m in state.members().filter(|m| m.status == MemberStatus::Alive) {
+            if m.draining {
+                draining.push(m.id.clone());
+            }
+            load.insert(m.id.clone(), 0);
+        }
+        for t in state.topics() {
+            for a in state.assignments(t.name()).into_iter().flat_map(|a| a.values()) {
+                if let Some(l) = load.get_mut(&a.owner_id) {
+                    *l += 1;
+                }
+            }
+        }
+        let total: usize = load.values().sum();
+        let receivers = load.len() - draining.len();
+        let (lo, hi) = (total / receivers, total.div_ceil(receivers));
+        for (id, &l) in &load {
+            let ok = if draining.contains(id) { l == 0 } else { (lo..=hi).contains(&l) };
+            assert!(
+                ok,
+                "seed {}: the planner did not converge: {id} holds {l} of {total} partitions \
+                 (draining: {draining:?}); loads {load:?}",
+                self.seed
+            );
         }
     }
 
@@ -1397,7 +2489,7 @@ impl Sim {
                 // The churned topic may end deleted.
                 let Some(t) = node.meta.topic(name) else { continue };
                 let inc = t.incarnation();
-                for p in (0..partitions_of(name)).filter(|&p| owner_of(p, self.n) == i) {
+                for p in (0..partitions_of(name)).filter(|&p| node.serves(i, &t, p)) {
                     let part = node.topics.partition(&t, p).unwrap();
                     loop {
                         let now = self.clocks[i].wall_ms();
@@ -1454,17 +2546,15 @@ impl Sim {
         self.cut.clear();
         let status = self.leader.meta.snapshot().member(&member(d)).map(|m| m.status);
         if status == Some(MemberStatus::Alive) {
-            apply_meta(&self.leader.meta, None, MetaCmd::Dead(d), self.n).unwrap();
-            self.meta_log.push(MetaCmd::Dead(d));
+            self.lead(MetaCmd::Dead(d)).unwrap();
             self.tally.deaths += 1;
         }
         let live: Vec<usize> = (0..self.n).filter(|&i| i != d).collect();
-        // The others run (and heartbeat): alive.
+        // The others run (and heartbeat): alive (the late one joined).
         for &i in &live {
             let status = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
-            if status == Some(MemberStatus::Dead) {
-                apply_meta(&self.leader.meta, None, MetaCmd::Join(i), self.n).unwrap();
-                self.meta_log.push(MetaCmd::Join(i));
+            if status != Some(MemberStatus::Alive) {
+                self.lead(MetaCmd::Join(i)).unwrap();
             }
         }
         for &i in &live {
@@ -1477,17 +2567,12 @@ impl Sim {
                     && n.core.skipped() == 0
                     && n.waiting.is_empty()
             }) && s.cursors_settled(&live, Some(d))
+                && s.moves_settled(&live)
         };
         let mut rounds = 0;
         while !settled(self) && rounds < 20_000 {
+            self.settle_round(&live, rounds);
             rounds += 1;
-            self.clock.advance(Duration::from_millis(50));
-            self.deliver_due();
-            for &i in &live {
-                self.dispatch(i);
-                self.fanout(i);
-            }
-            self.drive();
         }
         if !settled(self) {
             let state: Vec<String> = live
@@ -1508,9 +2593,10 @@ impl Sim {
                 .collect();
             panic!(
                 "seed {}: with node {d} dead, the live nodes' backlogs never drained (or their \
-                 fan-out cursors waited for it: {}): {state:#?}",
+                 fan-out cursors waited for it: {:?}, or the moves never ended: {}): {state:#?}",
                 self.seed,
-                !self.cursors_settled(&live, Some(d))
+                self.cursor_report(&live),
+                !self.moves_settled(&live)
             );
         }
         self.clock.advance(self.lease_horizon());
@@ -1668,6 +2754,10 @@ impl Sim {
         tally.delivered = l.delivered.len() as u64;
         tally.deliveries = l.deliveries;
         tally.deleted_with_topic = deleted_with_topic;
+        tally.commits_checked = l.owners.commits;
+        tally.refused_frozen = l.owners.frozen;
+        tally.refused_sealed = l.owners.sealed;
+        tally.refused_not_owner = l.owners.not_owner;
         for n in self.nodes.into_iter().flatten() {
             n.close();
         }
@@ -1677,10 +2767,19 @@ impl Sim {
 
 /// One run of `n` nodes.
 fn run_seed(seed: u64, n: usize) -> Tally {
-    let mut sim = Sim::new(seed, n);
+    // A fifth of the seeds start without their last node, which joins a
+    // quarter of the way in (the planner then moves its share to it).
+    let late = (seed % 5 == 3).then_some(n - 1);
+    let mut sim = Sim::new(seed, n, late);
     // A quarter of the seeds lose one node for good a third of the way in.
     let dead = (seed % 4 == 1).then_some((seed / 4) as usize % n);
     for step in 0..600 {
+        if step == 150
+            && let Some(k) = late
+        {
+            sim.lead(MetaCmd::Join(k)).unwrap();
+            sim.control();
+        }
         if step == 200
             && let Some(d) = dead
         {
@@ -1743,6 +2842,19 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.max_child_copies = total.max_child_copies.max(t.max_child_copies);
         total.child_rerouted += t.child_rerouted;
         total.child_delivered_without_dead += t.child_delivered_without_dead;
+        total.moves_started += t.moves_started;
+        total.moves_completed += t.moves_completed;
+        total.moves_forced += t.moves_forced;
+        total.moves_aborted += t.moves_aborted;
+        total.stale_flips += t.stale_flips;
+        total.drains += t.drains;
+        total.late_joins += t.late_joins;
+        total.leader_changes += t.leader_changes;
+        total.installs += t.installs;
+        total.refused_frozen += t.refused_frozen;
+        total.refused_sealed += t.refused_sealed;
+        total.refused_not_owner += t.refused_not_owner;
+        total.commits_checked += t.commits_checked;
     }
     eprintln!(
         "cluster simulation: {} seeds in {:.1?}: {} acked, all delivered but {} of incarnations \
@@ -1754,7 +2866,10 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
          in the child, {:.3} child offsets per parent offset, at most {} per parent offset, {} \
          keyless child records moved off a failing or dead child partition, {} parent records \
          reached the child while a node was dead for good; {} runs with skewed node clocks ({} \
-         clock steps)",
+         clock steps); moves: {} started, {} completed ({} force-promoted), {} aborted, {} \
+         copies installed, {} late flips of an earlier attempt refused; {} drains, {} late joins, {} leader changes; {} commits checked \
+         against the leader's owner, {} refused by a frozen partition, {} by a sealed one, {} \
+         by a remote owner's ownership check",
         seeds.len(),
         started.elapsed(),
         total.acked,
@@ -1779,7 +2894,20 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.child_rerouted,
         total.child_delivered_without_dead,
         total.skewed_runs,
-        total.clock_steps
+        total.clock_steps,
+        total.moves_started,
+        total.moves_completed,
+        total.moves_forced,
+        total.moves_aborted,
+        total.installs,
+        total.stale_flips,
+        total.drains,
+        total.late_joins,
+        total.leader_changes,
+        total.commits_checked,
+        total.refused_frozen,
+        total.refused_sealed,
+        total.refused_not_owner
     );
     // Over many seeds, copies per record stay near what the faults explain
     // (commits that land after their sender gave up, crashes between a
