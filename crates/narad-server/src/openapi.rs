@@ -47,6 +47,7 @@ use crate::routes::{children, cluster, consume, health, produce, topics, users};
         cluster::members,
         cluster::decommission,
         cluster::cancel_decommission,
+        crate::routes::cluster_remove::remove,
         cluster::moves,
         cluster::start_move,
         cluster::rebalance,

@@ -197,6 +197,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/users/{user}/grants", put(users::put_grants))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(cluster::members))
+        .route("/v1/cluster/members/{id}", delete(crate::routes::cluster_remove::remove))
         .route(
             "/v1/cluster/members/{id}/decommission",
             post(cluster::decommission).delete(cluster::cancel_decommission),

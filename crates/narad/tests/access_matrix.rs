@@ -50,6 +50,7 @@ fn routes() -> Vec<(&'static str, String)> {
         ("/v1/users/{other}/password", json!({"new_password": "x"}).to_string()),
         ("/v1/cluster/members", String::new()),
         ("/v1/cluster/members/{node}/decommission", String::new()),
+        ("/v1/cluster/members/{node}?force=true", String::new()),
         ("/v1/cluster/moves", String::new()),
         ("/v1/cluster/rebalance", String::new()),
         ("/v1/cluster/status", String::new()),

@@ -2,6 +2,7 @@
 
 pub mod children;
 pub mod cluster;
+pub mod cluster_remove;
 pub mod consume;
 pub mod health;
 pub mod produce;

@@ -63,6 +63,18 @@ enum ClusterCommand {
         /// The member's node id.
         id: String,
     },
+    /// Remove a member that is gone for good (its disk is lost; admin):
+    /// its partitions get new owners with empty logs that start above the
+    /// offsets the cluster saw, and it leaves the Raft group. The records
+    /// it held that nobody consumed are lost: without --force this prints
+    /// what would be lost and fails.
+    Remove {
+        /// The member's node id (it must be marked dead).
+        id: String,
+        /// Remove it, losing what it held.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// Fills in the progress of every move the answering node is not the
@@ -141,6 +153,29 @@ fn print_moves(c: &Client, v: &Value) {
             rows,
         );
     }
+}
+
+fn remove(c: &Client, id: &str, force: bool) -> CliResult {
+    let path = format!("/v1/cluster/members/{}{}", enc(id), if force { "?force=true" } else { "" });
+    let v = c.send("DELETE", &path, None)?.expect(200, "remove")?.value()?;
+    println!(
+        "{id} is removed; its partitions have new owners (records it held that nobody consumed are lost):"
+    );
+    let rows: Vec<Vec<String>> = v["partitions"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    ["topic", "partition", "owner", "seen_next_offset", "start_offset"]
+                        .iter()
+                        .map(|k| cell(&p[*k]))
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    print_table(&["topic", "partition", "owner", "seen", "start"], rows);
+    Ok(())
 }
 
 fn set_draining(c: &Client, id: &str, draining: bool) -> CliResult {
@@ -281,6 +316,7 @@ pub fn run(a: ClusterArgs) -> CliResult {
         }
         ClusterCommand::Drain { id, cancel } => set_draining(&c, &id, !cancel)?,
         ClusterCommand::Undrain { id } => set_draining(&c, &id, false)?,
+        ClusterCommand::Remove { id, force } => remove(&c, &id, force)?,
     }
     Ok(())
 }
