@@ -812,6 +812,57 @@ impl Topics {
         Ok(out)
     }
 
+    /// The fan-out cursors stored in partition `p`'s directory for the
+    /// attachments `links` (child name, attach epoch): where each child's
+    /// cursor will resume (blocking I/O). Attachments without a file are
+    /// left out.
+    pub fn fanout_cursors(
+        &self,
+        topic: &Topic,
+        p: u32,
+        links: &[(String, u64)],
+    ) -> Result<Vec<crate::fanout::cursor_file::CursorState>, BrokerError> {
+        let rt = self.topic(topic)?;
+        let dir = partition_dir(&rt.dir, p);
+        let mut out = Vec::new();
+        for (child, epoch) in links {
+            let found = crate::fanout::cursor_file::peek(&*self.fs, &dir, child, *epoch)
+                .map_err(|e| BrokerError::internal("read fan-out cursor", e))?;
+            out.extend(found);
+        }
+        Ok(out)
+    }
+
+    /// Stores `cursors` in partition `p`'s directory (a move's destination,
+    /// after its install and before the flip, so the cursors resume where
+    /// the source's were). A file already there that is further along is
+    /// kept.
+    pub fn seed_fanout_cursors(
+        &self,
+        topic: &Topic,
+        p: u32,
+        cursors: &[crate::fanout::cursor_file::CursorState],
+    ) -> Result<(), BrokerError> {
+        use crate::fanout::cursor_file;
+        let rt = self.topic(topic)?;
+        let dir = partition_dir(&rt.dir, p);
+        for c in cursors {
+            let path = cursor_file::path(&dir, c.epoch);
+            let read = narad_fs::read_small_file(&*self.fs, &path, cursor_file::FILE_BYTES as u64);
+            let held = match read {
+                Ok(b) => cursor_file::decode(&b).filter(|h| h.epoch == c.epoch),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(BrokerError::internal("read fan-out cursor", e)),
+            };
+            if held.is_some_and(|h| h.next_offset >= c.next_offset) {
+                continue;
+            }
+            cursor_file::store(&*self.fs, &path, *c)
+                .map_err(|e| BrokerError::internal("store fan-out cursor", e))?;
+        }
+        Ok(())
+    }
+
     /// Removes this node's copy of partition `p` of `topic`, a leftover of
     /// an ownership that moved away: closes its log if open and deletes its
     /// directory. `still_leftover` is asked again under the open lock

@@ -38,13 +38,27 @@ impl SegmentsBody {
 }
 
 /// RPC 24's answer: the source at rest, final while it stays frozen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FrozenBody {
     /// The offset after the last committed record.
     pub high_watermark: u64,
     /// The last offset up to which every record is acked (`null`: none).
     pub consumer_frontier: Option<u64>,
+    /// The fan-out cursors of a parent partition, as their files stood at
+    /// the freeze (absent when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fanout_cursors: Vec<CursorBody>,
+}
+
+/// One fan-out cursor of a moving parent partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CursorBody {
+    /// The attachment's epoch.
+    pub epoch: u64,
+    /// The next parent offset the child's cursor sends.
+    pub next_offset: u64,
 }
 
 #[cfg(test)]
@@ -65,12 +79,17 @@ mod tests {
         assert_eq!(serde_json::to_string(&segments).unwrap(), json);
         assert_eq!(serde_json::from_str::<SegmentsBody>(json).unwrap(), segments);
         assert_eq!(segments.total_len(), 5293);
-        let frozen = FrozenBody { high_watermark: 350, consumer_frontier: Some(9) };
-        let json = r#"{"high_watermark":350,"consumer_frontier":9}"#;
+        let frozen = FrozenBody {
+            high_watermark: 350,
+            consumer_frontier: Some(9),
+            fanout_cursors: vec![CursorBody { epoch: 0xab, next_offset: 340 }],
+        };
+        let json = r#"{"high_watermark":350,"consumer_frontier":9,"fanout_cursors":[{"epoch":171,"next_offset":340}]}"#;
         assert_eq!(serde_json::to_string(&frozen).unwrap(), json);
         assert_eq!(serde_json::from_str::<FrozenBody>(json).unwrap(), frozen);
         let none = r#"{"high_watermark":0,"consumer_frontier":null}"#;
-        let frozen = FrozenBody { high_watermark: 0, consumer_frontier: None };
+        let frozen =
+            FrozenBody { high_watermark: 0, consumer_frontier: None, fanout_cursors: Vec::new() };
         assert_eq!(serde_json::to_string(&frozen).unwrap(), none);
         assert!(serde_json::from_str::<FrozenBody>(r#"{"high_watermark":0,"x":1}"#).is_err());
     }

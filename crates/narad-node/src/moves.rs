@@ -49,9 +49,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt as _;
 use narad_broker::Broker;
+use narad_broker::fanout::cursor_file::CursorState;
 use narad_broker::{FrozenSource, MoveListing};
 use narad_cluster::handshake::PeerIdentity;
-use narad_cluster::moves::{FrozenBody, SegmentBody, SegmentsBody};
+use narad_cluster::moves::{CursorBody, FrozenBody, SegmentBody, SegmentsBody};
 use narad_cluster::rpc::{Handoff, MovePartition, Reply, Request, SegmentChunk};
 use narad_cluster::transport::Transport;
 use narad_log::copy::{IncomingCopy, SegmentExtent};
@@ -300,9 +301,24 @@ async fn freeze(broker: &Arc<Broker>, target: &str, h: &Handoff) -> Reply {
     let deadline = now_ms(broker) + ttl.as_millis() as u64;
     match broker.move_freeze(&h.topic, inc, p, target, deadline).await {
         Ok(f) => {
+            // A cursor file that cannot be read is left behind: the
+            // destination's cursor then anchors at the link's creation
+            // (more duplicates, no skipped record).
+            let cursors = match broker.move_fanout_cursors(&h.topic, inc, p).await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(topic = %h.topic, partition = p, error = %e,
+                        "cannot read the fan-out cursors of a moving partition; the destination's cursors start over");
+                    Vec::new()
+                }
+            };
             let body = FrozenBody {
                 high_watermark: f.high_watermark,
                 consumer_frontier: f.consumer_frontier,
+                fanout_cursors: cursors
+                    .iter()
+                    .map(|c| CursorBody { epoch: c.epoch, next_offset: c.next_offset })
+                    .collect(),
             };
             Reply::json(200, serde_json::to_vec(&body).unwrap_or_default())
         }
@@ -395,6 +411,9 @@ pub struct Mover {
     transport: Arc<Transport>,
     running: Mutex<BTreeSet<Move>>,
     progress: Mutex<BTreeMap<Move, Running>>,
+    /// The fan-out cursors each frozen source answered, stored with the
+    /// installed copy before the flip.
+    cursors: Mutex<BTreeMap<Move, Vec<CursorState>>>,
     metrics: MoveMetrics,
 }
 
@@ -414,6 +433,7 @@ impl Mover {
             transport,
             running: Mutex::new(BTreeSet::new()),
             progress: Mutex::new(BTreeMap::new()),
+            cursors: Mutex::new(BTreeMap::new()),
             metrics,
         })
     }
@@ -592,6 +612,16 @@ impl Mover {
             .move_install(&m.topic, m.incarnation, m.partition, copy, oldest, frozen)
             .await
             .map_err(|e| e.to_string())?;
+        let cursors =
+            self.cursors.lock().unwrap_or_else(|p| p.into_inner()).remove(m).unwrap_or_default();
+        if let Err(e) = self
+            .broker
+            .move_seed_fanout_cursors(&m.topic, m.incarnation, m.partition, cursors)
+            .await
+        {
+            warn!(topic = %m.topic, partition = m.partition, error = %e,
+                "cannot store the moving partition's fan-out cursors; its cursors here start over");
+        }
         let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
         tokio::task::spawn_blocking(move || {
             meta.complete_move(&m2.topic, m2.incarnation, m2.partition, &m2.source, &me)
@@ -714,6 +744,12 @@ impl Mover {
         let reply = self.call(&m.source, &request).await?;
         let body: FrozenBody = serde_json::from_slice(&reply.body)
             .map_err(|e| format!("{}: unreadable freeze answer: {e}", m.source))?;
+        let cursors = body
+            .fanout_cursors
+            .iter()
+            .map(|c| CursorState { epoch: c.epoch, next_offset: c.next_offset })
+            .collect();
+        self.cursors.lock().unwrap_or_else(|p| p.into_inner()).insert(m.clone(), cursors);
         Ok(FrozenSource {
             high_watermark: body.high_watermark,
             consumer_frontier: body.consumer_frontier,
@@ -807,6 +843,7 @@ impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
         self.mover.metrics.inflight.dec();
         self.mover.progress.lock().unwrap_or_else(|p| p.into_inner()).remove(self.m);
+        self.mover.cursors.lock().unwrap_or_else(|p| p.into_inner()).remove(self.m);
     }
 }
 

@@ -24,6 +24,7 @@
 //! | `links.rs` | parent/child links: attach, detach, fan-out lag, the owners' side of link RPCs | `links`, `fanout` |
 //! | `serving.rs` | what this node serves and answers to other nodes: owned partitions, peer commits, orphan directories | `local_owner`, `unconfirmed_orphans` |
 //! | `leftovers.rs` | deleting this node's copy of a partition whose ownership flipped away, once the leader confirmed the replica | — |
+//! | `move_cursors.rs` | a moving parent partition's fan-out cursor files: read at the freeze, stored on the destination before the flip | — |
 //! | `housekeeping.rs` | background tasks: frontiers, lease expiry, retention, idle logs, replicated deletes | `tasks`, `frontier_moves_seen` |
 //! | `stats.rs` | [`PartitionStats`] and the metrics polls | `wal_seen`, `dir_walk_skip` |
 //!
@@ -41,6 +42,7 @@ mod consume;
 mod housekeeping;
 mod leftovers;
 mod links;
+mod move_cursors;
 mod moves;
 mod open;
 mod produce;
