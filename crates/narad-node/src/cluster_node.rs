@@ -96,6 +96,19 @@ impl Handler for NodeHandler {
                 let known = crate::offsets_seen::global().known();
                 Reply::json(200, serde_json::to_vec(&known).unwrap_or_default())
             }
+            // A freeze is granted only on a replica caught up with the
+            // leader: one lagging behind an AbortMove of an earlier attempt
+            // of the same move (same source, same target) would freeze for
+            // the later mover and then lift that freeze when the abort
+            // applies, while the mover copies the tail and flips (records
+            // committed after the lift lost: cluster_sim seed 447 with
+            // NARAD_SIM_UNNAMED_MOVES=1).
+            Request::PrepareHandoff(_) if control.caught_up_with_leader().await.is_err() => {
+                Reply::error(
+                    503,
+                    "this node's metastore replica has not caught up with the leader yet; retry the freeze",
+                )
+            }
             Request::ListPartitionSegments(_)
             | Request::FetchSegmentChunk(_)
             | Request::PrepareHandoff(_) => match self.broker.get() {
