@@ -68,10 +68,10 @@
 //! lose power as sources and as destinations of moves in flight, and
 //! half of the seeds that lose a node for good lose the first source that
 //! answers a freeze after a third of the run. Move timings are shortened
-//! (see [`FREEZE_TTL`]). The sim names each move's attempt (see
-//! [`Sim::source_freezes`]: the product does not yet, and two ways that
-//! loses records were found here; `NARAD_SIM_UNNAMED_MOVES=1` runs
-//! without).
+//! (see [`FREEZE_TTL`]). A source freezes only on a replica caught up with
+//! the leader (ReadIndex, as the node does), and the sim names the attempt
+//! a CompleteMove belongs to (see [`Sim::source_freezes`]: the product does
+//! not yet; `NARAD_SIM_UNNAMED_MOVES=1` runs without).
 //!
 //! After the run every link heals, every node restarts, the backlogs are
 //! dispatched, the moves run out, the planner converges, and every
@@ -354,16 +354,20 @@ fn apply_meta(meta: &MetaStore, topics: Option<&Topics>, cmd: &MetaCmd) -> Resul
 /// Where placement puts the partitions of `name` in `state` (the leader's),
 /// over its ring (members alive and not draining; the sim's members all
 /// heartbeat at second 1, so the ring is taken at second 1).
+/// Every member marked dead: nothing (the controller places the topic's
+/// partitions once a member is alive, see [`Sim::control`]); only the
+/// partitions that have no owner yet.
 fn place(state: &MetaState, name: &'static str) -> MetaCmd {
     let t = state.topic(name).expect("placed after its create");
-    let mut ring = placement::alive_ring(state, 1);
-    if ring.is_empty() {
-        // Every member marked dead: the controller would wait; the sim
-        // places on every member so the topic has owners to come back to.
-        ring = state.members().map(|m| m.id.clone()).collect();
-    }
-    let placed = placement::place(state, t, 0..t.partitions(), &ring);
-    MetaCmd::Assign(name, placed.iter().map(|a| (a.partition, node_named(&a.owner_id))).collect())
+    let ring = placement::alive_ring(state, 1);
+    let unassigned = |a: &PartitionAssignment| state.assignment(name, a.partition).is_none();
+    let placed = if ring.is_empty() {
+        Vec::new()
+    } else {
+        placement::place(state, t, 0..t.partitions(), &ring)
+    };
+    let placed = placed.iter().filter(|a| unassigned(a));
+    MetaCmd::Assign(name, placed.map(|a| (a.partition, node_named(&a.owner_id))).collect())
 }
 
 /// The leader's confirmation of a topic (SPEC 7.1), answered from the
@@ -781,7 +785,7 @@ impl MoverCtx<'_> {
         m.waiting = Some((r, call, now + MOVE_RPC_BUDGET));
         Step::Send(match call {
             MoveCall::List => Msg::MoveList { key, req: r, life },
-            MoveCall::Freeze => Msg::MoveFreeze { key, req: r, life, seen: m.seen },
+            MoveCall::Freeze => Msg::MoveFreeze { key, req: r, life },
             _ => unreachable!("chunks and flips have their own"),
         })
     }
@@ -974,13 +978,10 @@ enum Msg {
         at: u64,
         len: u64,
     },
-    /// `seen`: how much of the metadata log the mover's replica had
-    /// applied when the move started (see [`Sim::source_freezes`]).
     MoveFreeze {
         key: MoveKey,
         req: u64,
         life: u64,
-        seen: u64,
     },
     /// Their answers (`None`: an error answer).
     MoveListed {
@@ -1216,9 +1217,9 @@ struct Sim {
     stays_dead: Option<usize>,
     /// The next node to answer a freeze dies for good then.
     dies_frozen: bool,
-    /// `NARAD_SIM_UNNAMED_MOVES=1`: a move's freeze and flip do not name
-    /// the attempt they belong to, as the broker and the metastore's
-    /// commands do not yet (see [`Sim::source_freezes`]).
+    /// `NARAD_SIM_UNNAMED_MOVES=1`: a move's flip does not name the
+    /// attempt it belongs to, as the metastore's CompleteMove does not yet
+    /// (see [`Sim::source_freezes`]).
     unnamed_moves: bool,
     /// The log position of each move's SetAssignmentTarget (its attempt).
     attempts: HashMap<MoveKey, usize>,
@@ -1384,15 +1385,15 @@ impl Sim {
                     });
                     self.send(e.to, e.from, Msg::MoveChunked { key, req, life, bytes });
                 }
-                Msg::MoveFreeze { key, req, life, seen } => {
-                    let frozen = self.source_freezes(e.to, e.from, key, seen);
+                Msg::MoveFreeze { key, req, life } => {
+                    let frozen = self.source_freezes(e.to, e.from, key);
                     if self.nodes[e.to].is_some() {
                         let answered = frozen.is_some();
                         self.send(e.to, e.from, Msg::MoveFrozen { key, req, life, frozen });
                         if answered && self.dies_frozen {
                             self.dies_frozen = false;
                             self.crash(e.to);
-                            self.stays_dead = Some(e.to);
+                            self.dies_for_good(e.to);
                             self.tally.died_frozen += 1;
                             self.trace(format_args!(
                                 "node {} dies for good after freezing {key:?}",
@@ -1901,7 +1902,9 @@ impl Sim {
                 None => {
                     self.lead(MetaCmd::Create(name)).unwrap();
                     let placed = place(&self.leader.meta.snapshot(), name);
-                    self.lead(placed).unwrap();
+                    if matches!(&placed, MetaCmd::Assign(_, p) if !p.is_empty()) {
+                        self.lead(placed).unwrap();
+                    }
                 }
             }
         } else if self.rng.chance(1, 5) {
@@ -1973,6 +1976,16 @@ impl Sim {
         }
         for cmd in dead_targets {
             let _ = self.lead(cmd);
+        }
+        // Partitions left unassigned (created while every member was
+        // dead) are placed over the members alive now.
+        for t in state.topics() {
+            let name = topic_name(t.name());
+            if let MetaCmd::Assign(_, placed) = place(&state, name)
+                && !placed.is_empty()
+            {
+                self.lead(MetaCmd::Assign(name, placed)).unwrap();
+            }
         }
         for m in self.plan() {
             let key = self.key_of(m.topic.as_str(), m.partition);
@@ -2101,38 +2114,33 @@ impl Sim {
     /// metastore), then the broker's freeze. The frozen consumer frontier
     /// must not be below what this node persisted before.
     ///
-    /// Moves name their attempt (a fix the product lacks; the sim models
-    /// it so that its other checks keep their teeth, and
-    /// `NARAD_SIM_UNNAMED_MOVES=1` runs without it). Two attempts of a move
-    /// between the same two nodes look alike to the compare and sets (on
-    /// owner and target) and to the fence (by target), and that loses
-    /// acknowledged records in two ways the sim found:
-    /// * seed 447: a source whose replica lags shows an earlier attempt,
-    ///   aborted since, and freezes for the later one on it; the earlier
-    ///   attempt's AbortMove then applies there and lifts the freeze
-    ///   (`follow_move_outcomes` unfreezes by target) while the later
-    ///   attempt copies the tail and flips: what the source committed after
-    ///   the lift is lost. Named: the source freezes only once its replica
-    ///   has applied as much of the log as the mover's had when the move
-    ///   started (`seen`), so it sees the attempt the mover runs.
-    /// * seed 472: the CompleteMove of an earlier attempt reaches the
-    ///   leader late, after its AbortMove and the next attempt's
-    ///   SetAssignmentTarget, and its compare and set holds: the owner
-    ///   flips to a copy older than what the source committed after the
-    ///   abort. Named: the leader refuses a flip proposed by a mover that
-    ///   started before the current attempt's SetAssignmentTarget.
-    fn source_freezes(
-        &mut self,
-        i: usize,
-        to: usize,
-        key: MoveKey,
-        seen: u64,
-    ) -> Option<FrozenSource> {
+    /// First, as the node RPC handler does (`cluster_node.rs`, 6931e23),
+    /// the freeze waits for this replica to catch up with the leader
+    /// (ReadIndex: it applies what the leader had committed), and is
+    /// refused (503, the mover retries) when it cannot. A replica that
+    /// lagged could show an earlier attempt of a move between the same two
+    /// nodes, aborted since, and freeze for the later one on it; the
+    /// earlier attempt's AbortMove then lifted the freeze when it applied
+    /// here (`follow_move_outcomes` unfreezes by target) while the later
+    /// attempt copied the tail and flipped, and what the source committed
+    /// after the lift was lost (seed 447, before that fix).
+    ///
+    /// Two attempts of one move also look alike to CompleteMove's compare
+    /// and set (on owner and target), which the product does not fix yet:
+    /// the CompleteMove of an earlier attempt can reach the leader late,
+    /// after its AbortMove and the next attempt's SetAssignmentTarget, and
+    /// flip the owner to a copy older than what the source committed after
+    /// the abort (seed 472). The sim names the attempt a flip belongs to
+    /// (the leader refuses a flip from a mover that started before the
+    /// current attempt's SetAssignmentTarget) so that its other checks keep
+    /// their teeth; `NARAD_SIM_UNNAMED_MOVES=1` runs without.
+    fn source_freezes(&mut self, i: usize, to: usize, key: MoveKey) -> Option<FrozenSource> {
+        self.replicate(i, usize::MAX);
         let node = self.nodes[i].as_ref()?;
-        let t = move_topic(node, key)?;
-        if !self.unnamed_moves && node.meta.snapshot().applied_index() < seen {
+        if node.meta.snapshot().applied_index() < self.meta_log.len() as u64 {
             return None;
         }
+        let t = move_topic(node, key)?;
         let known = node.meta.snapshot().assignment(key.topic, key.p).is_some_and(|a| {
             a.owner_id == member(i) && a.target_id.as_deref() == Some(member(to).as_str())
         });
@@ -2285,6 +2293,17 @@ impl Sim {
                 tokio::task::yield_now().await;
             }
         });
+    }
+
+    /// Node `d`, down, stays down for good; the leader marks it dead
+    /// (placement then leaves it out).
+    fn dies_for_good(&mut self, d: usize) {
+        self.stays_dead = Some(d);
+        let status = self.leader.meta.snapshot().member(&member(d)).map(|m| m.status);
+        if status == Some(MemberStatus::Alive) {
+            self.lead(MetaCmd::Dead(d)).unwrap();
+            self.tally.deaths += 1;
+        }
     }
 
     /// Node `i` loses power: whatever was not synced is gone, the last
@@ -2899,7 +2918,7 @@ fn run_seed(seed: u64, n: usize) -> Tally {
             } else if step == 200 || (step == 400 && sim.dies_frozen) {
                 sim.dies_frozen = false;
                 sim.crash(d);
-                sim.stays_dead = Some(d);
+                sim.dies_for_good(d);
             }
         }
         sim.step();
