@@ -2130,10 +2130,11 @@ impl Sim {
     /// the CompleteMove of an earlier attempt can reach the leader late,
     /// after its AbortMove and the next attempt's SetAssignmentTarget, and
     /// flip the owner to a copy older than what the source committed after
-    /// the abort (seed 472). The sim names the attempt a flip belongs to
-    /// (the leader refuses a flip from a mover that started before the
-    /// current attempt's SetAssignmentTarget) so that its other checks keep
-    /// their teeth; `NARAD_SIM_UNNAMED_MOVES=1` runs without.
+    /// the abort (seed 472; seed 286 with the flag below). The sim names
+    /// the attempt a flip belongs to (the leader refuses a flip from a
+    /// mover that started before the current attempt's
+    /// SetAssignmentTarget) so that its other checks keep their teeth;
+    /// `NARAD_SIM_UNNAMED_MOVES=1` runs without.
     fn source_freezes(&mut self, i: usize, to: usize, key: MoveKey) -> Option<FrozenSource> {
         self.replicate(i, usize::MAX);
         let node = self.nodes[i].as_ref()?;
