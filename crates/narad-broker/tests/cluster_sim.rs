@@ -119,7 +119,8 @@
 //! record the live nodes acked is delivered without it unless it had been
 //! committed on it (or moved to it); every fan-out cursor of a live node catches up with
 //! its parent partition except for keyed records waiting for a child
-//! partition the dead node owns (keyless ones go around it), and every
+//! partition the dead node owns (keyless ones go around it unless it owns
+//! every child partition), and every
 //! parent record below those cursors is delivered from the child without
 //! the dead node (unless it held it: committed there, or moved there by a
 //! completed move). Moves from the dead node end (force-promoted or
@@ -1791,10 +1792,14 @@ impl Sim {
                 if c.idle_at(part.log.high_watermark()) {
                     return true;
                 }
+                // Keyless records go around a dead child partition, unless
+                // the dead node owns every child partition (moves and
+                // drains can leave it all of them): nowhere to go.
+                let all_dead = (0..CHILD_PARTITIONS).all(|q| owner_in(&leader, CHILD, q) == dead);
                 let waits_for_dead = |cp: u32, g: &CommitBatch| {
                     dead.is_some()
                         && owner_in(&leader, CHILD, cp) == dead
-                        && g.records.iter().all(|r| r.key.is_some())
+                        && (all_dead || g.records.iter().all(|r| r.key.is_some()))
                 };
                 c.in_flight.is_empty()
                     && c.answers.is_empty()

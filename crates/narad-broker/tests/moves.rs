@@ -224,7 +224,7 @@ async fn the_sources_fence_follows_the_metastore_and_a_restart_keeps_a_moving_pa
     produce(&b, 10, 11).await;
     stays(&b, inc, 10).await;
     // The abort applies: the freeze lifts and the held record commits.
-    meta.abort_move("t", inc, 0, "n2").unwrap();
+    meta.abort_move("t", inc, 0, "n2", None).unwrap();
     wait_hwm(&b, inc, 11).await;
 
     // A move in flight survives a restart of its source frozen: nothing
@@ -239,7 +239,7 @@ async fn the_sources_fence_follows_the_metastore_and_a_restart_keeps_a_moving_pa
     stays(&b, inc, 11).await;
     // The mover renews its freeze and completes: the partition is sealed.
     b.move_freeze("t", inc, 0, "n2", u64::MAX).await.unwrap();
-    meta.complete_move("t", inc, 0, "n1", "n2").unwrap();
+    meta.complete_move("t", inc, 0, "n1", "n2", None).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while b.replay("t", 0, 0, 1).await.err().map(|e| e.status()) != Some(421) {
         assert!(Instant::now() < deadline, "partition 0 never sealed");

@@ -135,6 +135,7 @@ fn rebalance_moves(
             incarnation: t.incarnation(),
             partition: v.partition,
             expected_target: target,
+            attempt: state.assignment(&v.topic, v.partition).and_then(|a| a.move_attempt),
         }));
         v.target = None;
     }

@@ -78,7 +78,7 @@ pub fn apply(state: &MetaState, index: u64, command: &Command) -> Result<Applied
         Command::SeedRootUser(c) => seed_root_user(&mut txn, c)?,
         Command::AttachChild(c) => attach_child(&mut txn, c)?,
         Command::DetachChild(c) => detach_child(&mut txn, c)?,
-        Command::SetAssignmentTarget(c) => set_assignment_target(&mut txn, c)?,
+        Command::SetAssignmentTarget(c) => set_assignment_target(&mut txn, index, c)?,
         Command::CompleteMove(c) => complete_move(&mut txn, c)?,
         Command::AbortMove(c) => abort_move(&mut txn, c)?,
         Command::SetMemberDraining(c) => set_member_draining(&mut txn, c)?,
@@ -538,6 +538,7 @@ fn assign_partitions(txn: &mut Txn, c: &AssignPartitions) -> Result<Response, Me
             owner_id: a.owner_id.clone(),
             target_id: a.target_id.clone(),
             base_offset: None,
+            move_attempt: None,
         };
         parts.insert(a.partition, assignment);
     }
@@ -582,7 +583,11 @@ fn moving_assignment(
     Ok((parts, current))
 }
 
-fn set_assignment_target(txn: &mut Txn, c: &SetAssignmentTarget) -> Result<Response, MetaError> {
+fn set_assignment_target(
+    txn: &mut Txn,
+    index: u64,
+    c: &SetAssignmentTarget,
+) -> Result<Response, MetaError> {
     let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
     let (topic, p) = (&c.topic, c.partition);
     if current.owner_id != c.expected_owner {
@@ -623,13 +628,26 @@ fn set_assignment_target(txn: &mut Txn, c: &SetAssignmentTarget) -> Result<Respo
             "{in_flight} moves are in flight, the most the cluster runs at once"
         )));
     }
-    parts.insert(p, Assignment { target_id: Some(c.target_id.clone()), ..current });
+    parts.insert(
+        p,
+        Assignment { target_id: Some(c.target_id.clone()), move_attempt: Some(index), ..current },
+    );
     txn.put_assignments(topic, parts);
     Ok(Response::Assigned)
 }
 
 fn complete_move(txn: &mut Txn, c: &CompleteMove) -> Result<Response, MetaError> {
     let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
+    if let Some(attempt) = c.attempt
+        && current.move_attempt != Some(attempt)
+    {
+        return Err(conflict(format!(
+            "partition {} of {:?}: the move of attempt {attempt} was given up (the move in flight is attempt {})",
+            c.partition,
+            c.topic,
+            current.move_attempt.map_or("none".to_owned(), |a| a.to_string())
+        )));
+    }
     if current.owner_id != c.expected_owner
         || current.target_id.as_deref() != Some(c.target_id.as_str())
     {
@@ -645,7 +663,12 @@ fn complete_move(txn: &mut Txn, c: &CompleteMove) -> Result<Response, MetaError>
     }
     parts.insert(
         c.partition,
-        Assignment { owner_id: c.target_id.clone(), target_id: None, base_offset: None },
+        Assignment {
+            owner_id: c.target_id.clone(),
+            target_id: None,
+            base_offset: None,
+            move_attempt: None,
+        },
     );
     txn.put_assignments(&c.topic, parts);
     Ok(Response::Assigned)
@@ -653,6 +676,16 @@ fn complete_move(txn: &mut Txn, c: &CompleteMove) -> Result<Response, MetaError>
 
 fn abort_move(txn: &mut Txn, c: &AbortMove) -> Result<Response, MetaError> {
     let (mut parts, current) = moving_assignment(txn, &c.topic, c.incarnation, c.partition)?;
+    if let Some(attempt) = c.attempt
+        && current.move_attempt != Some(attempt)
+    {
+        return Err(conflict(format!(
+            "partition {} of {:?}: the move of attempt {attempt} is over (the move in flight is attempt {})",
+            c.partition,
+            c.topic,
+            current.move_attempt.map_or("none".to_owned(), |a| a.to_string())
+        )));
+    }
     if current.target_id.as_deref() != Some(c.expected_target.as_str()) {
         return Err(conflict(format!(
             "partition {} of {:?} is moving to {}, not {}",
@@ -662,7 +695,7 @@ fn abort_move(txn: &mut Txn, c: &AbortMove) -> Result<Response, MetaError> {
             c.expected_target
         )));
     }
-    parts.insert(c.partition, Assignment { target_id: None, ..current });
+    parts.insert(c.partition, Assignment { target_id: None, move_attempt: None, ..current });
     txn.put_assignments(&c.topic, parts);
     Ok(Response::Assigned)
 }
@@ -730,10 +763,12 @@ fn remove_member(txn: &mut Txn, c: &RemoveMember) -> Result<Response, MetaError>
                     owner_id: new.owner_id.clone(),
                     target_id: None,
                     base_offset: Some(new.base_offset),
+                    move_attempt: None,
                 };
                 changed = true;
             } else if a.target_id.as_deref() == Some(c.id.as_str()) {
                 a.target_id = None;
+                a.move_attempt = None;
                 changed = true;
             }
         }

@@ -888,6 +888,7 @@ fn complete(inc: u64, p: u32, owner: &str, to: &str) -> Command {
         partition: p,
         expected_owner: owner.into(),
         target_id: to.into(),
+        attempt: None,
     })
 }
 
@@ -897,7 +898,43 @@ fn abort(inc: u64, p: u32, to: &str) -> Command {
         incarnation: inc,
         partition: p,
         expected_target: to.into(),
+        attempt: None,
     })
+}
+
+fn with_attempt(mut cmd: Command, attempt: Option<u64>) -> Command {
+    match &mut cmd {
+        Command::CompleteMove(c) => c.attempt = attempt,
+        Command::AbortMove(c) => c.attempt = attempt,
+        _ => unreachable!("only move outcomes name an attempt"),
+    }
+    cmd
+}
+
+/// The same move between the same two members, aborted and planned again,
+/// is another attempt: the earlier attempt's late flip or abort (a mover's
+/// or a source's proposal delayed past the re-plan) is refused, where a
+/// compare and set on owner and target alone would let it act on the new
+/// attempt (cluster_sim seed 472: a late flip installed a copy older than
+/// what the source committed after the abort).
+#[test]
+fn an_earlier_attempt_of_the_same_move_can_neither_flip_nor_abort_the_next() {
+    let mut sm = Sm::default();
+    let inc = moving_state(&mut sm);
+    sm.run(target(inc, 0, "n1", "n4")).unwrap();
+    let first = sm.state.assignment("t", 0).unwrap().move_attempt;
+    assert_eq!(first, Some(sm.state.applied_index()), "the attempt is the command's index");
+    sm.run(with_attempt(abort(inc, 0, "n4"), first)).unwrap();
+    assert_eq!(sm.state.assignment("t", 0).unwrap().move_attempt, None);
+    sm.run(target(inc, 0, "n1", "n4")).unwrap();
+    let second = sm.state.assignment("t", 0).unwrap().move_attempt;
+    assert!(second > first, "{second:?} after {first:?}");
+    let e = sm.refuse(with_attempt(complete(inc, 0, "n1", "n4"), first));
+    assert!(e.to_string().contains("was given up"), "{e}");
+    assert_eq!(sm.refuse(with_attempt(abort(inc, 0, "n4"), first)).status(), 409);
+    sm.run(with_attempt(complete(inc, 0, "n1", "n4"), second)).unwrap();
+    let a = sm.state.assignment("t", 0).unwrap();
+    assert_eq!((a.owner_id.as_str(), a.target_id.as_deref(), a.move_attempt), ("n4", None, None));
 }
 
 #[test]

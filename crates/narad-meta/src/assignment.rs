@@ -21,4 +21,12 @@ pub struct Assignment {
     /// a copy of the log).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_offset: Option<u64>,
+    /// The metastore log index of the `SetAssignmentTarget` that started
+    /// the move in flight (with `target_id`): names the attempt, so that a
+    /// `CompleteMove` or `AbortMove` of an earlier attempt between the same
+    /// two members (aborted since, then planned again) cannot act on this
+    /// one. Absent when nothing moves (and in records written before it
+    /// existed: such a move is matched on owner and target only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_attempt: Option<u64>,
 }

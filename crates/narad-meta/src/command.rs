@@ -313,6 +313,12 @@ pub struct CompleteMove {
     pub expected_owner: String,
     /// The target that copied the partition and becomes its owner.
     pub target_id: String,
+    /// The attempt the flip belongs to (the target's
+    /// [`crate::Assignment::move_attempt`] when its copy started): refused
+    /// (409) unless it is still the move in flight. Absent: matched on
+    /// owner and target only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u64>,
 }
 
 /// Gives a move up: clears the target, only if it is `expected_target`
@@ -328,6 +334,10 @@ pub struct AbortMove {
     pub partition: u32,
     /// The target the aborting side saw.
     pub expected_target: String,
+    /// The attempt given up (see [`CompleteMove::attempt`]); absent:
+    /// whichever move to `expected_target` is in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u64>,
 }
 
 /// Marks a member draining (decommission) or clears the mark (cancel). A
@@ -688,6 +698,7 @@ mod tests {
                     partition: 2,
                     expected_owner: "n1".into(),
                     target_id: "n4".into(),
+                    attempt: None,
                 }),
                 r#"{"op":14,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_owner":"n1","target_id":"n4"}}"#,
             ),
@@ -697,8 +708,9 @@ mod tests {
                     incarnation: 7,
                     partition: 2,
                     expected_target: "n4".into(),
+                    attempt: Some(812),
                 }),
-                r#"{"op":15,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_target":"n4"}}"#,
+                r#"{"op":15,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_target":"n4","attempt":812}}"#,
             ),
             (
                 Command::SetMemberDraining(SetMemberDraining { id: "n2".into(), draining: true }),
@@ -833,6 +845,21 @@ mod tests {
             unassigned_only: true,
         });
         let bytes = r#"{"op":4,"d":{"topic":"orders","incarnation":12,"assignments":[{"partition":0,"owner_id":"n3","target_id":null}],"unassigned_only":true}}"#;
+        assert_eq!(serde_json::to_string(&cmd).unwrap(), bytes);
+        assert_eq!(serde_json::from_str::<Command>(bytes).unwrap(), cmd);
+    }
+
+    #[test]
+    fn a_flip_names_its_attempt_and_one_logged_without_it_still_decodes() {
+        let cmd = Command::CompleteMove(CompleteMove {
+            topic: "orders".into(),
+            incarnation: 7,
+            partition: 2,
+            expected_owner: "n1".into(),
+            target_id: "n4".into(),
+            attempt: Some(812),
+        });
+        let bytes = r#"{"op":14,"d":{"topic":"orders","incarnation":7,"partition":2,"expected_owner":"n1","target_id":"n4","attempt":812}}"#;
         assert_eq!(serde_json::to_string(&cmd).unwrap(), bytes);
         assert_eq!(serde_json::from_str::<Command>(bytes).unwrap(), cmd);
     }

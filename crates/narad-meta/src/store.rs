@@ -397,7 +397,8 @@ impl MetaStore {
     }
 
     /// Flips the owner of a moving partition to its target, if it is still
-    /// `expected_owner` moving to `target` ([`CompleteMove`]).
+    /// `expected_owner` moving to `target` in move `attempt`
+    /// ([`CompleteMove`]).
     pub fn complete_move(
         &self,
         topic: &str,
@@ -405,6 +406,7 @@ impl MetaStore {
         partition: u32,
         expected_owner: &str,
         target: &str,
+        attempt: Option<u64>,
     ) -> Result<(), MetaError> {
         let command = CompleteMove {
             topic: topic.to_owned(),
@@ -412,24 +414,27 @@ impl MetaStore {
             partition,
             expected_owner: expected_owner.to_owned(),
             target_id: target.to_owned(),
+            attempt,
         };
         self.propose(Command::CompleteMove(command)).map(drop)
     }
 
-    /// Clears a move's target, if it is still `expected_target`
-    /// ([`AbortMove`]).
+    /// Clears a move's target, if it is still `expected_target` (in move
+    /// `attempt`, when given) ([`AbortMove`]).
     pub fn abort_move(
         &self,
         topic: &str,
         incarnation: u64,
         partition: u32,
         expected_target: &str,
+        attempt: Option<u64>,
     ) -> Result<(), MetaError> {
         let command = AbortMove {
             topic: topic.to_owned(),
             incarnation,
             partition,
             expected_target: expected_target.to_owned(),
+            attempt,
         };
         self.propose(Command::AbortMove(command)).map(drop)
     }

@@ -111,6 +111,17 @@ struct Move {
     incarnation: u64,
     partition: u32,
     source: String,
+    /// The metastore's name for this attempt of the move
+    /// (`Assignment::move_attempt`): its flip and abort name it, so a later
+    /// attempt between the same two nodes is never acted on by this one.
+    attempt: Option<u64>,
+}
+
+impl Move {
+    /// The partition it moves: one task per partition at a time.
+    fn slot(&self) -> (String, u64, u32) {
+        (self.topic.clone(), self.incarnation, self.partition)
+    }
 }
 
 /// `{outcome}` of a move this node ran as its destination.
@@ -345,7 +356,7 @@ pub async fn expire_freezes(broker: Arc<Broker>, mut stop: tokio::sync::watch::R
             let k = key.clone();
             let t = target.clone();
             let aborted = tokio::task::spawn_blocking(move || {
-                meta.abort_move(&k.topic, k.incarnation, k.partition, &t)
+                meta.abort_move(&k.topic, k.incarnation, k.partition, &t, None)
             })
             .await;
             match aborted {
@@ -409,7 +420,7 @@ pub struct Mover {
     meta: Arc<MetaStore>,
     broker: Arc<Broker>,
     transport: Arc<Transport>,
-    running: Mutex<BTreeSet<Move>>,
+    running: Mutex<BTreeSet<(String, u64, u32)>>,
     progress: Mutex<BTreeMap<Move, Running>>,
     /// The fan-out cursors each frozen source answered, stored with the
     /// installed copy before the flip.
@@ -472,8 +483,7 @@ impl Mover {
                 _ = stop.changed() => return,
             }
             for m in self.moves_to_me() {
-                let fresh =
-                    self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(m.clone());
+                let fresh = self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(m.slot());
                 if !fresh {
                     continue;
                 }
@@ -484,7 +494,7 @@ impl Mover {
                         () = me.clone().run_move(m.clone()) => {}
                         _ = wait_stop(stop) => {}
                     }
-                    me.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&m);
+                    me.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&m.slot());
                 });
             }
         }
@@ -502,6 +512,7 @@ impl Mover {
                         incarnation: t.incarnation(),
                         partition: p,
                         source: a.owner_id.clone(),
+                        attempt: a.move_attempt,
                     });
                 }
             }
@@ -540,7 +551,7 @@ impl Mover {
                     "partition move failed: aborting it");
                 let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
                 let aborted = tokio::task::spawn_blocking(move || {
-                    meta.abort_move(&m2.topic, m2.incarnation, m2.partition, &me)
+                    meta.abort_move(&m2.topic, m2.incarnation, m2.partition, &me, m2.attempt)
                 })
                 .await;
                 if let Ok(Err(e)) = aborted
@@ -624,7 +635,7 @@ impl Mover {
         }
         let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
         tokio::task::spawn_blocking(move || {
-            meta.complete_move(&m2.topic, m2.incarnation, m2.partition, &m2.source, &me)
+            meta.complete_move(&m2.topic, m2.incarnation, m2.partition, &m2.source, &me, m2.attempt)
         })
         .await
         .map_err(|e| e.to_string())?

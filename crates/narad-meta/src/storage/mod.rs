@@ -620,17 +620,38 @@ mod tests {
         assert_eq!(String::from_utf8(encode(&topic)).unwrap(), golden);
         assert_eq!(decode::<Topic>("t", golden.as_bytes()).unwrap(), topic);
 
-        let a = Assignment { owner_id: "n1".into(), target_id: None, base_offset: None };
+        let a = Assignment {
+            owner_id: "n1".into(),
+            target_id: None,
+            base_offset: None,
+            move_attempt: None,
+        };
         assert_eq!(encode(&a), br#"{"owner_id":"n1"}"#);
+        // A move in flight names its attempt (the index of its
+        // SetAssignmentTarget).
+        let a = Assignment {
+            owner_id: "n1".into(),
+            target_id: Some("n3".into()),
+            base_offset: None,
+            move_attempt: Some(4321),
+        };
+        let golden = br#"{"owner_id":"n1","target_id":"n3","move_attempt":4321}"#;
+        assert_eq!(encode(&a), golden);
+        assert_eq!(decode::<Assignment>("a", golden).unwrap(), a);
         // A partition of a removed member (op 17) carries its start offset;
         // records without it (every one written before it existed) read
         // back with none.
-        let a = Assignment { owner_id: "n2".into(), target_id: None, base_offset: Some(1_048_600) };
+        let a = Assignment {
+            owner_id: "n2".into(),
+            target_id: None,
+            base_offset: Some(1_048_600),
+            move_attempt: None,
+        };
         let golden = br#"{"owner_id":"n2","base_offset":1048600}"#;
         assert_eq!(encode(&a), golden);
         assert_eq!(decode::<Assignment>("a", golden).unwrap(), a);
         let old = decode::<Assignment>("a", br#"{"owner_id":"n1","target_id":"n2"}"#).unwrap();
-        assert_eq!(old.base_offset, None);
+        assert_eq!((old.base_offset, old.move_attempt), (None, None));
         let m = Member {
             id: "n1".into(),
             addr: "h:1".into(),
