@@ -69,9 +69,9 @@
 //! half of the seeds that lose a node for good lose the first source that
 //! answers a freeze after a third of the run. Move timings are shortened
 //! (see [`FREEZE_TTL`]). A source freezes only on a replica caught up with
-//! the leader (ReadIndex, as the node does), and the sim names the attempt
-//! a CompleteMove belongs to (see [`Sim::source_freezes`]: the product does
-//! not yet; `NARAD_SIM_UNNAMED_MOVES=1` runs without).
+//! the leader (ReadIndex, as the node does), and a mover's CompleteMove
+//! names its attempt (see [`Sim::source_freezes`];
+//! `NARAD_SIM_UNNAMED_MOVES=1` runs without).
 //!
 //! After the run every link heals, every node restarts, the backlogs are
 //! dispatched, the moves run out, the planner converges, and every
@@ -287,8 +287,8 @@ enum MetaCmd {
     /// node `.2`.
     Target(MoveKey, usize, usize),
     /// CompleteMove: the owner flips from `.1` to `.2` (a compare and set
-    /// on both).
-    Complete(MoveKey, usize, usize),
+    /// on both, and on the attempt `.3` when it names one).
+    Complete(MoveKey, usize, usize, Option<u64>),
     /// AbortMove: the move to `.1` is called off (a compare and set on the
     /// target).
     Abort(MoveKey, usize),
@@ -332,8 +332,8 @@ fn apply_meta(meta: &MetaStore, topics: Option<&Topics>, cmd: &MetaCmd) -> Resul
         MetaCmd::Target(m, from, to) => {
             meta.set_assignment_target(m.topic, m.inc, m.p, &member(from), &member(to))
         }
-        MetaCmd::Complete(m, from, to) => {
-            meta.complete_move(m.topic, m.inc, m.p, &member(from), &member(to), None)
+        MetaCmd::Complete(m, from, to, attempt) => {
+            meta.complete_move(m.topic, m.inc, m.p, &member(from), &member(to), attempt)
         }
         MetaCmd::Abort(m, to) => meta.abort_move(m.topic, m.inc, m.p, &member(to), None),
         MetaCmd::Attach => meta
@@ -440,8 +440,10 @@ struct Node {
 /// messages of the simulated network.
 struct SimMove {
     source: usize,
-    /// The mover's replica's applied index when the move started.
-    seen: u64,
+    /// The attempt its replica showed (`move_attempt`: the log index of the
+    /// SetAssignmentTarget), named by its CompleteMove; `None` with
+    /// `NARAD_SIM_UNNAMED_MOVES=1`.
+    attempt: Option<u64>,
     copy: Option<IncomingCopy>,
     /// The last listing, how far behind it the copy was, the rounds done.
     listing: Option<MoveListing>,
@@ -856,9 +858,9 @@ impl MoverCtx<'_> {
         }
         let (r, life) = (req(), self.life);
         m.waiting = Some((r, MoveCall::Flip, now + PROPOSE_BUDGET));
-        let cmd = MetaCmd::Complete(key, m.source, self.me);
-        let (forced, seen) = (m.forced, m.seen);
-        Step::Installed(frozen, Msg::Propose { cmd, req: r, life, forced, seen })
+        let cmd = MetaCmd::Complete(key, m.source, self.me, m.attempt);
+        let forced = m.forced;
+        Step::Installed(frozen, Msg::Propose { cmd, req: r, life, forced })
     }
 }
 
@@ -1005,14 +1007,12 @@ enum Msg {
     },
     /// A node proposes a metadata command to the leader (a mover's
     /// CompleteMove or AbortMove, a source's AbortMove of an expired
-    /// freeze; `forced`: a force-promotion; `seen`: for a mover's, how much
-    /// of the log its replica had applied when its move started).
+    /// freeze; `forced`: a force-promotion).
     Propose {
         cmd: MetaCmd,
         req: u64,
         life: u64,
         forced: bool,
-        seen: u64,
     },
     /// Whether it applied (the leader's answer; lost like any message, or
     /// never sent when the leader changed meanwhile).
@@ -1161,7 +1161,8 @@ struct Tally {
     moves_completed: u64,
     moves_forced: u64,
     moves_aborted: u64,
-    /// Flips of an earlier attempt refused (see [`Sim::source_freezes`]).
+    /// Flips of an earlier attempt the metastore refused (see
+    /// [`Sim::source_freezes`]).
     stale_flips: u64,
     /// Power losses of a move's source and of its destination while it
     /// ran (counted per move), and sources that died for good right after
@@ -1218,12 +1219,9 @@ struct Sim {
     stays_dead: Option<usize>,
     /// The next node to answer a freeze dies for good then.
     dies_frozen: bool,
-    /// `NARAD_SIM_UNNAMED_MOVES=1`: a move's flip does not name the
-    /// attempt it belongs to, as the metastore's CompleteMove does not yet
-    /// (see [`Sim::source_freezes`]).
+    /// `NARAD_SIM_UNNAMED_MOVES=1`: a mover's CompleteMove does not name
+    /// its attempt (see [`Sim::source_freezes`]).
     unnamed_moves: bool,
-    /// The log position of each move's SetAssignmentTarget (its attempt).
-    attempts: HashMap<MoveKey, usize>,
 }
 
 impl Sim {
@@ -1315,7 +1313,6 @@ impl Sim {
             next_id: 0,
             trace: std::env::var("NARAD_SIM_TRACE").is_ok_and(|v| v == "1"),
             unnamed_moves: std::env::var("NARAD_SIM_UNNAMED_MOVES").is_ok_and(|v| v == "1"),
-            attempts: HashMap::new(),
             dies_frozen: false,
         }
     }
@@ -1937,11 +1934,8 @@ impl Sim {
         apply_meta(&self.leader.meta, None, &cmd)?;
         self.trace(format_args!("metadata: {cmd:?}"));
         match cmd {
-            MetaCmd::Target(key, ..) => {
-                self.tally.moves_started += 1;
-                self.attempts.insert(key, self.meta_log.len());
-            }
-            MetaCmd::Complete(key, _, to) => {
+            MetaCmd::Target(..) => self.tally.moves_started += 1,
+            MetaCmd::Complete(key, _, to, _) => {
                 self.tally.moves_completed += 1;
                 // The new owner holds whatever the partition held: for the
                 // checks without a dead node, what it holds is as if
@@ -2059,7 +2053,7 @@ impl Sim {
     /// applies if its compare and set holds on the leader's state, and is
     /// answered.
     fn leader_receives(&mut self, from: usize, msg: Msg) {
-        let Msg::Propose { cmd, req, life, forced, seen } = msg else {
+        let Msg::Propose { cmd, req, life, forced } = msg else {
             unreachable!("only proposals go to the leader")
         };
         let key = match cmd {
@@ -2068,16 +2062,21 @@ impl Sim {
         };
         let complete = matches!(cmd, MetaCmd::Complete(..));
         // The flip of an earlier attempt of this move (between the same
-        // two nodes, aborted since), arriving late: refused when moves name
-        // their attempt (see [`Sim::source_freezes`]).
-        let stale = complete
-            && !self.unnamed_moves
-            && self.attempts.get(&key).is_some_and(|&at| seen <= at as u64);
-        if stale {
-            self.tally.stale_flips += 1;
-            self.trace(format_args!("stale flip refused: {cmd:?} seen {seen}"));
+        // two nodes, aborted since), arriving late: the metastore refuses
+        // it when it names its attempt (3e7d525).
+        if let MetaCmd::Complete(k, from, to, Some(attempt)) = cmd {
+            let state = self.leader.meta.snapshot();
+            let a = state.assignment(k.topic, k.p);
+            if a.is_some_and(|a| {
+                a.owner_id == member(from)
+                    && a.target_id == Some(member(to))
+                    && a.move_attempt != Some(attempt)
+            }) {
+                self.tally.stale_flips += 1;
+                self.trace(format_args!("stale flip refused: {cmd:?}"));
+            }
         }
-        let ok = !stale && self.lead(cmd).is_ok();
+        let ok = self.lead(cmd.clone()).is_ok();
         if ok && complete && forced {
             self.tally.moves_forced += 1;
         }
@@ -2103,7 +2102,7 @@ impl Sim {
             }
             assert_eq!(node.meta.snapshot().applied_index() as usize, at + 1, "seed {}", self.seed);
             match *cmd {
-                MetaCmd::Complete(key, from, to) if from == i => {
+                MetaCmd::Complete(key, from, to, _) if from == i => {
                     node.owner.fences().seal_moved(&key.fence(), &member(to))
                 }
                 MetaCmd::Abort(key, to) => {
@@ -2130,16 +2129,16 @@ impl Sim {
     /// attempt copied the tail and flipped, and what the source committed
     /// after the lift was lost (seed 447, before that fix).
     ///
-    /// Two attempts of one move also look alike to CompleteMove's compare
-    /// and set (on owner and target), which the product does not fix yet:
-    /// the CompleteMove of an earlier attempt can reach the leader late,
-    /// after its AbortMove and the next attempt's SetAssignmentTarget, and
-    /// flip the owner to a copy older than what the source committed after
-    /// the abort (seed 472; seed 286 with the flag below). The sim names
-    /// the attempt a flip belongs to (the leader refuses a flip from a
-    /// mover that started before the current attempt's
-    /// SetAssignmentTarget) so that its other checks keep their teeth;
-    /// `NARAD_SIM_UNNAMED_MOVES=1` runs without.
+    /// Two attempts of one move also looked alike to CompleteMove's
+    /// compare and set (on owner and target): the CompleteMove of an
+    /// earlier attempt could reach the leader late, after its AbortMove and
+    /// the next attempt's SetAssignmentTarget, and flip the owner to a copy
+    /// older than what the source committed after the abort (seed 472).
+    /// Since 3e7d525 a CompleteMove names its attempt (the assignment's
+    /// `move_attempt`, which the mover reads from its replica), and the
+    /// metastore refuses a stale one; `NARAD_SIM_UNNAMED_MOVES=1` proposes
+    /// without it, as commands logged before the field (seed 286 then
+    /// fails).
     fn source_freezes(&mut self, i: usize, to: usize, key: MoveKey) -> Option<FrozenSource> {
         self.replicate(i, usize::MAX);
         let node = self.nodes[i].as_ref()?;
@@ -2179,6 +2178,7 @@ impl Sim {
         let life = self.lives[i];
         let wall = self.clocks[i].wall_ms();
         let n = self.n;
+        let unnamed = self.unnamed_moves;
         let clock = self.clocks[i].clone();
         let mut traces = Vec::new();
         let Some(node) = self.nodes[i].as_mut() else { return };
@@ -2196,7 +2196,7 @@ impl Sim {
                 };
                 let k = MoveKey { topic: t, inc: key.incarnation, p: key.partition };
                 let cmd = MetaCmd::Abort(k, node_named(&target));
-                sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+                sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false }));
             }
             let snap = node.meta.snapshot();
             let mut to_me = Vec::new();
@@ -2205,18 +2205,19 @@ impl Sim {
                 for (&p, a) in snap.assignments(name).into_iter().flat_map(|a| a.iter()) {
                     if a.target_id.as_deref() == Some(member(i).as_str()) {
                         let key = MoveKey { topic: name, inc: t.incarnation(), p };
-                        to_me.push((key, node_named(&a.owner_id), t.clone()));
+                        let attempt = a.move_attempt.filter(|_| !unnamed);
+                        to_me.push((key, node_named(&a.owner_id), t.clone(), attempt));
                     }
                 }
             }
             to_me.truncate(MAX_MOVES_IN_FLIGHT);
-            for (key, source, t) in to_me {
+            for (key, source, t, attempt) in to_me {
                 if node.movers.contains_key(&key) {
                     continue;
                 }
                 let Ok(copy) = node.topics.incoming_copy(&t, key.p) else {
                     let cmd = MetaCmd::Abort(key, i);
-                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false }));
                     continue;
                 };
                 let r = req();
@@ -2224,7 +2225,7 @@ impl Sim {
                     key,
                     SimMove {
                         source,
-                        seen: snap.applied_index(),
+                        attempt,
                         copy: Some(copy),
                         listing: None,
                         behind: 0,
@@ -2272,7 +2273,7 @@ impl Sim {
                         let _ = copy.abandon();
                     }
                     let cmd = MetaCmd::Abort(key, i);
-                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false, seen: 0 }));
+                    sends.push((n, Msg::Propose { cmd, req: req(), life, forced: false }));
                     traces.push(format!("node {i}: move of {key:?} aborted: {why}"));
                 }
             }
