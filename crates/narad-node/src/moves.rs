@@ -96,6 +96,35 @@ fn chunk_delay() -> Option<Duration> {
     })
 }
 
+/// Test-only: the mover waits this many milliseconds after the source
+/// froze, before copying the tail (a test kills the source there).
+pub const PAUSE_AFTER_FREEZE_ENV: &str = "NARAD_TEST_MOVE_PAUSE_AFTER_FREEZE_MS";
+
+/// Test-only: force-promote after the source has been dead this many
+/// milliseconds instead of [`MOVE_FORCE_PROMOTE_AFTER`].
+pub const FORCE_PROMOTE_AFTER_ENV: &str = "NARAD_TEST_MOVE_FORCE_PROMOTE_AFTER_MS";
+
+fn test_ms(
+    name: &'static str,
+    cell: &'static std::sync::OnceLock<Option<Duration>>,
+) -> Option<Duration> {
+    *cell.get_or_init(|| {
+        let ms: u64 = std::env::var(name).ok()?.trim().parse().ok()?;
+        warn!(ms, "test hook {name}: {ms} ms");
+        Some(Duration::from_millis(ms))
+    })
+}
+
+fn pause_after_freeze() -> Option<Duration> {
+    static CELL: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    test_ms(PAUSE_AFTER_FREEZE_ENV, &CELL)
+}
+
+fn force_promote_after() -> Duration {
+    static CELL: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    test_ms(FORCE_PROMOTE_AFTER_ENV, &CELL).unwrap_or(MOVE_FORCE_PROMOTE_AFTER)
+}
+
 /// Why a copy stopped: the source did not answer (or refused) a call,
 /// with the freeze answer if it had frozen; or a step on this node failed.
 #[derive(Debug)]
@@ -602,6 +631,9 @@ impl Mover {
             r.phase = MovePhase::Frozen;
             r.rounds += 1;
         });
+        if let Some(d) = pause_after_freeze() {
+            tokio::time::sleep(d).await;
+        }
         let with_freeze = |stall: Stall| match stall {
             Stall::Source(why, _) => Stall::Source(why, Some(frozen)),
             local => local,
@@ -690,7 +722,7 @@ impl Mover {
                 continue;
             }
             let since = *dead_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < MOVE_FORCE_PROMOTE_AFTER {
+            if since.elapsed() < force_promote_after() {
                 continue;
             }
             let Some(frozen) = frozen else {

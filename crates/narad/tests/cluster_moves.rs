@@ -607,3 +607,66 @@ fn a_fanout_parent_partition_moves_with_its_cursor_and_the_child_misses_nothing(
         "the child got {deliveries} deliveries of 4,000 records: its cursor started over"
     );
 }
+
+/// A move's source dies for good after it froze (`kill -9` while the
+/// target pauses after the freeze, test hooks shorten the 2-minute wait to
+/// 2 s): the copy holds the frozen high watermark (nothing was produced
+/// since the last round), so once the source is marked dead the target
+/// force-promotes it; every record acknowledged before is delivered from
+/// the new owner.
+#[test]
+fn a_frozen_source_that_dies_is_replaced_by_its_complete_copy() {
+    let opts = ClusterOpts::dev()
+        .node_env(2, "NARAD_TEST_MOVE_PAUSE_AFTER_FREEZE_MS", "6000")
+        .node_env(2, "NARAD_TEST_MOVE_FORCE_PROMOTE_AFTER_MS", "2000");
+    let mut c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(30));
+    let owners = c.create_placed(leader, json!({"name": "fpr", "partitions": 3}));
+    let source = c.index_of(&owners[0]).unwrap();
+    assert_ne!(source, 2, "partition 0 is not on n3 already: {owners:?}");
+    let via = (0..3).find(|&i| i != source && i != 2).unwrap();
+    let produced: BTreeSet<u64> = produce_bulk(&c, via, "fpr", 0, 2_000).into_iter().collect();
+    wait_for(
+        Duration::from_secs(30),
+        "the 2,000 records committed on the source",
+        || {
+            let (_, v) = c.get_json(source, "/v1/topics/fpr")?;
+            (v["partition_stats"][0]["high_watermark"].as_u64()? >= 2_000).then_some(())
+        },
+        || c.describe(),
+    );
+    let r = c
+        .request(via, Method::POST, "/v1/cluster/moves")
+        .body(json!({"topic": "fpr", "partition": 0, "to": "n3"}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    wait_for(
+        Duration::from_secs(30),
+        "n3 froze the source",
+        || {
+            let (_, v) = c.get_json(2, "/v1/cluster/moves")?;
+            let m = v["moves"].as_array()?.iter().find(|m| m["topic"] == "fpr")?.clone();
+            (m["progress"]["phase"] == "frozen").then_some(())
+        },
+        || c.describe(),
+    );
+    c.kill9(source);
+    let killed = Instant::now();
+    wait_for(
+        Duration::from_secs(120),
+        "partition 0 force-promoted to n3",
+        || {
+            [via, 2]
+                .iter()
+                .all(|&i| owner_seen(&c, i, "fpr", 0).as_deref() == Some("n3"))
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    eprintln!("force-promoted {:?} after the source's kill", killed.elapsed());
+    assert!(c.node(2).log().contains("force-promoting the copy"), "{}", c.node(2).log_tail());
+    let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
+    assert!(metrics.contains("narad_moves_total{outcome=\"force_promoted\"} 1"), "{metrics}");
+    deliver_all(&c, "fpr", &produced);
+}
