@@ -117,7 +117,9 @@
 //! A quarter of the seeds crash one node for good a third of the way in:
 //! the others then settle without it (its member marked dead), and every
 //! record the live nodes acked is delivered without it unless it had been
-//! committed on it (or moved to it); every fan-out cursor of a live node catches up with
+//! committed on it (or moved to it), or the dead node owns every partition
+//! of its topic (moves, drains and placement can leave it all of them:
+//! the records wait for it, nothing to reroute to); every fan-out cursor of a live node catches up with
 //! its parent partition except for keyed records waiting for a child
 //! partition the dead node owns (keyless ones go around it unless it owns
 //! every child partition), and every
@@ -2695,12 +2697,31 @@ impl Sim {
         for &i in &live {
             self.cycle(i);
         }
+        // A topic every partition of which the dead node owns (moves,
+        // drains and placement can leave it all of them): its records have
+        // no sibling to go to, and wait for it.
+        let stranded = |s: &Sim, topic: &str| {
+            let state = s.leader.meta.snapshot();
+            state
+                .topic(topic)
+                .is_some_and(|t| (0..t.partitions()).all(|p| owner_in(&state, topic, p) == Some(d)))
+        };
         let settled = |s: &Sim| {
             live.iter().all(|&i| {
                 let n = s.nodes[i].as_ref().unwrap();
-                n.core.checkpoint() == n.wal.durable_next()
-                    && n.core.skipped() == 0
-                    && n.waiting.is_empty()
+                let waits: usize = n
+                    .core
+                    .troubled()
+                    .iter()
+                    .filter(|t| stranded(s, &t.dest.topic))
+                    .map(|t| t.skipped)
+                    .sum();
+                let drained = if waits == 0 {
+                    n.core.checkpoint() == n.wal.durable_next()
+                } else {
+                    n.core.held() == 0 && n.core.in_flight() == 0
+                };
+                drained && n.core.skipped() == waits && n.waiting.is_empty()
             }) && s.cursors_settled(&live, Some(d))
                 && s.moves_settled(&live)
         };
@@ -2745,11 +2766,14 @@ impl Sim {
             let inc = self.leader.meta.topic(&name).map(|t| t.incarnation());
             inc.is_some() && l.incarnation.get(p).copied() == inc
         };
+        let stranded_topics: Vec<&str> = TOPICS.into_iter().filter(|t| stranded(self, t)).collect();
+        let stranded_record =
+            |p: &Vec<u8>| stranded_topics.iter().any(|t| p.starts_with(format!("{t}@").as_bytes()));
         let owed: Vec<&Vec<u8>> = l
             .acked
             .iter()
             .filter(|p| l.accepted_by.get(*p) != Some(&d))
-            .filter(|p| live_inc(p) && !l.committed_on[d].contains(*p))
+            .filter(|p| live_inc(p) && !l.committed_on[d].contains(*p) && !stranded_record(p))
             .collect();
         let missing: Vec<String> = owed
             .iter()
