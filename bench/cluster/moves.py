@@ -227,8 +227,13 @@ def disk(a, res):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def rate_env(env, rate):
+    """`env` with NARAD_CLUSTER_MOVE_COPY_RATE (None: the node's default)."""
+    return env if rate is None else dict(env, NARAD_CLUSTER_MOVE_COPY_RATE=str(rate))
+
+
 def copy(a, res):
-    c = Cluster(a.binary, 3, env=a.env)
+    c = Cluster(a.binary, 3, env=rate_env(a.env, a.copy_rate))
     try:
         wait_alive(c, 3)
         topic = "mv-copy"
@@ -393,7 +398,7 @@ def lat_row(name, pairs):
 
 
 def stall(a, res):
-    c = Cluster(a.binary, 3, env=a.env)
+    c = Cluster(a.binary, 3, env=rate_env(a.env, a.copy_rate))
     try:
         wait_alive(c, 3)
         topic = "mv-stall"
@@ -454,7 +459,7 @@ def stall(a, res):
 
 
 def rebalance(a, res):
-    env = dict(a.env, NARAD_CLUSTER_INITIAL_MEMBERS="n1,n2,n3")
+    env = dict(rate_env(a.env, a.rb_copy_rate), NARAD_CLUSTER_INITIAL_MEMBERS="n1,n2,n3")
     c = Cluster(a.binary, 4, env=env, start=3)
     load = None
     try:
@@ -569,12 +574,20 @@ def main():
     ap.add_argument("--phases", default="disk,copy,stall,rebalance")
     ap.add_argument("--perf", help="perf record -g the copy phase's source and destination into this file")
     ap.add_argument("--secret", help="NARAD_CLUSTER_SECRET of every node")
+    ap.add_argument("--copy-rate", type=int, default=0,
+                    help="cluster.move_copy_rate (bytes/s) of the copy and stall phases (0: no limit, "
+                         "the mechanism's own speed)")
+    ap.add_argument("--rb-copy-rate", type=int, default=None,
+                    help="cluster.move_copy_rate (bytes/s) of the rebalance phase (default: the node's "
+                         "default, 32 MiB/s)")
     a = ap.parse_args()
     a.binary = os.path.abspath(a.binary)
     a.env = {"NARAD_CLUSTER_SECRET": a.secret} if a.secret else {}
     phases = a.phases.split(",")
     res = {}
     print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+    print(f"move copy rate: copy/stall {a.copy_rate or 'unlimited'}, rebalance "
+          f"{a.rb_copy_rate if a.rb_copy_rate is not None else 'the default (32 MiB/s)'}", flush=True)
     if "disk" in phases:
         disk(a, res)
     if "copy" in phases:

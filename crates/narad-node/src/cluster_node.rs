@@ -349,6 +349,8 @@ pub struct ClusterNode {
     /// The destination's mover, once the broker is attached.
     mover: OnceLock<Arc<crate::moves::Mover>>,
     move_metrics: crate::moves::MoveMetrics,
+    /// `cluster.move_copy_rate` (bytes/s, 0: none).
+    move_copy_rate: u64,
     /// `narad_cluster_forwarded_requests_total{op,peer,outcome}`.
     forwarded: Family<ForwardLabels, Counter>,
     /// What forwarded consumes whose caller went away gave back.
@@ -567,6 +569,7 @@ impl ClusterNode {
             move_stop: tokio::sync::watch::channel(false).0,
             mover: OnceLock::new(),
             move_metrics: crate::moves::MoveMetrics::new(registry),
+            move_copy_rate: settings.move_copy_rate,
             forwarded,
             releases: crate::forwarded_consume::Releases::new(registry),
         }))
@@ -586,6 +589,7 @@ impl ClusterNode {
                 broker.clone(),
                 self.transport.clone(),
                 self.move_metrics.clone(),
+                crate::copy_rate::CopyRate::new(self.move_copy_rate),
             );
             let _ = self.mover.set(mover.clone());
             let mut tasks = self.move_tasks.lock().unwrap_or_else(|p| p.into_inner());

@@ -31,6 +31,7 @@
 pub mod cluster_node;
 pub mod consume;
 pub mod control_restart;
+pub mod copy_rate;
 pub mod error;
 pub mod fanout_peers;
 pub mod forward;

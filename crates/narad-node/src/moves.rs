@@ -56,6 +56,8 @@ use narad_cluster::moves::{CursorBody, FrozenBody, SegmentBody, SegmentsBody};
 use narad_cluster::rpc::{Handoff, MovePartition, Reply, Request, SegmentChunk};
 use narad_cluster::transport::Transport;
 use narad_log::copy::{IncomingCopy, SegmentExtent};
+
+use crate::copy_rate::CopyRate;
 use narad_meta::limits::{
     MAX_MOVES_IN_FLIGHT, MOVE_CATCH_UP_BYTES, MOVE_CHUNK_BYTES, MOVE_FORCE_PROMOTE_AFTER,
     MOVE_FREEZE_TTL, MOVE_MAX_ROUNDS,
@@ -174,6 +176,9 @@ pub struct MoveMetrics {
     duration: Histogram,
     /// `narad_moves_bytes_total`: segment bytes copied from sources.
     bytes: Counter,
+    /// `narad_moves_throttled_seconds_total`: time chunk fetches waited
+    /// on `cluster.move_copy_rate`.
+    throttled: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl MoveMetrics {
@@ -184,6 +189,7 @@ impl MoveMetrics {
             total: Family::default(),
             duration: Histogram::new(exponential_buckets(0.05, 2.0, 16)),
             bytes: Counter::default(),
+            throttled: Counter::default(),
         };
         registry.register(
             "moves_inflight",
@@ -204,6 +210,11 @@ impl MoveMetrics {
             "moves_bytes",
             "Partition segment bytes copied from move sources",
             m.bytes.clone(),
+        );
+        registry.register(
+            "moves_throttled_seconds",
+            "Time the copy rounds of moves to this node waited on cluster.move_copy_rate",
+            m.throttled.clone(),
         );
         m
     }
@@ -455,6 +466,8 @@ pub struct Mover {
     /// installed copy before the flip.
     cursors: Mutex<BTreeMap<Move, Vec<CursorState>>>,
     metrics: MoveMetrics,
+    /// `cluster.move_copy_rate`, shared by every move to this node.
+    rate: CopyRate,
 }
 
 impl Mover {
@@ -465,6 +478,7 @@ impl Mover {
         broker: Arc<Broker>,
         transport: Arc<Transport>,
         metrics: MoveMetrics,
+        rate: CopyRate,
     ) -> Arc<Mover> {
         Arc::new(Mover {
             me,
@@ -475,6 +489,7 @@ impl Mover {
             progress: Mutex::new(BTreeMap::new()),
             cursors: Mutex::new(BTreeMap::new()),
             metrics,
+            rate,
         })
     }
 
@@ -621,7 +636,7 @@ impl Mover {
             rounds += 1;
             self.note(m, |r| r.rounds = rounds);
             let listing = self.list(m).await.map_err(|why| Stall::Source(why, None))?;
-            let behind = self.copy_round(m, &listing, copy).await?;
+            let behind = self.copy_round(m, &listing, copy, Pace::Limited).await?;
             if behind <= MOVE_CATCH_UP_BYTES || rounds >= MOVE_MAX_ROUNDS {
                 break;
             }
@@ -639,7 +654,7 @@ impl Mover {
             local => local,
         };
         let listing = self.list(m).await.map_err(|why| Stall::Source(why, Some(frozen)))?;
-        self.copy_round(m, &listing, copy).await.map_err(with_freeze)?;
+        self.copy_round(m, &listing, copy, Pace::Frozen).await.map_err(with_freeze)?;
         Ok((frozen, listing.oldest))
     }
 
@@ -709,11 +724,11 @@ impl Mover {
                             Err(_) => continue,
                         },
                     };
-                    if self.copy_round(m, &listing, &mut copy).await.is_err() {
+                    if self.copy_round(m, &listing, &mut copy, Pace::Frozen).await.is_err() {
                         continue;
                     }
                     let Ok(listing) = self.list(m).await else { continue };
-                    if self.copy_round(m, &listing, &mut copy).await.is_err() {
+                    if self.copy_round(m, &listing, &mut copy, Pace::Frozen).await.is_err() {
                         continue;
                     }
                     self.install_and_flip(m, copy, listing.oldest, frozen).await?;
@@ -830,6 +845,7 @@ impl Mover {
         m: &Move,
         listing: &MoveListing,
         copy: &mut IncomingCopy,
+        pace: Pace,
     ) -> Result<u64, Stall> {
         let held: u64 = listing.segments.iter().map(|s| copy.written(s.base)).sum();
         let total = listing.segments.iter().map(|s| s.len).sum::<u64>();
@@ -862,6 +878,13 @@ impl Mover {
                     let n = body.len() as u64;
                     self.metrics.bytes.inc_by(n);
                     self.note(m, |r| r.bytes_copied += n);
+                    if pace == Pace::Limited {
+                        // The pipeline is not polled while this waits, so
+                        // at most `in_flight` chunks run ahead of the rate
+                        // and the waits add up to the time the copy was paced.
+                        let waited = self.rate.admit(n).await;
+                        self.metrics.throttled.inc_by(waited.as_secs_f64());
+                    }
                     if n < asked {
                         break;
                     }
@@ -870,6 +893,15 @@ impl Mover {
         }
         Ok(behind)
     }
+}
+
+/// Whether a copy round's chunk fetches take their bytes from
+/// `cluster.move_copy_rate` (the rounds before the freeze) or not (the
+/// frozen tail: commits wait for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    Limited,
+    Frozen,
 }
 
 /// How [`Mover::copy_and_flip`] says a move was force-promoted.

@@ -36,6 +36,9 @@ pub struct ClusterSettings {
     pub peers: Vec<ClusterPeer>,
     /// `cluster.initial_members` (empty: every peer bootstraps).
     pub initial_members: Vec<String>,
+    /// `cluster.move_copy_rate`: bytes per second the copy rounds of the
+    /// moves to this node read together (0: no limit).
+    pub move_copy_rate: u64,
     /// The cluster secret and/or the cluster TLS files (neither only with
     /// `--dev`).
     pub auth: ClusterAuth,

@@ -40,6 +40,9 @@ pub const CLUSTER_SECRET_ENV: &str = "NARAD_CLUSTER_SECRET";
 pub const CLUSTER_SECRET_PREVIOUS_ENV: &str = "NARAD_CLUSTER_SECRET_PREVIOUS";
 /// `cluster.addr` of a non-dev start.
 pub const DEFAULT_CLUSTER_ADDR: &str = "0.0.0.0:7943";
+/// `cluster.move_copy_rate`'s default: 32 MiB/s for the copy rounds of all
+/// the moves to one node together (docs/CLUSTER.md "Partition moves").
+pub const DEFAULT_MOVE_COPY_RATE: u64 = 32 << 20;
 /// `cluster.addr` of a `--dev` start.
 pub const DEFAULT_DEV_CLUSTER_ADDR: &str = "127.0.0.1:7943";
 /// One entry of `cluster.peers`: `"id@host:port"` or `{id, addr}` in a
@@ -260,6 +263,7 @@ pub fn resolve(c: &Config) -> Result<Option<ClusterSettings>, String> {
         advertised_addr,
         peers,
         initial_members: cl.initial_members.clone(),
+        move_copy_rate: cl.move_copy_rate,
         auth: ClusterAuth { secret, previous_secret, tls, node_id: cl.node_id.clone() },
     }))
 }

@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::cluster_settings::{
     CLUSTER_SECRET_ENV, CLUSTER_SECRET_PREVIOUS_ENV, ClusterSettings, DEFAULT_CLUSTER_ADDR,
-    DEFAULT_DEV_CLUSTER_ADDR, PeerSpec,
+    DEFAULT_DEV_CLUSTER_ADDR, DEFAULT_MOVE_COPY_RATE, PeerSpec,
 };
 use crate::conn::{ConnConfig, MIN_HEADER_BYTES};
 use crate::duration::parse_go_duration;
@@ -108,6 +108,10 @@ pub struct ClusterConfig {
     /// The ids that bootstrap the cluster (empty = every peer); a node not
     /// listed only joins.
     pub initial_members: Vec<String>,
+    /// Bytes per second the copy rounds of the partition moves to this
+    /// node read together (bytes, or `32MiB`-style; 0 = no limit).
+    #[serde(deserialize_with = "de_size")]
+    pub move_copy_rate: u64,
 }
 
 /// `storage.*`.
@@ -299,6 +303,7 @@ impl Default for ClusterConfig {
             addr: DEFAULT_CLUSTER_ADDR.to_owned(),
             peers: Vec::new(),
             initial_members: Vec::new(),
+            move_copy_rate: DEFAULT_MOVE_COPY_RATE,
         }
     }
 }
@@ -324,6 +329,7 @@ pub const ENV_KEYS: &[(&str, &str)] = &[
     ("NARAD_CLUSTER_ADDR", "cluster.addr"),
     ("NARAD_CLUSTER_PEERS", "cluster.peers"),
     ("NARAD_CLUSTER_INITIAL_MEMBERS", "cluster.initial_members"),
+    ("NARAD_CLUSTER_MOVE_COPY_RATE", "cluster.move_copy_rate"),
     ("NARAD_CLUSTER_TLS_CERT_FILE", "security.cluster_tls_cert_file"),
     ("NARAD_CLUSTER_TLS_KEY_FILE", "security.cluster_tls_key_file"),
     ("NARAD_CLUSTER_TLS_CA_FILE", "security.cluster_tls_ca_file"),
@@ -764,6 +770,7 @@ mod tests {
             "SPEC §1.1 timeouts"
         );
         assert_eq!(c.http.max_connections, 0, "automatic: from the open-file limit");
+        assert_eq!(c.cluster.move_copy_rate, 32 << 20, "docs/CONFIGURATION.md");
         assert!(c.security.enabled);
         let dev = Config::load(Sources { dev: true, ..Default::default() }).unwrap();
         assert_eq!((dev.http.addr.as_str(), dev.security.enabled), ("127.0.0.1:7942", false));
@@ -789,6 +796,17 @@ mod tests {
         assert_eq!(c.topic.default_partitions, 4);
         assert_eq!(c.storage.segment_bytes, 1 << 20);
         assert_eq!(c.topic.max_partitions, 108, "untouched keys keep their defaults");
+        let rate = |env_v: Option<&str>, file_v: &str| {
+            let file = write("rate.toml", &format!("[cluster]\nmove_copy_rate = {file_v}\n"));
+            let vars = env_v.map(|v| env(&[("NARAD_CLUSTER_MOVE_COPY_RATE", v)]));
+            let vars = vars.unwrap_or_default();
+            Config::load(Sources { file: Some(&file), env: vars, flags: vec![], dev: false })
+                .map(|c| c.cluster.move_copy_rate)
+        };
+        assert_eq!(rate(None, "\"8MiB\""), Ok(8 << 20), "a size in the file");
+        assert_eq!(rate(Some("0"), "\"8MiB\""), Ok(0), "0 from the environment: no limit");
+        assert!(rate(Some("fast"), "1").unwrap_err().contains("NARAD_CLUSTER_MOVE_COPY_RATE"));
+        assert!(rate(None, "\"fast\"").unwrap_err().contains("cluster.move_copy_rate"));
     }
 
     #[test]

@@ -670,3 +670,63 @@ fn a_frozen_source_that_dies_is_replaced_by_its_complete_copy() {
     assert!(metrics.contains("narad_moves_total{outcome=\"force_promoted\"} 1"), "{metrics}");
     deliver_all(&c, "fpr", &produced);
 }
+
+/// `cluster.move_copy_rate` on the destination (2 MiB/s here) paces the
+/// copy rounds: a partition of ~12 MiB takes more than 4 s to move, the
+/// destination counts the time its chunk fetches waited, and nothing
+/// acknowledged is lost. (Without the limit the same move takes well under
+/// a second on loopback.)
+#[test]
+fn a_move_copies_no_faster_than_the_destinations_copy_rate() {
+    let opts = ClusterOpts::dev().node_env(2, "NARAD_CLUSTER_MOVE_COPY_RATE", "2097152");
+    let c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(30));
+    let owners = c.create_placed(leader, json!({"name": "paced", "partitions": 3}));
+    assert_ne!(owners[0], "n3", "partition 0 is not on n3 already: {owners:?}");
+    let via = (0..3).find(|&i| i != 2).unwrap();
+    let produced: BTreeSet<u64> = produce_bulk(&c, via, "paced", 0, 6_000).into_iter().collect();
+    wait_for(
+        Duration::from_secs(30),
+        "partition 0 holds the 6,000 records",
+        || {
+            let (_, v) = c.get_json(via, "/v1/topics/paced")?;
+            (v["partition_stats"][0]["next_offset"].as_u64()? == 6_000).then_some(())
+        },
+        || c.describe(),
+    );
+    let asked = Instant::now();
+    let r = c
+        .request(leader, Method::POST, "/v1/cluster/moves")
+        .body(json!({"topic": "paced", "partition": 0, "to": "n3"}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    wait_for(
+        Duration::from_secs(60),
+        "partition 0 owned by n3",
+        || (owner_seen(&c, leader, "paced", 0)? == "n3").then_some(()),
+        || c.describe(),
+    );
+    let took = asked.elapsed();
+    let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
+    let metric = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the destination's metrics"))
+    };
+    let bytes = metric("narad_moves_bytes_total");
+    let moving = metric("narad_moves_duration_seconds_sum");
+    let throttled = metric("narad_moves_throttled_seconds_total");
+    eprintln!(
+        "moved {bytes} bytes in {moving:.2} s (request to flip seen: {took:?}), \
+         {throttled:.2} s waiting on the copy rate"
+    );
+    assert!(bytes >= 10.0 * 1024.0 * 1024.0, "the partition is ~12 MiB: {bytes}");
+    // The rounds copy all but the frozen tail (at most 4 MiB plus a chunk)
+    // at 2 MiB/s.
+    let paced = (bytes - 5.0 * 1024.0 * 1024.0) / (2.0 * 1024.0 * 1024.0);
+    assert!(moving >= paced, "{moving} s to move {bytes} bytes at 2 MiB/s (>= {paced} s)");
+    assert!(throttled >= paced / 2.0, "waited {throttled} s on the rate");
+    deliver_all(&c, "paced", &produced);
+}

@@ -107,8 +107,10 @@ pub async fn remove(
     };
     let meta = s.broker.meta().clone();
     let state = meta.snapshot();
-    let member = state.member(&id).cloned();
-    let member = member.ok_or_else(|| MetaError::NotFound("member not found".into()))?;
+    let Some(member) = state.member(&id).cloned() else {
+        drop(state);
+        return finish_group_removal(&s, &caller, id, force).await;
+    };
     if member.status != MemberStatus::Dead {
         return Err(MetaError::Conflict(format!(
             "member {id} is alive: only a member the cluster marks dead (30 s without a \
@@ -206,6 +208,45 @@ pub async fn remove(
          held that nobody consumed are lost"
     );
     let reply = Removed { removed: id, partitions, unanswered };
+    Ok(json_response(StatusCode::OK, serde_json::to_string(&reply).expect("removal serializes")))
+}
+
+/// The member is gone from the metastore: a removal whose raft step did
+/// not commit (its leader stopped or lost its quorum in between) left it in
+/// the raft group, where a dead voter still counts toward every quorum.
+/// Repeating the removal takes it out (the leader's `write_local`); an id
+/// in neither is 404.
+async fn finish_group_removal(
+    s: &Shared,
+    caller: &Caller,
+    id: String,
+    force: bool,
+) -> Result<Response, ApiError> {
+    let in_group = s.cluster.as_ref().is_some_and(|view| {
+        let status = view.status();
+        status.voters.contains(&id) || status.learners.contains(&id)
+    });
+    if !in_group {
+        return Err(MetaError::NotFound("member not found".into()).into());
+    }
+    if !force {
+        return Err(ApiError::bad_request(format!(
+            "{id} is no member any more (an earlier removal) but still in the raft group; repeat \
+             with force=true (narad cluster remove {id} --force) to take it out"
+        )));
+    }
+    let meta = s.broker.meta().clone();
+    let target = id.clone();
+    match run(move || Ok(meta.remove_member(&target, 0, Vec::new())?)).await {
+        // The leader took it out of the group (or a node under the id came
+        // back and was removed again by this call).
+        Ok(_) => {}
+        Err(e) if e.status() == StatusCode::NOT_FOUND => {}
+        Err(e) => return Err(e),
+    }
+    audit(caller, "cluster.remove", &id);
+    tracing::warn!(member = %id, "removed member left the raft group (an earlier removal's last step)");
+    let reply = Removed { removed: id, partitions: Vec::new(), unanswered: Vec::new() };
     Ok(json_response(StatusCode::OK, serde_json::to_string(&reply).expect("removal serializes")))
 }
 
