@@ -37,11 +37,6 @@ impl CopyRate {
         CopyRate { bytes_per_sec, next: Mutex::new(None) }
     }
 
-    /// The configured rate (0: no limit).
-    pub fn bytes_per_sec(&self) -> u64 {
-        self.bytes_per_sec
-    }
-
     /// Waits until `n` more bytes may be fetched; returns how long it
     /// waited.
     pub async fn admit(&self, n: u64) -> Duration {

@@ -56,8 +56,6 @@ use narad_cluster::moves::{CursorBody, FrozenBody, SegmentBody, SegmentsBody};
 use narad_cluster::rpc::{Handoff, MovePartition, Reply, Request, SegmentChunk};
 use narad_cluster::transport::Transport;
 use narad_log::copy::{IncomingCopy, SegmentExtent};
-
-use crate::copy_rate::CopyRate;
 use narad_meta::limits::{
     MAX_MOVES_IN_FLIGHT, MOVE_CATCH_UP_BYTES, MOVE_CHUNK_BYTES, MOVE_FORCE_PROMOTE_AFTER,
     MOVE_FREEZE_TTL, MOVE_MAX_ROUNDS,
@@ -71,6 +69,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tracing::{info, warn};
+
+use crate::copy_rate::CopyRate;
 
 /// How often the mover looks for moves to run, and a source for expired
 /// freezes.

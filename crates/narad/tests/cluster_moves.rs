@@ -54,6 +54,24 @@ fn consume_ack(c: &Cluster, node: usize, topic: &str, p: usize) -> Vec<u64> {
     msgs.iter().map(|m| m["payload"]["i"].as_u64().unwrap()).collect()
 }
 
+/// Asks node `node` to move partition 0 of `topic` to `to` (must answer 202).
+fn request_move(c: &Cluster, node: usize, topic: &str, to: &str) {
+    let r = c
+        .request(node, Method::POST, "/v1/cluster/moves")
+        .body(json!({"topic": topic, "partition": 0, "to": to}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+}
+
+/// The value of the sample `name` (with its labels) in a `/metrics` text.
+fn metric_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the destination's metrics"))
+}
+
 #[test]
 fn a_partition_moved_by_hand_under_load_loses_nothing_and_is_served_by_its_new_owner() {
     let c = Arc::new(Cluster::start(3, ClusterOpts::dev()));
@@ -92,12 +110,7 @@ fn a_partition_moved_by_hand_under_load_loses_nothing_and_is_served_by_its_new_o
     };
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
-    let r = c
-        .request(leader, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "mv", "partition": 0, "to": to}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, leader, "mv", &to);
     wait_for(
         Duration::from_secs(60),
         &format!("every node shows partition 0 owned by {to} and no move in flight"),
@@ -404,12 +417,7 @@ fn a_moves_target_killed_mid_copy_is_aborted_and_nothing_is_lost() {
     assert_ne!(owners[0], "n3", "partition 0 is not on n3 already: {owners:?}");
     let via = (0..3).find(|&i| i != 2).unwrap();
     let mut produced: BTreeSet<u64> = produce_bulk(&c, via, "big", 0, 6_000).into_iter().collect();
-    let r = c
-        .request(leader, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "big", "partition": 0, "to": "n3"}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, leader, "big", "n3");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(moving_p0(&c, leader, "big"), Some(true), "the move is still copying");
     c.kill9(2);
@@ -446,12 +454,7 @@ fn a_moves_source_killed_mid_copy_and_restarted_hands_the_partition_over_losing_
     assert_ne!(source, 2, "partition 0 is not on n3 already: {owners:?}");
     let via = (0..3).find(|&i| i != source).unwrap();
     let mut produced: BTreeSet<u64> = produce_bulk(&c, via, "big", 0, 6_000).into_iter().collect();
-    let r = c
-        .request(via, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "big", "partition": 0, "to": "n3"}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, via, "big", "n3");
     std::thread::sleep(Duration::from_secs(3));
     // Mid-copy: the destination shows where it is; the CLI asked through
     // another node fetches that from the destination.
@@ -503,12 +506,7 @@ fn a_moves_source_killed_mid_copy_and_restarted_hands_the_partition_over_losing_
     );
     eprintln!("moved after the source's restart in {:?}", started.elapsed());
     let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
-    let metric = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in the destination's metrics"))
-    };
+    let metric = |name: &str| metric_value(&metrics, name);
     assert_eq!(metric("narad_moves_total{outcome=\"completed\"}"), 1.0);
     assert_eq!(metric("narad_moves_inflight"), 0.0);
     assert!(metric("narad_moves_bytes_total") >= copied as f64);
@@ -577,12 +575,7 @@ fn a_fanout_parent_partition_moves_with_its_cursor_and_the_child_misses_nothing(
     std::thread::sleep(Duration::from_secs(1));
 
     let to = ["n1", "n2", "n3"].into_iter().find(|n| *n != parents[0]).unwrap();
-    let r = c
-        .request(leader, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "fp", "partition": 0, "to": to}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, leader, "fp", to);
     wait_for(
         Duration::from_secs(60),
         &format!("partition 0 of fp owned by {to} on every node"),
@@ -635,12 +628,7 @@ fn a_frozen_source_that_dies_is_replaced_by_its_complete_copy() {
         },
         || c.describe(),
     );
-    let r = c
-        .request(via, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "fpr", "partition": 0, "to": "n3"}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, via, "fpr", "n3");
     wait_for(
         Duration::from_secs(30),
         "n3 froze the source",
@@ -695,12 +683,7 @@ fn a_move_copies_no_faster_than_the_destinations_copy_rate() {
         || c.describe(),
     );
     let asked = Instant::now();
-    let r = c
-        .request(leader, Method::POST, "/v1/cluster/moves")
-        .body(json!({"topic": "paced", "partition": 0, "to": "n3"}).to_string())
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap());
+    request_move(&c, leader, "paced", "n3");
     wait_for(
         Duration::from_secs(60),
         "partition 0 owned by n3",
@@ -709,12 +692,7 @@ fn a_move_copies_no_faster_than_the_destinations_copy_rate() {
     );
     let took = asked.elapsed();
     let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
-    let metric = |name: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in the destination's metrics"))
-    };
+    let metric = |name: &str| metric_value(&metrics, name);
     let bytes = metric("narad_moves_bytes_total");
     let moving = metric("narad_moves_duration_seconds_sum");
     let throttled = metric("narad_moves_throttled_seconds_total");
