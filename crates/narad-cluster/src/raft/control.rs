@@ -762,13 +762,25 @@ impl ControlPlane {
                     let due = last_said.as_ref().is_none_or(|(at, said)| {
                         *said != why || at.elapsed() >= Duration::from_secs(30)
                     });
-                    if due {
-                        tracing::warn!(
+                    // Peers started together answer within moments: a
+                    // wait is news (WARN) only once it lasts.
+                    let waited = started.elapsed();
+                    if due && waited < FORM_WAIT_WARN_AFTER {
+                        tracing::info!(
                             node_id = %self.me.id,
-                            waited_s = started.elapsed().as_secs(),
+                            waited_s = waited.as_secs(),
                             reason = %why,
                             "no raft state here: waiting before bootstrapping the group"
                         );
+                    } else if due {
+                        tracing::warn!(
+                            node_id = %self.me.id,
+                            waited_s = waited.as_secs(),
+                            reason = %why,
+                            "no raft state here: waiting before bootstrapping the group"
+                        );
+                    }
+                    if due {
                         last_said = Some((Instant::now(), why));
                     }
                 }
@@ -1899,3 +1911,7 @@ fn skip_group_step_once() -> bool {
     tracing::warn!("test hook: this removal leaves its node in the raft group");
     true
 }
+
+/// How long a first start waits for its peers before the wait is logged at
+/// WARN (INFO before: peers started together answer within moments).
+const FORM_WAIT_WARN_AFTER: Duration = Duration::from_secs(10);
