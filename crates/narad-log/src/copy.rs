@@ -17,7 +17,10 @@
 //!
 //! [`IncomingCopy`] writes the chunks into a staging directory, strictly in
 //! order per segment (a chunk at any other position is refused, so a
-//! duplicated or reordered chunk cannot leave a hole), and
+//! duplicated or reordered chunk cannot leave a hole; a chunk is booked
+//! in order by [`IncomingCopy::stage`] and its bytes written by the
+//! [`StagedChunk`], so the caller may write one chunk on another thread
+//! while it receives the next), and
 //! [`IncomingCopy::verify`] makes it durable (every file fdatasynced, the
 //! directory synced) and then opens it as a log: recovery walks every frame
 //! and checks its CRC (seeded with the source log's salt, which the copied
@@ -160,27 +163,40 @@ impl IncomingCopy {
     }
 
     /// Appends `bytes` at byte `at` of segment `base`; `at` must be
-    /// [`IncomingCopy::written`].
+    /// [`IncomingCopy::written`]. [`IncomingCopy::stage`] and
+    /// [`StagedChunk::write`] in one step.
     pub fn write(&mut self, base: u64, at: u64, bytes: &[u8]) -> Result<(), CopyError> {
+        self.stage(base, at, Bytes::copy_from_slice(bytes))?.write().map(|_| ())
+    }
+
+    /// Books `bytes` at byte `at` of segment `base` (`at` must be
+    /// [`IncomingCopy::written`], which then counts them) and answers the
+    /// write to do, which the caller may run on another thread while it
+    /// books the next chunk. A staged chunk that is never written, or whose
+    /// write fails, leaves a hole: the copy must then be abandoned, and
+    /// [`IncomingCopy::verify`] refuses it if it is not (recovery finds the
+    /// hole, or the copy ends short of the high watermark).
+    pub fn stage(&mut self, base: u64, at: u64, bytes: Bytes) -> Result<StagedChunk, CopyError> {
         let have = self.written(base);
         if at != have {
             return Err(CopyError::Range(format!(
                 "segment {base}: chunk at byte {at}, but the copy holds {have}"
             )));
         }
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        if !self.files.contains_key(&base) {
-            let path = segment_path(&self.dir, base);
+        let path = segment_path(&self.dir, base);
+        if !bytes.is_empty() && !self.files.contains_key(&base) {
             let file =
                 self.fs.open(&path, OpenMode::CreateNew).map_err(|e| io_err("create", &path, e))?;
             self.files.insert(base, (file, 0));
         }
-        let (file, n) = self.files.get_mut(&base).expect("inserted above");
-        file.write_all_at(bytes, at).map_err(|e| io_err("write", &self.dir, e))?;
-        *n += bytes.len() as u64;
-        Ok(())
+        let file = match self.files.get_mut(&base) {
+            Some((file, n)) => {
+                *n += bytes.len() as u64;
+                Some(file.clone())
+            }
+            None => None,
+        };
+        Ok(StagedChunk { file, path, at, bytes })
     }
 
     /// Makes the copy durable and checks it (see the module docs): it must
@@ -222,6 +238,28 @@ impl IncomingCopy {
     pub fn abandon(self) -> Result<(), CopyError> {
         drop(self.files);
         self.fs.remove_dir_all(&self.dir).map_err(|e| io_err("remove", &self.dir, e))
+    }
+}
+
+/// One chunk's write, booked by [`IncomingCopy::stage`].
+#[derive(Debug)]
+#[must_use = "a staged chunk that is not written leaves a hole in the copy"]
+pub struct StagedChunk {
+    /// `None` for an empty chunk (nothing to write, no file created).
+    file: Option<FileRef>,
+    path: PathBuf,
+    at: u64,
+    bytes: Bytes,
+}
+
+impl StagedChunk {
+    /// Writes the chunk (a positional write: staged chunks of one segment
+    /// may be written in any order); answers its length.
+    pub fn write(self) -> Result<u64, CopyError> {
+        if let Some(file) = &self.file {
+            file.write_all_at(&self.bytes, self.at).map_err(|e| io_err("write", &self.path, e))?;
+        }
+        Ok(self.bytes.len() as u64)
     }
 }
 

@@ -141,3 +141,50 @@ fn chunks_out_of_order_are_refused_and_a_damaged_chunk_fails_verification() {
     let e = copy.verify(&small_config(), Arc::new(clock.clone()), 0, 20).unwrap_err();
     assert!(matches!(e, CopyError::Log(_) | CopyError::Mismatch(_)), "{e}");
 }
+
+#[test]
+fn staged_chunks_written_in_any_order_verify_and_a_chunk_never_written_fails_verification() {
+    let fs = SimFs::new(11);
+    let clock = ManualClock::new(T0);
+    let log = source(&fs, &clock, 40);
+    // Every chunk booked in order, their bytes written last to first (as a
+    // writer thread may finish them).
+    let mut copy = IncomingCopy::create(fs.shared(), Path::new(STAGING)).unwrap();
+    let mut staged = Vec::new();
+    for s in log.segment_extents() {
+        while copy.written(s.base) < s.len {
+            let at = copy.written(s.base);
+            let bytes = log.read_segment_bytes(s.base, at, 100).unwrap();
+            staged.push(copy.stage(s.base, at, bytes).unwrap());
+        }
+    }
+    assert!(staged.len() > 10, "many chunks: {}", staged.len());
+    for chunk in staged.into_iter().rev() {
+        chunk.write().unwrap();
+    }
+    let dir =
+        copy.verify(&small_config(), Arc::new(clock.clone()), log.oldest_offset(), 40).unwrap();
+    install(&fs, &dir, Path::new(INSTALLED)).unwrap();
+    let installed = open_at(fs.shared(), INSTALLED, &small_config(), &clock);
+    assert_eq!(installed.high_watermark(), 40);
+
+    // One chunk in the middle booked but never written: a hole.
+    let mut copy = IncomingCopy::create(fs.shared(), Path::new(STAGING)).unwrap();
+    let mut n = 0;
+    for s in log.segment_extents() {
+        while copy.written(s.base) < s.len {
+            let at = copy.written(s.base);
+            let bytes = log.read_segment_bytes(s.base, at, 100).unwrap();
+            let chunk = copy.stage(s.base, at, bytes).unwrap();
+            n += 1;
+            if n != 3 {
+                chunk.write().unwrap();
+            }
+        }
+    }
+    let e = copy.verify(&small_config(), Arc::new(clock.clone()), log.oldest_offset(), 40);
+    assert!(
+        matches!(e, Err(CopyError::Mismatch(_) | CopyError::Log(_))),
+        "a copy with a hole verified: {e:?}"
+    );
+}

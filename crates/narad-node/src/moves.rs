@@ -3,9 +3,10 @@
 //!
 //! # The destination's mover
 //!
-//! Every second, each node looks at the partitions its metastore replica
-//! shows moving to it (`target_id` = this node) and runs one task per move
-//! (at most [`MAX_MOVES_IN_FLIGHT`] exist cluster-wide):
+//! As soon as its metastore replica applies a move's start (and every
+//! second besides), each node looks at the partitions its replica shows
+//! moving to it (`target_id` = this node) and runs one task per move (at
+//! most [`MAX_MOVES_IN_FLIGHT`] exist cluster-wide):
 //!
 //! 1. stage a copy ([`Broker::move_stage`]);
 //! 2. copy rounds: list the source's segments (RPC 22), fetch what the copy
@@ -72,8 +73,8 @@ use tracing::{info, warn};
 
 use crate::copy_rate::CopyRate;
 
-/// How often the mover looks for moves to run, and a source for expired
-/// freezes.
+/// How often the mover looks for moves to run (besides at once when a
+/// move starts), and a source for expired freezes.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// Chunk fetches (RPC 23) a copy keeps in flight, so that the source's
@@ -468,6 +469,8 @@ pub struct Mover {
     metrics: MoveMetrics,
     /// `cluster.move_copy_rate`, shared by every move to this node.
     rate: CopyRate,
+    /// Woken when this replica applies a move's start (op 13).
+    started: Arc<tokio::sync::Notify>,
 }
 
 impl Mover {
@@ -480,6 +483,13 @@ impl Mover {
         metrics: MoveMetrics,
         rate: CopyRate,
     ) -> Arc<Mover> {
+        let started = Arc::new(tokio::sync::Notify::new());
+        let wake = started.clone();
+        meta.on_applied(Arc::new(move |command, _| {
+            if matches!(command, narad_meta::Command::SetAssignmentTarget(_)) {
+                wake.notify_one();
+            }
+        }));
         Arc::new(Mover {
             me,
             meta,
@@ -490,6 +500,7 @@ impl Mover {
             cursors: Mutex::new(BTreeMap::new()),
             metrics,
             rate,
+            started,
         })
     }
 
@@ -524,6 +535,7 @@ impl Mover {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(SCAN_EVERY) => {}
+                () = self.started.notified() => {}
                 _ = stop.changed() => return,
             }
             for m in self.moves_to_me() {
@@ -868,16 +880,29 @@ impl Mover {
                     asks.map(|(at, len)| self.fetch_chunk(m, s.base, at, len)),
                 )
                 .buffered(in_flight);
+                // The chunk received last is written on a blocking thread
+                // while the next one arrives (the destination's buffered
+                // write was the copy's largest cost, on the runtime thread).
+                let mut writing = None;
                 while let Some(fetched) = fetches.next().await {
-                    let (at, asked, body) = fetched.map_err(|why| Stall::Source(why, None))?;
+                    let (at, asked, body) = match fetched {
+                        Ok(fetched) => fetched,
+                        Err(why) => {
+                            // What arrived before is kept: a source that
+                            // comes back continues the copy from there.
+                            self.written(m, writing.take()).await?;
+                            return Err(Stall::Source(why, None));
+                        }
+                    };
                     if body.is_empty() {
                         let why = format!("segment {} of the source ended early", s.base);
                         return Err(Stall::Local(why));
                     }
-                    copy.write(s.base, at, &body).map_err(|e| Stall::Local(e.to_string()))?;
                     let n = body.len() as u64;
-                    self.metrics.bytes.inc_by(n);
-                    self.note(m, |r| r.bytes_copied += n);
+                    let chunk =
+                        copy.stage(s.base, at, body).map_err(|e| Stall::Local(e.to_string()))?;
+                    self.written(m, writing.take()).await?;
+                    writing = Some(tokio::task::spawn_blocking(move || chunk.write()));
                     if pace == Pace::Limited {
                         // The pipeline is not polled while this waits, so
                         // at most `in_flight` chunks run ahead of the rate
@@ -889,9 +914,26 @@ impl Mover {
                         break;
                     }
                 }
+                self.written(m, writing.take()).await?;
             }
         }
         Ok(behind)
+    }
+
+    /// Waits for a chunk's write (if any) and counts its bytes as copied.
+    async fn written(
+        &self,
+        m: &Move,
+        writing: Option<tokio::task::JoinHandle<Result<u64, narad_log::copy::CopyError>>>,
+    ) -> Result<(), Stall> {
+        let Some(writing) = writing else { return Ok(()) };
+        let n = writing
+            .await
+            .map_err(|e| Stall::Local(format!("the chunk's writer: {e}")))?
+            .map_err(|e| Stall::Local(e.to_string()))?;
+        self.metrics.bytes.inc_by(n);
+        self.note(m, |r| r.bytes_copied += n);
+        Ok(())
     }
 }
 
