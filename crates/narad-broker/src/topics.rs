@@ -735,10 +735,55 @@ impl Topics {
         topic: &Topic,
         p: u32,
     ) -> Result<narad_log::copy::IncomingCopy, BrokerError> {
-        let moves = self.root.parent().unwrap_or(&self.root).join("moves");
-        let dir = moves.join(format!("{}-{}-p{p:05}", topic.name(), topic.incarnation()));
+        let dir = self.staging_dir(topic.name(), topic.incarnation(), p);
         narad_log::copy::IncomingCopy::create(self.fs.clone(), &dir)
             .map_err(|e| BrokerError::internal("stage partition copy", e))
+    }
+
+    /// `<data>/moves/`: the staged copies of partitions moving here.
+    fn staging_root(&self) -> PathBuf {
+        self.root.parent().unwrap_or(&self.root).join("moves")
+    }
+
+    fn staging_dir(&self, topic: &str, incarnation: u64, p: u32) -> PathBuf {
+        self.staging_root().join(format!("{topic}-{incarnation}-p{p:05}"))
+    }
+
+    /// Removes the staged copy of partition `p` (a move to this node that
+    /// ended without its flip), if there is one. Answers whether there was.
+    pub fn discard_staged_copy(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<bool, BrokerError> {
+        let dir = self.staging_dir(topic, incarnation, p);
+        let err = |e| BrokerError::internal("remove a staged partition copy", e);
+        if !self.fs.exists(&dir).map_err(err)? {
+            return Ok(false);
+        }
+        self.fs.remove_dir_all(&dir).map_err(err)?;
+        Ok(true)
+    }
+
+    /// Removes every staged copy (at start: no move runs yet, and one that
+    /// is still planned starts its copy over). Answers how many there were.
+    pub fn discard_staged_copies(&self) -> Result<usize, BrokerError> {
+        let root = self.staging_root();
+        let err = |e| BrokerError::internal("remove staged partition copies", e);
+        if !self.fs.exists(&root).map_err(err)? {
+            return Ok(0);
+        }
+        let entries = self.fs.list_dir(&root).map_err(err)?;
+        for e in &entries {
+            let path = root.join(&e.name);
+            if e.is_dir {
+                self.fs.remove_dir_all(&path).map_err(err)?;
+            } else {
+                self.fs.remove_file(&path).map_err(err)?;
+            }
+        }
+        Ok(entries.len())
     }
 
     /// The log configuration partitions open with (a staged copy is

@@ -192,6 +192,10 @@ impl MoveMetrics {
             bytes: Counter::default(),
             throttled: Counter::default(),
         };
+        // Every outcome from the start, at 0 until it happens.
+        for outcome in ["completed", "force_promoted", "aborted"] {
+            let _ = m.total.get_or_create(&MoveOutcomeLabels { outcome: outcome.to_owned() });
+        }
         registry.register(
             "moves_inflight",
             "Partition moves this node is running as their destination",
@@ -605,6 +609,11 @@ impl Mover {
                 self.metrics.ended("aborted", started.elapsed());
                 warn!(topic = %m.topic, partition = m.partition, from = %m.source, reason = %why,
                     "partition move failed: aborting it");
+                if let Err(e) = self.broker.move_unstage(&m.topic, m.incarnation, m.partition).await
+                {
+                    warn!(topic = %m.topic, partition = m.partition, error = %e,
+                        "cannot remove the failed move's staged copy; it goes at the next start or move");
+                }
                 let (meta, m2, me) = (self.meta.clone(), m.clone(), self.me.clone());
                 let aborted = tokio::task::spawn_blocking(move || {
                     meta.abort_move(&m2.topic, m2.incarnation, m2.partition, &me, m2.attempt)
@@ -716,13 +725,10 @@ impl Mover {
         self.note(m, |r| r.phase = MovePhase::WaitingForSource);
         loop {
             tokio::time::sleep(RETRY_EVERY).await;
-            let state = self.meta.snapshot();
-            let still = state.assignment(&m.topic, m.partition).is_some_and(|a| {
-                a.owner_id == m.source && a.target_id.as_deref() == Some(self.me.as_str())
-            });
-            if !still {
-                return Err("the move was aborted or reassigned meanwhile".into());
+            if !self.current(m) {
+                return Err(GIVEN_UP.into());
             }
+            let state = self.meta.snapshot();
             let dead = state.member(&m.source).is_none_or(|s| s.status == MemberStatus::Dead);
             if !dead {
                 dead_since = None;
@@ -898,6 +904,10 @@ impl Mover {
                         let why = format!("segment {} of the source ended early", s.base);
                         return Err(Stall::Local(why));
                     }
+                    if !self.current(m) {
+                        self.written(m, writing.take()).await?;
+                        return Err(Stall::Local(GIVEN_UP.into()));
+                    }
                     let n = body.len() as u64;
                     let chunk =
                         copy.stage(s.base, at, body).map_err(|e| Stall::Local(e.to_string()))?;
@@ -918,6 +928,19 @@ impl Mover {
             }
         }
         Ok(behind)
+    }
+
+    /// Whether this node's replica still shows `m` as a move in flight (the
+    /// same attempt, from the same source, to this node): a move aborted or
+    /// reassigned meanwhile stops copying at once.
+    fn current(&self, m: &Move) -> bool {
+        let state = self.meta.snapshot();
+        state.topic(&m.topic).is_some_and(|t| t.incarnation() == m.incarnation)
+            && state.assignment(&m.topic, m.partition).is_some_and(|a| {
+                a.owner_id == m.source
+                    && a.target_id.as_deref() == Some(self.me.as_str())
+                    && a.move_attempt == m.attempt
+            })
     }
 
     /// Waits for a chunk's write (if any) and counts its bytes as copied.
@@ -945,6 +968,9 @@ enum Pace {
     Limited,
     Frozen,
 }
+
+/// Why a move stopped when this node's replica no longer shows it.
+const GIVEN_UP: &str = "the move was aborted or reassigned meanwhile";
 
 /// How [`Mover::copy_and_flip`] says a move was force-promoted.
 const FORCE_PROMOTED: &str = "force-promoted";

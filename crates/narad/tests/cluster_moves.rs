@@ -435,6 +435,24 @@ fn a_moves_target_killed_mid_copy_is_aborted_and_nothing_is_lost() {
         || c.describe(),
     );
     eprintln!("move to a killed target aborted {:?} after the kill", started.elapsed());
+    // The killed target left its partial copy behind; it removes it when it
+    // starts again (or, if its replica has not learnt yet that the move
+    // was given up and a copy starts over, as soon as it learns).
+    let staging = c.node(2).data_dir.join("moves");
+    let staged = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(&staging)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(staged().len(), 1, "the killed target's partial copy: {:?}", staged());
+    c.restart(2);
+    c.wait_ready(2, Duration::from_secs(30));
+    wait_for(
+        Duration::from_secs(30),
+        "n3 removed the partial copy",
+        || staged().is_empty().then_some(()),
+        || format!("{:?}\n{}", staged(), c.node(2).log_tail()),
+    );
     deliver_all(&c, "big", &produced);
 }
 
@@ -512,6 +530,88 @@ fn a_moves_source_killed_mid_copy_and_restarted_hands_the_partition_over_losing_
     assert!(metric("narad_moves_bytes_total") >= copied as f64);
     assert_eq!(metric("narad_moves_duration_seconds_count"), 1.0);
     deliver_all(&c, "big", &produced);
+}
+
+/// A move's source killed (`kill -9`) mid-copy, before its freeze, and
+/// not restarted: nothing proves the copy complete, so once the source has
+/// been dead for the force-promote wait (2 s here, 2 minutes by default)
+/// the destination gives the move up. The partition stays with its dead
+/// owner (as Narad: no copy short of the source's records is promoted),
+/// the staged copy is removed, and when the source comes back every
+/// acknowledged record is delivered from it.
+#[test]
+fn a_moves_source_dead_before_its_freeze_is_not_promoted_and_the_move_is_aborted() {
+    let opts = ClusterOpts::dev().node_env(2, "NARAD_TEST_MOVE_CHUNK_DELAY_MS", "1000").node_env(
+        2,
+        "NARAD_TEST_MOVE_FORCE_PROMOTE_AFTER_MS",
+        "2000",
+    );
+    let mut c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(30));
+    let owners = c.create_placed(
+        leader,
+        json!({"name": "short", "partitions": 3, "visibility_timeout_ms": 2000}),
+    );
+    let source = c.index_of(&owners[0]).unwrap();
+    assert_ne!(source, 2, "partition 0 is not on n3 already: {owners:?}");
+    let via = (0..3).find(|&i| i != source && i != 2).unwrap();
+    let produced: BTreeSet<u64> = produce_bulk(&c, via, "short", 0, 6_000).into_iter().collect();
+    wait_for(
+        Duration::from_secs(30),
+        "the 6,000 records committed on the source",
+        || {
+            let (_, v) = c.get_json(source, "/v1/topics/short")?;
+            (v["partition_stats"][0]["high_watermark"].as_u64()? >= 6_000).then_some(())
+        },
+        || c.describe(),
+    );
+    request_move(&c, via, "short", "n3");
+    wait_for(
+        Duration::from_secs(30),
+        "n3 copying, part of the partition copied",
+        || {
+            let (_, v) = c.get_json(2, "/v1/cluster/moves")?;
+            let m = v["moves"].as_array()?.iter().find(|m| m["topic"] == "short")?.clone();
+            let p = &m["progress"];
+            (p["phase"] == "copying" && p["bytes_copied"].as_u64()? > 0).then_some(())
+        },
+        || c.describe(),
+    );
+    let source_id = c.node(source).id.clone();
+    c.kill9(source);
+    let killed = Instant::now();
+    wait_for(
+        Duration::from_secs(120),
+        "the move given up, partition 0 still the dead source's",
+        || {
+            [via, 2]
+                .iter()
+                .all(|&i| {
+                    moving_p0(&c, i, "short") == Some(false)
+                        && owner_seen(&c, i, "short", 0).as_deref() == Some(source_id.as_str())
+                })
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    eprintln!("move aborted {:?} after the source's kill", killed.elapsed());
+    let log = c.node(2).log();
+    assert!(log.contains("never froze"), "n3 says why it gave up: {}", c.node(2).log_tail());
+    assert!(!log.contains("force-promoting"), "{}", c.node(2).log_tail());
+    let metrics = c.request(2, Method::GET, "/metrics").send().unwrap().text().unwrap();
+    let metric = |name: &str| metric_value(&metrics, name);
+    assert_eq!(metric("narad_moves_total{outcome=\"aborted\"}"), 1.0);
+    assert_eq!(metric("narad_moves_total{outcome=\"force_promoted\"}"), 0.0);
+    assert_eq!(metric("narad_moves_inflight"), 0.0);
+    let staging = c.node(2).data_dir.join("moves");
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "n3 removed its staged copy: {left:?}");
+    c.restart(source);
+    c.wait_ready(source, Duration::from_secs(30));
+    deliver_all(&c, "short", &produced);
+    assert_eq!(owner_seen(&c, via, "short", 0).as_deref(), Some(source_id.as_str()));
 }
 
 /// Produces `{"i": i}` for every `i` of `range` to partition 0 of `topic`

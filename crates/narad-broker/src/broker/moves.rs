@@ -152,6 +152,19 @@ impl Broker {
         blocking(move || topics.incoming_copy(&t, p)).await
     }
 
+    /// Removes the staged copy of partition `p` of a move to this node that
+    /// ended without its flip; answers whether there was one.
+    pub async fn move_unstage(
+        &self,
+        topic: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<bool, BrokerError> {
+        let topics = self.topics.clone();
+        let topic = topic.to_owned();
+        blocking(move || topics.discard_staged_copy(&topic, incarnation, p)).await
+    }
+
     /// Verifies the staged `copy` against the source's frozen figures
     /// (every frame's CRC, the same oldest offset and high watermark) and
     /// installs it as this node's log of partition `p`, with the source's

@@ -227,6 +227,10 @@ impl Broker {
                 .with_base_offsets(crate::topics::base_offsets_of(&meta, &cfg.node_id));
             let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
             let deferred = topics.open_at_startup(&live, meta.is_replicated())?;
+            let staged = topics.discard_staged_copies()?;
+            if staged > 0 {
+                tracing::info!(staged, "removed the staged copies of moves that had not finished");
+            }
             let wal = Wal::open_with(fs2.clone(), narad_wal::wal_dir(&cfg.data_dir), cfg.wal)
                 .map_err(|e| BrokerError::internal("open ingress WAL", e))?;
             let metastore = narad_meta::metastore_path(&cfg.data_dir);
