@@ -12,7 +12,7 @@
 //! | openraft | WARN (stale messages, changed votes, back-off, a peer's RPC failing) | DEBUG |
 //! | openraft | WARN that a log store broke its contract or a follower's log went back | WARN |
 //! | openraft | ERROR of an RPC to a peer (not answered, refused, timed out: a peer starting, stopping or cut off) | DEBUG |
-//! | openraft | ERROR of a command sent to a core that has stopped (at shutdown; a fatal stop is reported on its own) | DEBUG |
+//! | openraft | ERROR of a command sent to a core that has stopped, or of a request whose answer was lost as the core stopped (at shutdown; a fatal stop is reported on its own) | DEBUG |
 //! | openraft | any other ERROR (storage, a fatal core error) | ERROR |
 //!
 //! The mapped level is both what the filter compares with `log.level` and
@@ -81,9 +81,12 @@ const OPENRAFT_PEER_RPC_FAILED: [&str; 8] = [
     "error sending InstallSnapshot RPC",
 ];
 
-/// openraft's ERROR when a command reaches a core that has stopped (a
-/// campaign asked for while the node shuts down).
-const OPENRAFT_CORE_STOPPED: &str = "failure sending external command to RaftCore";
+/// openraft's ERRORs when a command reaches a core that has stopped (a
+/// campaign asked for while the node shuts down), or a request in flight
+/// (an AppendEntries from the leader) loses its answer because the core
+/// stopped under it. Prefixes.
+const OPENRAFT_CORE_STOPPED: [&str; 2] =
+    ["failure sending external command to RaftCore", "failure receiving rx from RaftCore"];
 
 /// openraft's WARNs an operator should see: the log store broke its
 /// contract, or a follower's log went back.
@@ -111,7 +114,7 @@ pub fn effective_level(target: &str, level: Level, message: &str) -> Level {
                 .any(|m| message.starts_with(m));
             // A command for a core that has stopped: at shutdown, or after
             // a fatal error that openraft reports at ERROR on its own.
-            let stopped = message.starts_with(OPENRAFT_CORE_STOPPED);
+            let stopped = OPENRAFT_CORE_STOPPED.iter().any(|m| message.starts_with(m));
             if peer || stopped { Level::DEBUG } else { Level::ERROR }
         }
         _ => level,
@@ -417,6 +420,11 @@ mod tests {
         let inner = "openraft::raft::raft_inner";
         let stopped = "failure sending external command to RaftCore; message: trigger_elect";
         assert_eq!(l(inner, Level::ERROR, stopped), Level::DEBUG);
+        // An AppendEntries that arrived as the core stopped (seen in
+        // start_logs.rs at a cluster's stop).
+        let lost =
+            "failure receiving rx from RaftCore; message: AppendEntries: vote=T2-Nn3:committed";
+        assert_eq!(l(inner, Level::ERROR, lost), Level::DEBUG);
         assert_eq!(l("openraft::storage", Level::ERROR, "LogFlush error: x"), Level::ERROR);
         let contract =
             "limited_get_log_entries(1, 2) returned empty; this violates the API contract";
