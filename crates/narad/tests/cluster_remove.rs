@@ -279,3 +279,85 @@ fn a_node_whose_disk_is_gone_is_removed_and_every_partition_works_again() {
     );
     c.terminate_all();
 }
+
+/// A node removed for good (`remove --force`) that comes back on its old
+/// directory after all (it was only unreachable): its replica never applied
+/// the removal and still counts it in the group, but the leader refuses the
+/// first write it forwards (its heartbeat) as coming from outside the Raft
+/// group, so it stops with what to do instead of joining back as a member
+/// (before the fix its heartbeat re-created its member record, the planner
+/// moved partitions to it, and produces through it answered 202 into a log
+/// nobody reads). The survivors never list it again.
+#[test]
+fn a_removed_node_restarted_on_its_old_disk_stops_and_is_not_a_member_again() {
+    let mut c = Cluster::start(3, ClusterOpts::dev());
+    let owners = c.create_placed(0, json!({"name": TOPIC, "partitions": PARTITIONS}));
+    assert!(owners.iter().any(|o| o == "n3"), "n3 owns partitions: {owners:?}");
+    c.kill9(2);
+    wait_for(
+        Duration::from_secs(75),
+        "n3 marked dead",
+        || {
+            let (_, v) = c.get_json(0, "/v1/cluster/members")?;
+            v["members"]
+                .as_array()?
+                .iter()
+                .any(|m| m["id"] == "n3" && m["status"] == "dead")
+                .then_some(())
+        },
+        || c.describe(),
+    );
+    let (ok, out, err) = cli_remove(&c, 1, "n3", true);
+    assert!(ok, "the forced removal succeeds: {out} {err}");
+    let members = |c: &Cluster, i: usize| -> Option<Vec<String>> {
+        let (_, m) = c.get_json(i, "/v1/cluster/members")?;
+        Some(
+            m["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect(),
+        )
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "n3 gone from the members and the voters",
+        || {
+            (members(&c, 0)? == ["n1", "n2"]).then_some(())?;
+            let s = c.status(0)?;
+            (!s["voters"].as_array()?.iter().any(|v| v == "n3")).then_some(())
+        },
+        || c.describe(),
+    );
+
+    // n3 back on the directory it had.
+    let started = Instant::now();
+    c.spawn(2);
+    let status = c.wait_exit(2, Duration::from_secs(60));
+    eprintln!("n3 stopped {:?} after its start: {status}", started.elapsed());
+    assert!(!status.success(), "a removed node does not run on: {status}");
+    let log = c.node(2).log();
+    assert!(
+        log.contains("removed from the cluster") && log.contains("wipe"),
+        "n3 says why and what to do:\n{}",
+        c.node(2).log_tail()
+    );
+    // It learnt it either from the leader refusing its forwarded heartbeat
+    // or, knowing no leader, from the leader's answer to its probe; either
+    // way the survivors never list it again.
+    assert!(
+        log.contains("says this node is not in the raft group")
+            || log.contains("does not know this node"),
+        "{}",
+        c.node(2).log_tail()
+    );
+    for i in [0, 1] {
+        assert_eq!(members(&c, i).unwrap(), ["n1", "n2"], "n{} lists n3 again", i + 1);
+    }
+    let (_, moves) = c.get_json(0, "/v1/cluster/moves").unwrap();
+    assert!(!moves.to_string().contains("\"n3\""), "no move to n3: {moves}");
+    // Every partition still works through the survivors.
+    let batch: Vec<(u64, Option<u32>)> =
+        (0..PARTITIONS).map(|p| (1_000 + p as u64, Some(p))).collect();
+    produce(&c, 0, &batch);
+}

@@ -18,6 +18,11 @@
 //!   JoinCluster (21) to every peer every [`JOIN_INTERVAL`] until it sees a
 //!   leader. The leader answers by adding the node as a learner and then
 //!   as a voter; joining twice is harmless.
+//! * A node removed from the cluster (`narad cluster remove`) that comes
+//!   back on its old directory: the leader refuses the writes it forwards
+//!   ([`NOT_IN_GROUP`]), and the node, whose own replica still counts it
+//!   in the group, stops with what to do; knowing no leader, it finds out
+//!   by asking its peers ([`ControlPlane::watch_removal`]).
 //! * A member restarted on another cluster address announces it with
 //!   JoinCluster until its replica records it (the leader commits
 //!   SetNodes); Raft dials the addresses the group records, never the
@@ -108,6 +113,19 @@ const MONITOR_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Status of a request refused because this node is not the leader.
 pub const NOT_LEADER: u16 = 421;
+
+/// How long a node with Raft state may know no leader before it asks its
+/// peers whether it was removed ([`ControlPlane::watch_removal`]): longer
+/// than an election.
+const REMOVAL_CHECK_AFTER: Duration = Duration::from_secs(6);
+
+/// How often [`ControlPlane::watch_removal`] looks.
+const REMOVAL_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// Status of a write refused because the node that forwarded it is not in
+/// the Raft group (removed from the cluster). Only between nodes: the
+/// forwarding node answers its client 503 (it stops).
+pub const NOT_IN_GROUP: u16 = 410;
 
 /// One configured peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -605,6 +623,8 @@ impl ControlPlane {
             plane.note_moved_peers();
             let announce = tokio::spawn(plane.clone().announce_address());
             lock(&plane.tasks).push(announce);
+            let removal = tokio::spawn(plane.clone().watch_removal());
+            lock(&plane.tasks).push(removal);
         }
         tracing::info!(
             node_id = %plane.me.id,
@@ -854,6 +874,50 @@ impl ControlPlane {
         )
     }
 
+    /// A node with Raft state that has known no leader for
+    /// [`REMOVAL_CHECK_AFTER`] asks its peers (ProbeGroup, op 39) every
+    /// [`REMOVAL_CHECK_EVERY`]: a leader that knows it neither as a member
+    /// nor as a follower, while this node's own replica still counts it in
+    /// the group, means it was removed from the cluster while it was away
+    /// (`narad cluster remove`; the group no longer replicates to it, so it
+    /// would never learn it otherwise). Said by a leader twice in a row, the
+    /// node stops with what to do. A node that follows a leader needs no check.
+    async fn watch_removal(self: Arc<Self>) {
+        let mut leaderless_since: Option<Instant> = None;
+        let mut said_once: Option<String> = None;
+        loop {
+            tokio::time::sleep(REMOVAL_CHECK_EVERY).await;
+            if self.stopping.load(Ordering::Relaxed) || self.stopped().is_some() {
+                return;
+            }
+            if self.leader().is_some() || !self.in_own_group() {
+                (leaderless_since, said_once) = (None, None);
+                continue;
+            }
+            let since = *leaderless_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < REMOVAL_CHECK_AFTER {
+                continue;
+            }
+            let answers = self.probe_group(&BTreeMap::new()).await;
+            let by = answers.iter().find_map(|p| match p.answer {
+                PeerAnswer::View(v) if v.leader && !v.knows_member => Some(p.id.clone()),
+                _ => None,
+            });
+            match (by, said_once.take()) {
+                (Some(by), Some(_)) => {
+                    self.refuse(format!(
+                        "the raft leader {by} does not know this node: it was removed from the \
+                         cluster (narad cluster remove) while it was away, and its data directory \
+                         belongs to a member that no longer exists; wipe the directory to rejoin \
+                         as a new, empty member, or start it under a new id"
+                    ));
+                    return;
+                }
+                (by, _) => said_once = by,
+            }
+        }
+    }
+
     /// This node may not take part under its id: it stops as on a fatal
     /// error (not ready, writes 503) and [`ControlPlane::refused`] says
     /// why, for the server to exit with it.
@@ -868,6 +932,12 @@ impl ControlPlane {
     /// was wiped and the group knows it), once decided.
     pub fn refused(&self) -> Option<String> {
         lock(&self.refused).clone()
+    }
+
+    /// Whether this node's own replica counts it in the Raft group.
+    fn in_own_group(&self) -> bool {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        membership.membership().get_node(&self.raft_id).is_some()
     }
 
     /// A join-only node: JoinCluster to every peer until a leader is seen.
@@ -1322,6 +1392,9 @@ impl ControlPlane {
         if !self.is_leader() {
             return self.not_leader();
         }
+        if let Some(refused) = self.refuse_outsider(from).await {
+            return refused;
+        }
         let audited = audit_event(&command);
         match self.write_local(command).await {
             LocalWrite::Written(log_index, Ok(response)) => {
@@ -1345,6 +1418,38 @@ impl ControlPlane {
             }
             LocalWrite::NotLeader => self.not_leader(),
         }
+    }
+
+    /// A write forwarded by a node outside the Raft group is refused with
+    /// [`NOT_IN_GROUP`]: such a node was removed (`narad cluster remove`)
+    /// and came back on its old directory, whose replica no longer follows
+    /// the group, so a heartbeat of it would bring back a member record
+    /// for a node that cannot own anything. Said only by a leader that
+    /// confirmed it still leads: a deposed one may not know a node that
+    /// joined since. `None`: the write goes on.
+    async fn refuse_outsider(&self, from: &PeerIdentity) -> Option<Reply> {
+        let rid = raft_id(&from.node_id);
+        let in_group = || {
+            let membership = self.raft.metrics().borrow().membership_config.clone();
+            membership.membership().get_node(&rid).is_some()
+        };
+        if in_group() {
+            return None;
+        }
+        match tokio::time::timeout(CONFIRM_BARRIER, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) if !in_group() => {}
+            Ok(Ok(_)) => return None,
+            _ => return Some(self.not_leader()),
+        }
+        tracing::warn!(peer = %from.node_id, addr = %from.addr,
+            "refused a write from a node outside the raft group (removed from the cluster?)");
+        Some(Reply::error(
+            NOT_IN_GROUP,
+            &format!(
+                "{} is not in the raft group: it was removed from the cluster (narad cluster remove)",
+                from.node_id
+            ),
+        ))
     }
 
     /// RaftCampaign: start an election as soon as this node's leader lease
@@ -1553,6 +1658,23 @@ impl ControlPlane {
                 Ok(reply) if reply.status == NOT_LEADER => {
                     // Nothing was written: ask the leader it names, or wait.
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Ok(reply) if reply.status == NOT_IN_GROUP => {
+                    // This replica still counts this node in the group, the
+                    // leader does not: it was removed while it was away.
+                    // (A node joining, not in its own replica's group yet,
+                    // just waits to be added.)
+                    if self.in_own_group() {
+                        self.refuse(format!(
+                            "the raft leader {} says this node is not in the raft group: it was \
+                             removed from the cluster (narad cluster remove) while it was away, and \
+                             its data directory belongs to a member that no longer exists; wipe the \
+                             directory to rejoin as a new, empty member, or start it under a new id",
+                            leader.id
+                        ));
+                    }
+                    // To the client: this node is stopping (SPEC's 503).
+                    return Err(MetaError::Unavailable(error_text(&reply.body)));
                 }
                 Ok(reply) => {
                     return Err(MetaError::from_wire(reply.status, error_text(&reply.body)));
