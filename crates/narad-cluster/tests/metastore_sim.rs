@@ -603,6 +603,12 @@ impl Sim {
                     self.trace(format_args!("node {i} (wiped) waits: {why}"));
                     return;
                 }
+                // The sim removes no member, and its peers never say
+                // `in_group`: a wiped node is always known or a voter.
+                FirstStart::Join => {
+                    self.trace(format_args!("node {i} (wiped) would join: waits"));
+                    return;
+                }
                 FirstStart::Bootstrap => {
                     bootstrap = true;
                     self.wiped_bootstraps += 1;
@@ -643,6 +649,7 @@ impl Sim {
                             log_end: m.last_log_index,
                             leader: m.state == ServerState::Leader,
                             knows_member: m.membership_config.membership().get_node(&id).is_some(),
+                            in_group: None,
                         })
                     }
                     _ => PeerAnswer::Silent,

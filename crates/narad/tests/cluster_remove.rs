@@ -277,6 +277,39 @@ fn a_node_whose_disk_is_gone_is_removed_and_every_partition_works_again() {
          produced after it all delivered in {delivered_in:?}",
         want.len()
     );
+
+    // n3 comes back under its id on its wiped directory: nobody knows it
+    // any more, so it joins as a new, empty member and gets partitions
+    // only by moves (copies).
+    let restarted = Instant::now();
+    c.restart(2);
+    c.wait_ready(2, Duration::from_secs(60));
+    wait_for(
+        Duration::from_secs(90),
+        "n3 back as an alive voter owning partitions moved to it",
+        || {
+            let (_, m) = c.get_json(0, "/v1/cluster/members")?;
+            let n3 = m["members"].as_array()?.iter().find(|m| m["id"] == "n3")?.clone();
+            (n3["status"] == "alive" && n3["owned_partitions"].as_u64()? > 0).then_some(())?;
+            let s = c.status(0)?;
+            s["voters"].as_array()?.iter().any(|v| v == "n3").then_some(())
+        },
+        || c.describe(),
+    );
+    eprintln!(
+        "the wiped n3 rejoined and owns partitions {:?} after its start",
+        restarted.elapsed()
+    );
+    let mut again = Vec::new();
+    for p in 0..PARTITIONS {
+        i += 1;
+        again.push((i, Some(p)));
+    }
+    produce(&c, 2, &again);
+    let want: BTreeSet<u64> = again.iter().map(|(i, _)| *i).collect();
+    let got = consume_until(&c, &[0, 1, 2], &want, Instant::now() + Duration::from_secs(30));
+    let missing: Vec<&u64> = want.iter().filter(|i| !got.contains_key(i)).collect();
+    assert!(missing.is_empty(), "records produced through the rejoined n3 lost: {missing:?}");
     c.terminate_all();
 }
 

@@ -773,6 +773,15 @@ impl ControlPlane {
             let answers = self.probe_group(&voters).await;
             match first_start::decide(voters.len(), &answers) {
                 FirstStart::Bootstrap => break,
+                FirstStart::Join => {
+                    tracing::info!(
+                        node_id = %self.me.id,
+                        "no raft state here, and the group's leader neither knows this node nor \
+                         counts it in the group (removed for good earlier?): joining as a new member"
+                    );
+                    self.clone().join_loop(false).await;
+                    return;
+                }
                 FirstStart::Refuse { by } => {
                     self.refuse(self.wiped(&format!("peer {by}")));
                     return;
@@ -857,7 +866,8 @@ impl ControlPlane {
                 .and_then(|r| r.get(&rid).cloned().flatten())
                 .is_some_and(|l| l.index > 0);
         let knows_member = acknowledged || self.meta.snapshot().member(id).is_some();
-        json_reply(&PeerView { log_end: m.last_log_index, leader, knows_member })
+        let in_group = leader.then(|| m.membership_config.membership().get_node(&rid).is_some());
+        json_reply(&PeerView { log_end: m.last_log_index, leader, knows_member, in_group })
     }
 
     /// Why a node whose data directory was wiped may not take part under

@@ -15,7 +15,9 @@
 //!    the directory was wiped; the node must come back under a new id.
 //! 2. Else a leader answered → [`FirstStart::Bootstrap`]: a late starter
 //!    of a group it is a voter of; its bootstrap entry (index 0) is the
-//!    group's own.
+//!    group's own. Unless the leader says its group does not have the node
+//!    (`in_group` false: a member removed for good, back on an empty
+//!    directory) → [`FirstStart::Join`]: it joins as a new member.
 //! 3. Else a peer holds log entries past the bootstrap entry, or cannot
 //!    say (it is opening its log, or runs a release without op 39) →
 //!    [`FirstStart::Wait`]: the group has run, and only its leader can
@@ -44,6 +46,10 @@ pub struct PeerView {
     pub leader: bool,
     /// The peer's state knows the asker as a member (see the module docs).
     pub knows_member: bool,
+    /// A leader's answer: whether its Raft membership has the asker (as a
+    /// voter or a learner). Absent from other peers and older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_group: Option<bool>,
 }
 
 /// One peer's answer to ProbeGroup.
@@ -63,6 +69,11 @@ pub enum PeerAnswer {
 pub enum FirstStart {
     /// Initialise the group with the configured voters.
     Bootstrap,
+    /// Join the running group as a new member (JoinCluster): its leader
+    /// neither knows this node nor counts it in the group (it was removed
+    /// for good, `narad cluster remove`, and comes back on an empty
+    /// directory), so bootstrapping would make a group of one's own.
+    Join,
     /// Ask again later; the reason, for the log.
     Wait(String),
     /// Do not start: the group knows this node as a member, so its data
@@ -98,8 +109,8 @@ pub fn decide(voters: usize, answers: &[Probed]) -> FirstStart {
     if let Some((id, _)) = views().find(|(_, v)| v.knows_member) {
         return FirstStart::Refuse { by: id.clone() };
     }
-    if views().any(|(_, v)| v.leader) {
-        return FirstStart::Bootstrap;
+    if let Some((_, v)) = views().find(|(_, v)| v.leader) {
+        return if v.in_group == Some(false) { FirstStart::Join } else { FirstStart::Bootstrap };
     }
     if let Some((id, v)) = views().find(|(_, v)| v.log_end.is_some_and(|end| end > 0)) {
         return FirstStart::Wait(format!(
@@ -127,7 +138,28 @@ mod tests {
     use super::*;
 
     fn view(log_end: Option<u64>, leader: bool, knows_member: bool) -> PeerAnswer {
-        PeerAnswer::View(PeerView { log_end, leader, knows_member })
+        PeerAnswer::View(PeerView { log_end, leader, knows_member, in_group: None })
+    }
+
+    #[test]
+    fn a_leader_that_neither_knows_the_node_nor_counts_it_in_the_group_makes_it_join() {
+        let led = |in_group| {
+            PeerAnswer::View(PeerView {
+                log_end: Some(9),
+                leader: true,
+                knows_member: false,
+                in_group,
+            })
+        };
+        let a = answers(&[led(Some(false)), view(Some(9), false, false)]);
+        assert_eq!(decide(3, &a), FirstStart::Join);
+        // Counted in the group (a late starter), or an older leader that
+        // does not say: bootstrap as before.
+        assert_eq!(decide(3, &answers(&[led(Some(true))])), FirstStart::Bootstrap);
+        assert_eq!(decide(3, &answers(&[led(None)])), FirstStart::Bootstrap);
+        // Any peer that knows it still refuses it (a wiped member).
+        let a = answers(&[led(Some(false)), view(Some(9), false, true)]);
+        assert!(matches!(decide(3, &a), FirstStart::Refuse { .. }));
     }
 
     fn answers(list: &[PeerAnswer]) -> Vec<Probed> {
