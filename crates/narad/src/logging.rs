@@ -85,8 +85,13 @@ const OPENRAFT_PEER_RPC_FAILED: [&str; 8] = [
 /// campaign asked for while the node shuts down), or a request in flight
 /// (an AppendEntries from the leader) loses its answer because the core
 /// stopped under it. Prefixes.
-const OPENRAFT_CORE_STOPPED: [&str; 2] =
-    ["failure sending external command to RaftCore", "failure receiving rx from RaftCore"];
+/// (`core_call fatal error` is how a request's call into a stopped core
+/// ends; a core that stops on a fatal error says so at ERROR on its own.)
+const OPENRAFT_CORE_STOPPED: [&str; 3] = [
+    "failure sending external command to RaftCore",
+    "failure receiving rx from RaftCore",
+    "core_call fatal error",
+];
 
 /// openraft's WARNs an operator should see: the log store broke its
 /// contract, or a follower's log went back.
@@ -425,6 +430,7 @@ mod tests {
         let lost =
             "failure receiving rx from RaftCore; message: AppendEntries: vote=T2-Nn3:committed";
         assert_eq!(l(inner, Level::ERROR, lost), Level::DEBUG);
+        assert_eq!(l(inner, Level::ERROR, "core_call fatal error"), Level::DEBUG);
         assert_eq!(l("openraft::storage", Level::ERROR, "LogFlush error: x"), Level::ERROR);
         let contract =
             "limited_get_log_entries(1, 2) returned empty; this violates the API contract";
