@@ -182,6 +182,21 @@ impl Ctx {
     }
 }
 
+impl Ctx {
+    /// The `failing`-th failed heartbeat in a row: counted always, at WARN
+    /// from the second (a member is marked dead only after many missed
+    /// beats), at INFO when it is the first.
+    fn beat_failed(&self, failing: u32, error: &dyn std::fmt::Display) {
+        if failing >= 2 {
+            self.failed(Activity::Heartbeat, error);
+            return;
+        }
+        (self.errors)("cluster", Activity::Heartbeat.kind());
+        tracing::info!(node_id = %self.me.id, error = %error,
+            "cluster membership heartbeat failed; the next beat retries");
+    }
+}
+
 /// What failed, for the error counter's `kind` and the log.
 #[derive(Debug, Clone, Copy)]
 enum Activity {
@@ -234,6 +249,9 @@ async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // A previous life's beats count as sent (a restart after a step back).
     let mut last_sent = ctx.meta.snapshot().member(&ctx.me.id).map(|m| m.last_heartbeat);
+    // Consecutive failed beats: one alone is routine (an election, a
+    // leader handing over as it stops) and is logged at INFO.
+    let mut failing = 0u32;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -246,9 +264,15 @@ async fn heartbeat_loop(ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
         let meta = ctx.meta.clone();
         match blocking(&mut stop, move || meta.member_join(member)).await {
             None => return,
-            Some(Ok(Ok(_))) => {}
-            Some(Ok(Err(e))) => ctx.failed(Activity::Heartbeat, &e),
-            Some(Err(panicked)) => ctx.failed(Activity::Heartbeat, &panicked),
+            Some(Ok(Ok(_))) => failing = 0,
+            Some(Ok(Err(e))) => {
+                failing += 1;
+                ctx.beat_failed(failing, &e);
+            }
+            Some(Err(panicked)) => {
+                failing += 1;
+                ctx.beat_failed(failing, &panicked);
+            }
         }
         ctx.refresh_members();
     }
