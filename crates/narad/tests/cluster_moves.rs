@@ -65,6 +65,27 @@ fn request_move(c: &Cluster, node: usize, topic: &str, to: &str) {
 }
 
 /// The value of the sample `name` (with its labels) in a `/metrics` text.
+/// Waits until partition 0 of `topic` holds `n` records on its owner
+/// `source`.
+fn wait_committed(c: &Cluster, source: usize, topic: &str, n: u64) {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{n} records committed on the source"),
+        || {
+            let (_, v) = c.get_json(source, &format!("/v1/topics/{topic}"))?;
+            (v["partition_stats"][0]["high_watermark"].as_u64()? >= n).then_some(())
+        },
+        || c.describe(),
+    );
+}
+
+/// The staged copies under node `i`'s `<data>/moves/`.
+fn staged_copies(c: &Cluster, i: usize) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(c.node(i).data_dir.join("moves"))
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
 fn metric_value(metrics: &str, name: &str) -> f64 {
     metrics
         .lines()
@@ -438,20 +459,19 @@ fn a_moves_target_killed_mid_copy_is_aborted_and_nothing_is_lost() {
     // The killed target left its partial copy behind; it removes it when it
     // starts again (or, if its replica has not learnt yet that the move
     // was given up and a copy starts over, as soon as it learns).
-    let staging = c.node(2).data_dir.join("moves");
-    let staged = || -> Vec<std::ffi::OsString> {
-        std::fs::read_dir(&staging)
-            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
-            .unwrap_or_default()
-    };
-    assert_eq!(staged().len(), 1, "the killed target's partial copy: {:?}", staged());
+    assert_eq!(
+        staged_copies(&c, 2).len(),
+        1,
+        "the killed target's partial copy: {:?}",
+        staged_copies(&c, 2)
+    );
     c.restart(2);
     c.wait_ready(2, Duration::from_secs(30));
     wait_for(
         Duration::from_secs(30),
         "n3 removed the partial copy",
-        || staged().is_empty().then_some(()),
-        || format!("{:?}\n{}", staged(), c.node(2).log_tail()),
+        || staged_copies(&c, 2).is_empty().then_some(()),
+        || format!("{:?}\n{}", staged_copies(&c, 2), c.node(2).log_tail()),
     );
     deliver_all(&c, "big", &produced);
 }
@@ -556,15 +576,7 @@ fn a_moves_source_dead_before_its_freeze_is_not_promoted_and_the_move_is_aborted
     assert_ne!(source, 2, "partition 0 is not on n3 already: {owners:?}");
     let via = (0..3).find(|&i| i != source && i != 2).unwrap();
     let produced: BTreeSet<u64> = produce_bulk(&c, via, "short", 0, 6_000).into_iter().collect();
-    wait_for(
-        Duration::from_secs(30),
-        "the 6,000 records committed on the source",
-        || {
-            let (_, v) = c.get_json(source, "/v1/topics/short")?;
-            (v["partition_stats"][0]["high_watermark"].as_u64()? >= 6_000).then_some(())
-        },
-        || c.describe(),
-    );
+    wait_committed(&c, source, "short", 6_000);
     request_move(&c, via, "short", "n3");
     wait_for(
         Duration::from_secs(30),
@@ -603,10 +615,7 @@ fn a_moves_source_dead_before_its_freeze_is_not_promoted_and_the_move_is_aborted
     assert_eq!(metric("narad_moves_total{outcome=\"aborted\"}"), 1.0);
     assert_eq!(metric("narad_moves_total{outcome=\"force_promoted\"}"), 0.0);
     assert_eq!(metric("narad_moves_inflight"), 0.0);
-    let staging = c.node(2).data_dir.join("moves");
-    let left: Vec<_> = std::fs::read_dir(&staging)
-        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = staged_copies(&c, 2);
     assert!(left.is_empty(), "n3 removed its staged copy: {left:?}");
     c.restart(source);
     c.wait_ready(source, Duration::from_secs(30));
@@ -719,15 +728,7 @@ fn a_frozen_source_that_dies_is_replaced_by_its_complete_copy() {
     assert_ne!(source, 2, "partition 0 is not on n3 already: {owners:?}");
     let via = (0..3).find(|&i| i != source && i != 2).unwrap();
     let produced: BTreeSet<u64> = produce_bulk(&c, via, "fpr", 0, 2_000).into_iter().collect();
-    wait_for(
-        Duration::from_secs(30),
-        "the 2,000 records committed on the source",
-        || {
-            let (_, v) = c.get_json(source, "/v1/topics/fpr")?;
-            (v["partition_stats"][0]["high_watermark"].as_u64()? >= 2_000).then_some(())
-        },
-        || c.describe(),
-    );
+    wait_committed(&c, source, "fpr", 2_000);
     request_move(&c, via, "fpr", "n3");
     wait_for(
         Duration::from_secs(30),

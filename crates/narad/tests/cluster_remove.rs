@@ -47,6 +47,23 @@ fn produce(c: &Cluster, node: usize, records: &[(u64, Option<u32>)]) {
     assert_eq!(r.status().as_u16(), 202, "{}", r.text().unwrap_or_default());
 }
 
+/// Waits until node 1 shows member `id` dead.
+fn wait_marked_dead(c: &Cluster, id: &str) {
+    wait_for(
+        Duration::from_secs(75),
+        &format!("{id} marked dead"),
+        || {
+            let (_, v) = c.get_json(0, "/v1/cluster/members")?;
+            v["members"]
+                .as_array()?
+                .iter()
+                .any(|m| m["id"] == id && m["status"] == "dead")
+                .then_some(())
+        },
+        || c.describe(),
+    );
+}
+
 /// Each partition's next offset as node `i` shows it (its owner's figures).
 fn next_offsets(c: &Cluster, i: usize) -> Option<BTreeMap<u32, u64>> {
     let (status, v) = c.get_json(i, &format!("/v1/topics/{TOPIC}"))?;
@@ -134,19 +151,7 @@ fn a_node_whose_disk_is_gone_is_removed_and_every_partition_works_again() {
     c.kill9(2);
     let killed = Instant::now();
     std::fs::remove_dir_all(&c.node(2).data_dir).unwrap();
-    wait_for(
-        Duration::from_secs(75),
-        "n3 marked dead",
-        || {
-            let (_, v) = c.get_json(0, "/v1/cluster/members")?;
-            v["members"]
-                .as_array()?
-                .iter()
-                .any(|m| m["id"] == "n3" && m["status"] == "dead")
-                .then_some(())
-        },
-        || c.describe(),
-    );
+    wait_marked_dead(&c, "n3");
     let dead_after = killed.elapsed();
 
     let (ok, out, err) = cli_remove(&c, 1, "n3", false);
@@ -327,19 +332,7 @@ fn a_removed_node_restarted_on_its_old_disk_stops_and_is_not_a_member_again() {
     let owners = c.create_placed(0, json!({"name": TOPIC, "partitions": PARTITIONS}));
     assert!(owners.iter().any(|o| o == "n3"), "n3 owns partitions: {owners:?}");
     c.kill9(2);
-    wait_for(
-        Duration::from_secs(75),
-        "n3 marked dead",
-        || {
-            let (_, v) = c.get_json(0, "/v1/cluster/members")?;
-            v["members"]
-                .as_array()?
-                .iter()
-                .any(|m| m["id"] == "n3" && m["status"] == "dead")
-                .then_some(())
-        },
-        || c.describe(),
-    );
+    wait_marked_dead(&c, "n3");
     let (ok, out, err) = cli_remove(&c, 1, "n3", true);
     assert!(ok, "the forced removal succeeds: {out} {err}");
     let members = |c: &Cluster, i: usize| -> Option<Vec<String>> {
