@@ -38,6 +38,13 @@ pub enum BrokerError {
     /// The node is shutting down (503).
     #[error("server is shutting down")]
     ShuttingDown,
+    /// A cluster node that has not reached its group's leader since it
+    /// started takes no produce (503): its replica may be stale, and a
+    /// node removed from the cluster while it was away never reaches one.
+    #[error(
+        "not ready: this node has not reached the cluster's raft leader since it started; retry, or produce through another node"
+    )]
+    LeaderNotReached,
     /// The partition moved to another member (421): this node's log of it
     /// is a leftover; the sender asks the new owner.
     #[error("not partition owner: {0}")]
@@ -74,7 +81,9 @@ impl BrokerError {
             BrokerError::StaleHandle | BrokerError::AgedOut { .. } | BrokerError::Unreadable(_) => {
                 410
             }
-            BrokerError::AckedAheadFull | BrokerError::ShuttingDown => 503,
+            BrokerError::AckedAheadFull
+            | BrokerError::ShuttingDown
+            | BrokerError::LeaderNotReached => 503,
             BrokerError::NotOwner(_) => 421,
             BrokerError::Meta(e) => e.status(),
             BrokerError::Wal(e) if e.is_retriable() => 503,

@@ -311,7 +311,11 @@ impl BrokerMetrics {
         reg!("bytes_produced", "Payload bytes committed on this owner", bytes_produced);
         reg!("messages_consumed", "Messages delivered (queue and replay)", messages_consumed);
         reg!("bytes_consumed", "Payload bytes delivered", bytes_consumed);
-        reg!("produce_rejections", "Produces refused (schema, delayed_child)", produce_rejections);
+        reg!(
+            "produce_rejections",
+            "Produces refused (schema, delayed_child, not_ready)",
+            produce_rejections
+        );
         reg!("consume_wait_seconds", "Time consumes waited, by outcome", consume_wait_seconds.0);
         reg!("consume_empty", "Consumes that returned no message", consume_empty);
         reg!("consumer_corrupt_skipped", "Offsets skipped as unreadable", consumer_corrupt_skipped);

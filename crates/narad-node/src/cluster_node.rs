@@ -343,8 +343,9 @@ pub struct ClusterNode {
     /// the disk once the control plane stopped).
     storage: (FsRef, std::path::PathBuf),
     orphan_task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The partition mover and the freeze expiry (stopped by `shutdown`).
-    move_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The partition mover, the freeze expiry, the leftover discards and
+    /// the produce release (aborted by `shutdown`).
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     move_stop: tokio::sync::watch::Sender<bool>,
     /// The destination's mover, once the broker is attached.
     mover: OnceLock<Arc<crate::moves::Mover>>,
@@ -565,7 +566,7 @@ impl ClusterNode {
             membership: OnceLock::new(),
             storage,
             orphan_task: std::sync::Mutex::new(None),
-            move_tasks: std::sync::Mutex::new(Vec::new()),
+            tasks: std::sync::Mutex::new(Vec::new()),
             move_stop: tokio::sync::watch::channel(false).0,
             mover: OnceLock::new(),
             move_metrics: crate::moves::MoveMetrics::new(registry),
@@ -583,6 +584,17 @@ impl ClusterNode {
     pub fn attach_broker(self: &Arc<Self>, broker: Arc<Broker>) {
         let _ = self.handler.broker.set(broker.clone());
         {
+            // The broker holds produce until this node has reached its
+            // group's leader (see `Broker::release_produce`): a replica
+            // that never heard from a leader since the start may be one the
+            // cluster removed, whose partitions are no longer its own.
+            let (control, b) = (self.control.clone(), broker.clone());
+            self.tasks.lock().unwrap_or_else(|p| p.into_inner()).push(tokio::spawn(async move {
+                control.wait_leader_reached().await;
+                b.release_produce();
+            }));
+        }
+        {
             let mover = crate::moves::Mover::new(
                 self.node_id.clone(),
                 self.meta.clone(),
@@ -592,7 +604,7 @@ impl ClusterNode {
                 crate::copy_rate::CopyRate::new(self.move_copy_rate),
             );
             let _ = self.mover.set(mover.clone());
-            let mut tasks = self.move_tasks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
             tasks.push(tokio::spawn(mover.run(self.move_stop.subscribe())));
             tasks.push(tokio::spawn(crate::moves::expire_freezes(
                 broker.clone(),
@@ -795,8 +807,8 @@ impl ClusterNode {
         let _ = self.membership.set(m);
     }
 
-    /// Sets `ready` once a leader is visible and this replica caught up
-    /// (or [`READY_CATCH_UP_WAIT`] after a leader became visible), and,
+    /// Sets `ready` once this node reached a leader and this replica caught
+    /// up (or [`READY_CATCH_UP_WAIT`] after it reached one), and,
     /// with `needs_root` (security on), once the replicated state holds the
     /// root user: a single node seeds it before it listens, so a ready
     /// node never answers the root's credentials with 401. `ready` is told
@@ -808,7 +820,9 @@ impl ClusterNode {
     ) {
         let me = self.clone();
         tokio::spawn(async move {
-            me.control.wait_for_leader().await;
+            // Reached, not only named: a vote restored from disk names a
+            // leader before any contact (see `wait_leader_reached`).
+            me.control.wait_leader_reached().await;
             let deadline = tokio::time::Instant::now() + READY_CATCH_UP_WAIT;
             let mut caught_up = me.control.applied_caught_up();
             while !caught_up && tokio::time::Instant::now() < deadline {
@@ -890,7 +904,7 @@ impl ClusterNode {
             task.abort();
         }
         let _ = self.move_stop.send(true);
-        for task in self.move_tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+        for task in self.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             task.abort();
         }
         if let Some(m) = self.membership.get() {

@@ -59,7 +59,9 @@ impl From<BrokerError> for NodeError {
             // lease is kept) and `narad_ack_rejected_total{reason="cap"}`
             // counts it; at ERROR, 64 consumers behind one slow head wrote
             // ~40,000 lines a second. Likewise refusals while shutting down.
-            BrokerError::AckedAheadFull | BrokerError::ShuttingDown => {
+            BrokerError::AckedAheadFull
+            | BrokerError::ShuttingDown
+            | BrokerError::LeaderNotReached => {
                 debug!(error = %e, status, "request refused");
             }
             // No leader (an election, a lost quorum) or the leader out of

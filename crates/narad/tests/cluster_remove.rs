@@ -196,10 +196,7 @@ fn a_node_whose_disk_is_gone_is_removed_and_every_partition_works_again() {
         || {
             let mut seen = Vec::new();
             for n in [0, 1] {
-                let (_, m) = c.get_json(n, "/v1/cluster/members")?;
-                let ids: Vec<&str> =
-                    m["members"].as_array()?.iter().filter_map(|m| m["id"].as_str()).collect();
-                (ids == ["n1", "n2"]).then_some(())?;
+                (c.member_ids(n)? == ["n1", "n2"]).then_some(())?;
                 let (_, t) = c.get_json(n, &format!("/v1/topics/{TOPIC}"))?;
                 let o: Vec<String> = t["partition_stats"]
                     .as_array()?
@@ -335,33 +332,62 @@ fn a_removed_node_restarted_on_its_old_disk_stops_and_is_not_a_member_again() {
     wait_marked_dead(&c, "n3");
     let (ok, out, err) = cli_remove(&c, 1, "n3", true);
     assert!(ok, "the forced removal succeeds: {out} {err}");
-    let members = |c: &Cluster, i: usize| -> Option<Vec<String>> {
-        let (_, m) = c.get_json(i, "/v1/cluster/members")?;
-        Some(
-            m["members"]
-                .as_array()?
-                .iter()
-                .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                .collect(),
-        )
-    };
     wait_for(
         Duration::from_secs(20),
         "n3 gone from the members and the voters",
         || {
-            (members(&c, 0)? == ["n1", "n2"]).then_some(())?;
+            (c.member_ids(0)? == ["n1", "n2"]).then_some(())?;
             let s = c.status(0)?;
             (!s["voters"].as_array()?.iter().any(|v| v == "n3")).then_some(())
         },
         || c.describe(),
     );
 
-    // n3 back on the directory it had.
+    // n3 back on the directory it had, with a producer sending to it,
+    // pinned to its old partitions, from its first moment to its exit.
     let started = Instant::now();
     c.spawn(2);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producer = {
+        let url = c.node(2).url(&format!("/v1/topics/{TOPIC}/produce/batch"));
+        let old: Vec<u32> = (0..PARTITIONS).filter(|p| owners[*p as usize] == "n3").collect();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let client = reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()
+                .unwrap();
+            let mut answers: BTreeMap<u16, usize> = BTreeMap::new();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let messages: Vec<Value> = old
+                    .iter()
+                    .map(|p| json!({"payload": {"i": 5_000 + i}, "partition": p}))
+                    .collect();
+                i += 1;
+                let body = json!({"messages": messages}).to_string();
+                if let Ok(r) = client.post(&url).body(body).send() {
+                    *answers.entry(r.status().as_u16()).or_default() += 1;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
+        })
+    };
     let status = c.wait_exit(2, Duration::from_secs(60));
-    eprintln!("n3 stopped {:?} after its start: {status}", started.elapsed());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers = producer.join().unwrap();
+    eprintln!(
+        "n3 stopped {:?} after its start: {status}; its answers to produces: {answers:?}",
+        started.elapsed()
+    );
     assert!(!status.success(), "a removed node does not run on: {status}");
+    // It never reached a leader, so it took none: a 202 here would be a
+    // record in a log no other node reads.
+    assert!(
+        !answers.contains_key(&202),
+        "a removed node accepted produces into its old partitions: {answers:?}"
+    );
     let log = c.node(2).log();
     assert!(
         log.contains("removed from the cluster") && log.contains("wipe"),
@@ -378,7 +404,7 @@ fn a_removed_node_restarted_on_its_old_disk_stops_and_is_not_a_member_again() {
         c.node(2).log_tail()
     );
     for i in [0, 1] {
-        assert_eq!(members(&c, i).unwrap(), ["n1", "n2"], "n{} lists n3 again", i + 1);
+        assert_eq!(c.member_ids(i).unwrap(), ["n1", "n2"], "n{} lists n3 again", i + 1);
     }
     let (_, moves) = c.get_json(0, "/v1/cluster/moves").unwrap();
     assert!(!moves.to_string().contains("\"n3\""), "no move to n3: {moves}");

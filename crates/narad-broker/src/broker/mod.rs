@@ -16,7 +16,7 @@
 //!
 //! | File | What it holds | Fields |
 //! |---|---|---|
-//! | `mod.rs` | the struct, accessors, `check_running`, the helpers every file uses (`blocking`, `unix_seconds`) | — |
+//! | `mod.rs` | the struct, accessors, `check_running`, the produce hold (`release_produce`), the helpers every file uses (`blocking`, `unix_seconds`) | `produce_held` |
 //! | `open.rs` | [`BrokerConfig`], [`Registration`], [`Routing`]; open, drain, shutdown | `dispatcher`, `fanout_task`, `stop`, `shutting_down` |
 //! | `produce.rs` | [`ProduceRecord`]; checking a produce and appending it to the WAL | `wal`, `round_robin` |
 //! | `consume.rs` | [`Delivered`], [`AckAction`]; leases, long polls, replay, ack/extend/nack | `draining` (set by `open.rs`'s `begin_drain`) |
@@ -94,6 +94,12 @@ pub struct Broker {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stop: tokio::sync::watch::Sender<bool>,
     shutting_down: AtomicBool,
+    /// Produce is refused (503 not ready) until [`Broker::release_produce`]:
+    /// set at open on a cluster node, whose replica may be stale until it
+    /// has reached its group's leader (a node removed from the cluster
+    /// while it was away never does, and would otherwise take records
+    /// into partitions that are no longer its own).
+    produce_held: AtomicBool,
     /// Long polls return at once (the HTTP layer is draining).
     draining: AtomicBool,
     /// The WAL's counters at the last metrics poll: the next poll adds the
@@ -151,6 +157,38 @@ impl Broker {
     fn check_running(&self) -> Result<(), BrokerError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(BrokerError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// Lets produce in: the node layer calls this once this cluster node
+    /// has reached its group's leader since it started (a single node
+    /// never holds produce). Idempotent; never closed again (a node that
+    /// loses its leader later keeps taking produces into its WAL).
+    pub fn release_produce(&self) {
+        if self.produce_held.swap(false, Ordering::AcqRel) {
+            tracing::info!("the raft leader was reached: produce accepted from now on");
+        }
+    }
+
+    /// Whether produce is held (see [`Broker::release_produce`]).
+    pub fn produce_held(&self) -> bool {
+        self.produce_held.load(Ordering::Acquire)
+    }
+
+    /// [`Broker::check_running`] for a produce: also refused while
+    /// produce is held (counted as `produce_rejections{topic,reason="not_ready"}`).
+    fn check_accepting(&self, topic: &str) -> Result<(), BrokerError> {
+        self.check_running()?;
+        if self.produce_held() {
+            self.metrics
+                .produce_rejections
+                .get_or_create(&crate::metrics::RejectionLabels {
+                    topic: topic.into(),
+                    reason: "not_ready".into(),
+                })
+                .inc();
+            return Err(BrokerError::LeaderNotReached);
         }
         Ok(())
     }

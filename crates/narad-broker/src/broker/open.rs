@@ -249,6 +249,9 @@ impl Broker {
         }
         // One owner and one view of owners for the dispatcher and the
         // fan-out cursors alike.
+        // A cluster node takes no produce until it has reached its
+        // group's leader (`Broker::release_produce`).
+        let produce_held = matches!(routing, Routing::Cluster { .. });
         let routes = Routes::new(routing, &owner, &meta, &clock, &config.node_id);
         let links = routes.links;
         let fanout = FanoutRunner::new(Arc::new(FanoutCtx {
@@ -278,6 +281,7 @@ impl Broker {
             tasks: Mutex::new(Vec::new()),
             stop: tokio::sync::watch::channel(false).0,
             shutting_down: AtomicBool::new(false),
+            produce_held: AtomicBool::new(produce_held),
             draining: AtomicBool::new(false),
             wal_seen: Mutex::new(narad_wal::WalStats::default()),
             dir_walk_skip: AtomicU32::new(0),

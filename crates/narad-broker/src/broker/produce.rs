@@ -8,6 +8,9 @@
 //!
 //! Invariants the code relies on:
 //! - A produce answers only once its records are durable in the WAL.
+//! - A cluster node takes no produce until it has reached its group's
+//!   leader since it started (`check_accepting`, see
+//!   [`Broker::release_produce`]).
 //! - A batch is checked whole before any record is appended: one bad
 //!   record refuses them all.
 //! - Each record carries its topic's incarnation, so records of a deleted
@@ -83,7 +86,7 @@ impl Broker {
         partition: Option<u32>,
         payload: Bytes,
     ) -> Result<(), BrokerError> {
-        self.check_running()?;
+        self.check_accepting(topic)?;
         let t = self.topic(topic)?;
         let p = self.accept_one(&t, key.as_deref(), partition, &payload)?;
         let rec = RecordRef {
@@ -107,7 +110,7 @@ impl Broker {
         topic: &str,
         records: Vec<ProduceRecord>,
     ) -> Result<usize, BrokerError> {
-        self.check_running()?;
+        self.check_accepting(topic)?;
         let t = self.topic(topic)?;
         let mut parts = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {

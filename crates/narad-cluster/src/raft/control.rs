@@ -119,6 +119,10 @@ pub const NOT_LEADER: u16 = 421;
 /// than an election.
 const REMOVAL_CHECK_AFTER: Duration = Duration::from_secs(6);
 
+/// How long a leader answering ProbeGroup waits for a quorum to confirm
+/// it still leads (below [`GROUP_PROBE_TIMEOUT`], the asker's wait).
+const PROBE_CONFIRM: Duration = Duration::from_secs(1);
+
 /// How often [`ControlPlane::watch_removal`] looks.
 const REMOVAL_CHECK_EVERY: Duration = Duration::from_secs(2);
 
@@ -856,9 +860,23 @@ impl ControlPlane {
 
     /// This node's answer to ProbeGroup from `id` (see
     /// [`super::first_start`]).
-    fn probe_view(&self, id: &str) -> Reply {
+    ///
+    /// A leader answers as one only once a quorum confirmed it still leads
+    /// (within [`PROBE_CONFIRM`]): a leader cut off, or deposed and not
+    /// told yet, may hold a membership older than the group's, and its "I
+    /// do not know you" would stop a node that joined since
+    /// ([`ControlPlane::watch_removal`]) or misguide a first start.
+    async fn probe_view(&self, id: &str) -> Reply {
+        let leads = self.raft.metrics().borrow().state == ServerState::Leader
+            && !self.forming.load(Ordering::SeqCst);
+        let confirmed = leads
+            && matches!(
+                tokio::time::timeout(PROBE_CONFIRM, self.raft.ensure_linearizable()).await,
+                Ok(Ok(_))
+            );
+        // Read after the confirmation: the membership it vouches for.
         let m = self.raft.metrics().borrow().clone();
-        let leader = m.state == ServerState::Leader && !self.forming.load(Ordering::SeqCst);
+        let leader = confirmed && m.state == ServerState::Leader;
         let rid = raft_id(id);
         let acknowledged = leader
             && m.replication
@@ -890,7 +908,8 @@ impl ControlPlane {
     /// nor as a follower, while this node's own replica still counts it in
     /// the group, means it was removed from the cluster while it was away
     /// (`narad cluster remove`; the group no longer replicates to it, so it
-    /// would never learn it otherwise). Said by a leader twice in a row, the
+    /// would never learn it otherwise). Said by a leader (one a quorum
+    /// confirmed as it answered, see `probe_view`) twice in a row, the
     /// node stops with what to do. A node that follows a leader needs no check.
     async fn watch_removal(self: Arc<Self>) {
         let mut leaderless_since: Option<Instant> = None;
@@ -1102,7 +1121,7 @@ impl ControlPlane {
     /// not an op of the control plane).
     pub async fn handle(&self, from: &PeerIdentity, request: &Request) -> Option<Reply> {
         match request {
-            Request::ProbeGroup(id) => return Some(self.probe_view(id)),
+            Request::ProbeGroup(id) => return Some(self.probe_view(id).await),
             Request::RaftAppendEntries(_)
             | Request::RaftVote(_)
             | Request::RaftInstallSnapshot(_)
@@ -1831,6 +1850,31 @@ impl ControlPlane {
                 // Raft stopped: no leader will ever be visible.
                 std::future::pending::<()>().await;
             }
+        }
+    }
+
+    /// Resolves once this node has reached its group's leader since it
+    /// started: a leader's AppendEntries or snapshot was accepted here, or
+    /// this node leads and a quorum confirmed it. Unlike
+    /// [`ControlPlane::wait_for_leader`] this cannot pass on a vote restored
+    /// from disk (openraft names the leader of the last committed vote at
+    /// once, before any contact), so a node the group removed while it was
+    /// away, which no leader replicates to, never passes it. Never resolves
+    /// once the control plane stopped or is stopping.
+    pub async fn wait_leader_reached(&self) {
+        loop {
+            if self.stopping.load(Ordering::SeqCst) || self.stopped().is_some() {
+                std::future::pending::<()>().await;
+            }
+            if lock(&self.leader_contact).is_some() {
+                return;
+            }
+            let leads = self.raft.metrics().borrow().state == ServerState::Leader;
+            if leads && !self.forming.load(Ordering::SeqCst) && self.read_index_here().await.is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(MONITOR_INTERVAL).await;
         }
     }
 
