@@ -28,7 +28,11 @@
 //!   longer owns, whose log is about to be deleted: a loss of acknowledged
 //!   records.
 //! - Moved is final for that incarnation (only [`Fences::forget`], when the
-//!   log is removed, drops it).
+//!   log is removed, drops it, or [`Fences::replace`], when a move's copy
+//!   replaces it).
+//! - A log is replaced by a move's copy only with its gate held exclusively
+//!   ([`Fences::replace`]), so no commit lands in the log being replaced
+//!   after the install checked that this node does not own it yet.
 //! - The gate is per partition: a freeze stalls that partition's commits
 //!   only, never another partition's, and no lock is held across an fsync
 //!   that another partition needs.
@@ -38,7 +42,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 /// One partition of one topic incarnation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,7 +109,9 @@ pub enum FreezeError {
 /// The gates of this node's partitions.
 #[derive(Debug, Default)]
 pub struct Fences {
-    gates: Mutex<HashMap<PartitionKey, Arc<Gate>>>,
+    /// Read-locked to find a partition's gate (every commit), write-locked
+    /// only to add or drop one.
+    gates: RwLock<HashMap<PartitionKey, Arc<Gate>>>,
     /// How many gates are shut: while none is, [`Fences::shut`] (on every
     /// consume) answers without the map's lock.
     shut_gates: AtomicUsize,
@@ -118,12 +124,15 @@ impl Fences {
     }
 
     fn gate(&self, key: &PartitionKey) -> Arc<Gate> {
-        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gate) = self.existing(key) {
+            return gate;
+        }
+        let mut gates = self.gates.write().unwrap_or_else(|p| p.into_inner());
         gates.entry(key.clone()).or_default().clone()
     }
 
     fn existing(&self, key: &PartitionKey) -> Option<Arc<Gate>> {
-        self.gates.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
+        self.gates.read().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
     /// Runs `commit` through `key`'s gate, holding it open until `commit`
@@ -204,7 +213,7 @@ impl Fences {
 
     /// Drops `key`'s gate (its log is removed).
     pub fn forget(&self, key: &PartitionKey) {
-        let gate = self.gates.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        let gate = self.gates.write().unwrap_or_else(|p| p.into_inner()).remove(key);
         if let Some(gate) = gate {
             let mut shut = gate.shut.write().unwrap_or_else(|p| p.into_inner());
             if shut.take().is_some() {
@@ -213,12 +222,39 @@ impl Fences {
         }
     }
 
+    /// Runs `install` (which replaces `key`'s log with a verified copy)
+    /// holding `key`'s gate exclusively: it waits for the commits in
+    /// flight, and no commit starts until it returned. When it succeeded
+    /// the gate is dropped (the log it guarded is gone; a seal or freeze of
+    /// the old log says nothing of the new one). A check `install` makes
+    /// first (the node's replica does not name it the owner) thus holds
+    /// until the log is replaced: a commit that the owner's replica let in
+    /// has either landed before the check, which then sees the ownership,
+    /// or waits and lands in the new log.
+    pub fn replace<T, E>(
+        &self,
+        key: &PartitionKey,
+        install: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let gate = self.gate(key);
+        let mut shut = gate.shut.write().unwrap_or_else(|p| p.into_inner());
+        let installed = install()?;
+        if shut.take().is_some() {
+            self.shut_gates.fetch_sub(1, Ordering::AcqRel);
+        }
+        let mut gates = self.gates.write().unwrap_or_else(|p| p.into_inner());
+        if gates.get(key).is_some_and(|g| Arc::ptr_eq(g, &gate)) {
+            gates.remove(key);
+        }
+        Ok(installed)
+    }
+
     /// The frozen partitions whose deadline passed at `now_ms`, with the
     /// target each was frozen for.
     pub fn expired(&self, now_ms: u64) -> Vec<(PartitionKey, String)> {
         let gates: Vec<(PartitionKey, Arc<Gate>)> = self
             .gates
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .map(|(k, g)| (k.clone(), g.clone()))
@@ -313,6 +349,56 @@ mod tests {
         fences.forget(&key(0));
         fences.pass(&key(0), || ()).unwrap();
         assert_eq!(fences.shut(&key(0)), None);
+        assert_eq!(fences.shut_gates.load(Ordering::SeqCst), 0, "every shut gate counted back");
+    }
+
+    #[test]
+    fn a_replaced_log_waits_for_the_commit_in_flight_holds_the_next_and_opens_after() {
+        let fences = Arc::new(Fences::new());
+        let committing = Arc::new(Barrier::new(2));
+        let done = Arc::new(AtomicBool::new(false));
+        let commit = {
+            let (fences, committing, done) = (fences.clone(), committing.clone(), done.clone());
+            std::thread::spawn(move || {
+                fences
+                    .pass(&key(0), || {
+                        committing.wait();
+                        std::thread::sleep(Duration::from_millis(200));
+                        done.store(true, Ordering::SeqCst);
+                    })
+                    .unwrap();
+            })
+        };
+        committing.wait();
+        let installing = Arc::new(Barrier::new(2));
+        let later = Arc::new(AtomicBool::new(false));
+        let next = {
+            let (fences, installing, later) = (fences.clone(), installing.clone(), later.clone());
+            std::thread::spawn(move || {
+                installing.wait();
+                // Starts while the replacement runs: passes only after it.
+                fences.pass(&key(0), || later.load(Ordering::SeqCst)).unwrap()
+            })
+        };
+        let saw_done = fences
+            .replace(&key(0), || {
+                let saw = done.load(Ordering::SeqCst);
+                installing.wait();
+                std::thread::sleep(Duration::from_millis(200));
+                later.store(true, Ordering::SeqCst);
+                Ok::<_, ()>(saw)
+            })
+            .unwrap();
+        assert!(saw_done, "the replacement ran only after the commit in flight returned");
+        commit.join().unwrap();
+        assert!(next.join().unwrap(), "a commit that came during the replacement waited for it");
+        // A sealed gate is dropped by a replacement that succeeded, and
+        // kept by one that failed.
+        fences.seal_moved(&key(2), "n4");
+        assert_eq!(fences.replace(&key(2), || Err::<(), _>("verify failed")), Err("verify failed"));
+        assert_eq!(fences.shut(&key(2)), Some(Shut::Moved { to: "n4".into() }));
+        fences.replace(&key(2), || Ok::<_, ()>(())).unwrap();
+        fences.pass(&key(2), || ()).unwrap();
         assert_eq!(fences.shut_gates.load(Ordering::SeqCst), 0, "every shut gate counted back");
     }
 }

@@ -289,16 +289,21 @@ pub mod steps {
         let staged = copy
             .verify(&config, clock, oldest, frozen.high_watermark)
             .map_err(|e| BrokerError::Invalid(format!("partition copy refused: {e}")))?;
-        if let Some((meta, me)) = replica
-            && meta.snapshot().assignment(t.name(), p).is_some_and(|a| a.owner_id == me)
-        {
-            return Err(BrokerError::Invalid(format!(
-                "partition copy refused: this node owns partition {p} of {} already",
-                t.name()
-            )));
-        }
-        topics.install_partition(t, p, &staged, frozen.consumer_frontier)?;
-        fences.forget(&PartitionKey::new(t.name(), t.incarnation(), p));
+        // The check and the replacement under the partition's gate: a
+        // commit this node's replica let in as the owner (the flip of an
+        // earlier attempt applied meanwhile) either landed before the check,
+        // which then refuses, or waits and lands in the installed log.
+        fences.replace(&PartitionKey::new(t.name(), t.incarnation(), p), || {
+            if let Some((meta, me)) = replica
+                && meta.snapshot().assignment(t.name(), p).is_some_and(|a| a.owner_id == me)
+            {
+                return Err(BrokerError::Invalid(format!(
+                    "partition copy refused: this node owns partition {p} of {} already",
+                    t.name()
+                )));
+            }
+            topics.install_partition(t, p, &staged, frozen.consumer_frontier)
+        })?;
         // Open it: a consume takes only from open partitions.
         topics.partition(t, p).map(drop)
     }
