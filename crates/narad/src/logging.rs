@@ -12,7 +12,7 @@
 //! | openraft | WARN (stale messages, changed votes, back-off, a peer's RPC failing) | DEBUG |
 //! | openraft | WARN that a log store broke its contract or a follower's log went back | WARN |
 //! | openraft | ERROR of an RPC to a peer (not answered, refused, timed out: a peer starting, stopping or cut off) | DEBUG |
-//! | openraft | ERROR of a command sent to a core that has stopped, or of a request whose answer was lost as the core stopped (at shutdown; a fatal stop is reported on its own) | DEBUG |
+//! | openraft | ERROR of a command sent to a core that has stopped, or of a request whose answer was lost as the core stopped (at shutdown; a fatal stop is reported on its own): any ERROR whose `error` field is openraft's `Fatal::Stopped`, and the messages in `OPENRAFT_CORE_STOPPED` | DEBUG |
 //! | openraft | any other ERROR (storage, a fatal core error) | ERROR |
 //!
 //! The mapped level is both what the filter compares with `log.level` and
@@ -97,9 +97,17 @@ const OPENRAFT_CORE_STOPPED: [&str; 3] = [
 /// contract, or a follower's log went back.
 const OPENRAFT_WARN_KEPT: [&str; 2] = ["violates the API contract", "log is reverted"];
 
-/// The level an event from `target` at `level` with `message` is shown at
-/// (see the module's table).
-pub fn effective_level(target: &str, level: Level, message: &str) -> Level {
+/// Whether an event's `error` field is openraft's `Fatal::Stopped` (its
+/// Debug form `Stopped`, its Display form `raft stopped`): a call into a
+/// core that stopped, whatever the message around it says.
+fn is_core_stopped(error: &str) -> bool {
+    let e = error.trim();
+    e == "Stopped" || e.ends_with("(Stopped)") || e == "raft stopped"
+}
+
+/// The level an event from `target` at `level` with `message` and `error`
+/// field (empty when it has none) is shown at (see the module's table).
+pub fn effective_level(target: &str, level: Level, message: &str, error: &str) -> Level {
     let Some(library) = Library::of(target) else { return level };
     match (library, level) {
         (_, Level::INFO) => Level::DEBUG,
@@ -119,28 +127,42 @@ pub fn effective_level(target: &str, level: Level, message: &str) -> Level {
                 .any(|m| message.starts_with(m));
             // A command for a core that has stopped: at shutdown, or after
             // a fatal error that openraft reports at ERROR on its own.
-            let stopped = OPENRAFT_CORE_STOPPED.iter().any(|m| message.starts_with(m));
+            let stopped = is_core_stopped(error)
+                || OPENRAFT_CORE_STOPPED.iter().any(|m| message.starts_with(m));
             if peer || stopped { Level::DEBUG } else { Level::ERROR }
         }
         _ => level,
     }
 }
 
-/// The `message` field of an event (only read for the few events whose
-/// level depends on it).
+/// The `message` and `error` fields of an event (only read for the few
+/// events whose level depends on them).
 #[derive(Default)]
-struct Message(String);
+struct Message {
+    message: String,
+    error: String,
+}
+
+impl Message {
+    fn field(&mut self, field: &Field) -> Option<&mut String> {
+        match field.name() {
+            "message" => Some(&mut self.message),
+            "error" => Some(&mut self.error),
+            _ => None,
+        }
+    }
+}
 
 impl Visit for Message {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.0.push_str(value);
+        if let Some(s) = self.field(field) {
+            s.push_str(value);
         }
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name() == "message" {
-            let _ = write!(self.0, "{value:?}");
+        if let Some(s) = self.field(field) {
+            let _ = write!(s, "{value:?}");
         }
     }
 }
@@ -155,9 +177,9 @@ fn event_level(event: &Event<'_>) -> Level {
         (Some(Library::Openraft), Level::WARN | Level::ERROR) => {
             let mut m = Message::default();
             event.record(&mut m);
-            effective_level(meta.target(), level, &m.0)
+            effective_level(meta.target(), level, &m.message, &m.error)
         }
-        (Some(_), _) => effective_level(meta.target(), level, ""),
+        (Some(_), _) => effective_level(meta.target(), level, "", ""),
     }
 }
 
@@ -205,7 +227,7 @@ impl<S: Subscriber> Filter<S> for Levels {
             // Mapping only lowers a level: an event too verbose at its own
             // level stays hidden; the rest is decided per event.
             Some(_) if meta.is_event() => *meta.level() <= self.default,
-            Some(_) => effective_level(meta.target(), *meta.level(), "") <= self.default,
+            Some(_) => effective_level(meta.target(), *meta.level(), "", "") <= self.default,
             None => Filter::<S>::enabled(&self.env, meta, cx),
         }
     }
@@ -406,7 +428,7 @@ mod tests {
 
     #[test]
     fn library_info_is_debug_and_peer_rpc_failures_are_not_errors() {
-        let l = |t: &str, level: Level, m: &str| effective_level(t, level, m);
+        let l = |t: &str, level: Level, m: &str| effective_level(t, level, m, "");
         assert_eq!(l("openraft::core::raft_core", Level::INFO, "anything"), Level::DEBUG);
         assert_eq!(l("quinn_proto::connection", Level::INFO, ""), Level::DEBUG);
         assert_eq!(l("quinn_udp", Level::WARN, "sendmsg error"), Level::WARN);
@@ -432,6 +454,15 @@ mod tests {
         assert_eq!(l(inner, Level::ERROR, lost), Level::DEBUG);
         assert_eq!(l(inner, Level::ERROR, "core_call fatal error"), Level::DEBUG);
         assert_eq!(l("openraft::storage", Level::ERROR, "LogFlush error: x"), Level::ERROR);
+        // Any message whose error is a stopped core (openraft's `error when
+        // <call>` with `error=Stopped`, or one not met yet), and only that
+        // error.
+        let e = |m: &str, error: &str| effective_level(inner, Level::ERROR, m, error);
+        assert_eq!(e("error when get_metrics", "Stopped"), Level::DEBUG);
+        assert_eq!(e("error when get_metrics", "raft stopped"), Level::DEBUG);
+        assert_eq!(e("some future message", "Fatal(Stopped)"), Level::DEBUG);
+        assert_eq!(e("error when get_metrics", "Panicked"), Level::ERROR);
+        assert_eq!(e("quit RaftCore::main on error", "StorageError(...)"), Level::ERROR);
         let contract =
             "limited_get_log_entries(1, 2) returned empty; this violates the API contract";
         assert_eq!(l("openraft::replication", Level::WARN, contract), Level::WARN);
