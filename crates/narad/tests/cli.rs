@@ -12,12 +12,10 @@ struct Cli<'a> {
     config_dir: String,
 }
 
-/// The config directory goes with the test (a failing test keeps it).
+/// The config directory goes with the test, however it ends.
 impl Drop for Cli<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.config_dir);
-        }
+        common::remove_test_dir(std::path::Path::new(&self.config_dir), &[]);
     }
 }
 

@@ -6,8 +6,9 @@
 //! Every wait is bounded and panics with the node's log when it runs out.
 //! Processes are controlled by PID (SIGKILL, SIGSTOP/SIGCONT, SIGTERM) and
 //! [`Cluster`]'s `Drop` kills every node it started, paused ones included,
-//! also while a test panics (the data directories are then kept for a
-//! look).
+//! and removes the data directories, also while a test panics (then after
+//! printing each node's last log lines; `NARAD_TEST_KEEP_DIRS=1` keeps
+//! them).
 //!
 //! ```ignore
 //! let mut c = Cluster::start(3, ClusterOpts::dev());
@@ -617,6 +618,19 @@ impl Cluster {
         self.get_json(i, "/v1/cluster/status").filter(|(s, _)| *s == 200).map(|(_, v)| v)
     }
 
+    /// The ids node `i` lists in `/v1/cluster/members`, in its order
+    /// (`None`: no answer).
+    pub fn member_ids(&self, i: usize) -> Option<Vec<String>> {
+        let (_, m) = self.get_json(i, "/v1/cluster/members")?;
+        Some(
+            m["members"]
+                .as_array()?
+                .iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect(),
+        )
+    }
+
     /// Waits until every running, unpaused node lists all `len()` nodes as
     /// alive members (within `timeout`, else a panic with every node's
     /// state). Partitions are placed over the alive members at create, so a
@@ -784,9 +798,8 @@ impl Drop for Cluster {
             // SIGKILL ends a stopped process too; no SIGCONT needed.
             self.kill9(i);
         }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.root);
-        }
+        let logs: Vec<PathBuf> = self.nodes.iter().map(|n| n.log_path.clone()).collect();
+        super::remove_test_dir(&self.root, &logs);
     }
 }
 

@@ -128,6 +128,30 @@ pub fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// Removes a test's temporary directory `root` however the test ended. A
+/// failing test first prints the tail of each log in `logs` (its files go
+/// with the directory); with `NARAD_TEST_KEEP_DIRS=1` a failing test keeps
+/// the directory and says where it is.
+pub fn remove_test_dir(root: &std::path::Path, logs: &[PathBuf]) {
+    if std::thread::panicking() {
+        if std::env::var_os("NARAD_TEST_KEEP_DIRS").is_some_and(|v| v == "1") {
+            eprintln!("test failed: its directory is kept at {}", root.display());
+            return;
+        }
+        for log in logs {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- last lines of {} (removed with the test's directory; \
+                 NARAD_TEST_KEEP_DIRS=1 keeps it) ---\n{}",
+                log.display(),
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(root);
+}
+
 impl Server {
     /// Starts a server on a fresh data directory.
     pub fn start(name: &str) -> Server {
@@ -465,10 +489,8 @@ fn base64_decode(s: &str) -> Vec<u8> {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
-        if !std::thread::panicking()
-            && let Some(root) = self.data_dir.parent()
-        {
-            let _ = std::fs::remove_dir_all(root);
+        if let Some(root) = self.data_dir.parent() {
+            remove_test_dir(root, std::slice::from_ref(&self.log_path));
         }
     }
 }
