@@ -809,3 +809,74 @@ fn a_move_copies_no_faster_than_the_destinations_copy_rate() {
     assert!(throttled >= paced / 2.0, "waited {throttled} s on the rate");
     deliver_all(&c, "paced", &produced);
 }
+
+/// A topic deleted while a move of its partition is copying, and its name
+/// created again at once: the move of the old incarnation ends (the
+/// target gives it up and removes its staged copy), the new incarnation's
+/// records are all delivered, and none of the old incarnation's appears in
+/// the new one.
+#[test]
+fn a_topic_deleted_and_recreated_mid_move_ends_the_move_and_mixes_no_incarnations() {
+    let opts = ClusterOpts::dev().node_env(2, "NARAD_TEST_MOVE_CHUNK_DELAY_MS", "1000");
+    let c = Cluster::start(3, opts);
+    let leader = c.leader(Duration::from_secs(30));
+    let body = json!({"name": "dr", "partitions": 3, "visibility_timeout_ms": 2000});
+    let owners = c.create_placed(leader, body.clone());
+    assert_ne!(owners[0], "n3", "partition 0 is not on n3 already: {owners:?}");
+    let via = (0..3).find(|&i| i != 2).unwrap();
+    produce_bulk(&c, via, "dr", 0, 6_000);
+    request_move(&c, leader, "dr", "n3");
+    wait_for(
+        Duration::from_secs(30),
+        "n3 staging a copy",
+        || (!staged_copies(&c, 2).is_empty()).then_some(()),
+        || c.describe(),
+    );
+    assert_eq!(moving_p0(&c, leader, "dr"), Some(true), "the move is still copying");
+    let old_copy = staged_copies(&c, 2);
+
+    let r = c.request(via, Method::DELETE, "/v1/topics/dr").send().unwrap();
+    assert_eq!(r.status().as_u16(), 204, "{}", r.text().unwrap());
+    let r = c.request(2, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
+    assert_eq!(r.status().as_u16(), 201, "{}", r.text().unwrap());
+    let fresh = c.wait_placed("dr");
+    // The new incarnation through every node, n3 (the old move's target)
+    // included.
+    let mut produced = BTreeSet::new();
+    for (k, node) in [0usize, 1, 2].into_iter().enumerate() {
+        let from = 10_000 + 200 * k as u64;
+        produced.extend(produce_bulk(&c, node, "dr", from, 200));
+    }
+    assert_eq!(fresh.len(), 3, "the new incarnation is placed: {fresh:?}");
+    wait_for(
+        Duration::from_secs(60),
+        "the old incarnation's move ended and n3's staged copy of it is gone",
+        || {
+            let now = staged_copies(&c, 2);
+            (!old_copy.iter().any(|o| now.contains(o))).then_some(())
+        },
+        || format!("{old_copy:?} {:?}\n{}", staged_copies(&c, 2), c.describe()),
+    );
+
+    let client = reqwest::blocking::Client::new();
+    let mut got = BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut k = 0;
+    while !produced.is_subset(&got) {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} acknowledged records of the new incarnation never delivered\n{}",
+            produced.difference(&got).count(),
+            produced.len(),
+            c.describe()
+        );
+        for i in consume_via(&client, &c.node(k % 3).url(""), "dr") {
+            assert!(
+                i >= 10_000,
+                "record {i} of the deleted incarnation delivered from the new one"
+            );
+            got.insert(i);
+        }
+        k += 1;
+    }
+}
