@@ -835,6 +835,7 @@ fn a_topic_deleted_and_recreated_mid_move_ends_the_move_and_mixes_no_incarnation
     assert_eq!(moving_p0(&c, leader, "dr"), Some(true), "the move is still copying");
     let old_copy = staged_copies(&c, 2);
 
+    let deleted = Instant::now();
     let r = c.request(via, Method::DELETE, "/v1/topics/dr").send().unwrap();
     assert_eq!(r.status().as_u16(), 204, "{}", r.text().unwrap());
     let r = c.request(2, Method::POST, "/v1/topics").body(body.to_string()).send().unwrap();
@@ -857,6 +858,7 @@ fn a_topic_deleted_and_recreated_mid_move_ends_the_move_and_mixes_no_incarnation
         },
         || format!("{old_copy:?} {:?}\n{}", staged_copies(&c, 2), c.describe()),
     );
+    eprintln!("the old move's staged copy gone {:?} after the delete", deleted.elapsed());
 
     let client = reqwest::blocking::Client::new();
     let mut got = BTreeSet::new();
@@ -879,4 +881,5 @@ fn a_topic_deleted_and_recreated_mid_move_ends_the_move_and_mixes_no_incarnation
         }
         k += 1;
     }
+    eprintln!("{} new records delivered {:?} after the delete", got.len(), deleted.elapsed());
 }
