@@ -823,6 +823,11 @@ impl ClusterNode {
             // Reached, not only named: a vote restored from disk names a
             // leader before any contact (see `wait_leader_reached`).
             me.control.wait_leader_reached().await;
+            // Ready implies produce is taken: release it here too, not only
+            // in `attach_broker`'s task, which may notice a moment later.
+            if let Some(broker) = me.handler.broker.get() {
+                broker.release_produce();
+            }
             let deadline = tokio::time::Instant::now() + READY_CATCH_UP_WAIT;
             let mut caught_up = me.control.applied_caught_up();
             while !caught_up && tokio::time::Instant::now() < deadline {
