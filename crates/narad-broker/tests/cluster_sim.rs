@@ -127,7 +127,14 @@
 //! the dead node (unless it held it: committed there, or moved there by a
 //! completed move). Moves from the dead node end (force-promoted or
 //! aborted), moves to it are aborted by the leader. Then it comes back for
-//! the final drain.
+//! the final drain, or, in half of those seeds, it is removed for good
+//! (`narad cluster remove --force`, RemoveMember): its partitions get live
+//! owners whose logs start 2^20 above the highest offset delivered from
+//! it, records go on through the live nodes while the planner rebalances,
+//! and it never starts again: every record acked is then delivered but
+//! those it accepted or held (lost by design), no offset is delivered as
+//! two different records (its old offsets and the new logs' never meet),
+//! and the planner balances the members that remain.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -144,7 +151,7 @@ use narad_broker::fence::{PartitionKey, Shut};
 use narad_broker::metrics::BrokerMetrics;
 use narad_broker::owner::{CommitBatch, CommitError, LocalOwner};
 use narad_broker::partition::keyed_partition;
-use narad_broker::topics::{Topics, shard_limits};
+use narad_broker::topics::{Topics, base_offsets_of, shard_limits};
 use narad_broker::{FrozenSource, MoveListing, move_steps};
 use narad_clock::{Clock, ManualClock};
 use narad_fs::{CrashMode, FaultKind, SimFs, SimRng};
@@ -153,7 +160,8 @@ use narad_log::{LogConfig, ReadRequest};
 use narad_meta::limits::{MAX_MOVES_IN_FLIGHT, MOVE_MAX_ROUNDS};
 use narad_meta::{
     AttachChildRequest, CreateTopicRequest, Member, MemberStatus, MetaState, MetaStore,
-    MetaStoreOptions, PartitionAssignment, Topic, TopicDefaults, placement, rebalance,
+    MetaStoreOptions, PartitionAssignment, RemovedPartition, Topic, TopicDefaults, placement,
+    rebalance,
 };
 use narad_wal::{RecordRef, Wal, WalOptions, WalReader};
 use prometheus_client::registry::Registry;
@@ -262,6 +270,11 @@ fn node_of(ids: &OwnerIds, owner: OwnerId) -> usize {
     node_named(&ids.name(owner).expect("owner ids come from the table"))
 }
 
+/// How far above the highest offset the live members saw a removed node's
+/// partition's new log starts (narad-server's `START_OFFSET_MARGIN`, which
+/// `narad cluster remove --force` uses).
+const REMOVED_START_MARGIN: u64 = 1 << 20;
+
 /// One entry of the replicated metadata log: every node applies the same
 /// entries in the same order (each one a command that succeeds: the leader
 /// logs a command only once it applied on the leader's replica, so a move
@@ -294,6 +307,10 @@ enum MetaCmd {
     /// AbortMove: the move to `.1` is called off (a compare and set on the
     /// target).
     Abort(MoveKey, usize),
+    /// RemoveMember (`narad cluster remove <k> --force`): node `.0`, last
+    /// heard from at `.1`, is removed for good and its partitions get live
+    /// owners whose logs start at the offsets of `.2`.
+    Remove(usize, i64, Vec<RemovedPartition>),
 }
 
 /// Applies `cmd` to a replica (and, for a delete, removes the deleted
@@ -338,6 +355,9 @@ fn apply_meta(meta: &MetaStore, topics: Option<&Topics>, cmd: &MetaCmd) -> Resul
             meta.complete_move(m.topic, m.inc, m.p, &member(from), &member(to), attempt)
         }
         MetaCmd::Abort(m, to) => meta.abort_move(m.topic, m.inc, m.p, &member(to), None),
+        MetaCmd::Remove(k, last_heartbeat, ref partitions) => {
+            meta.remove_member(&member(k), last_heartbeat, partitions.clone()).map(drop)
+        }
         MetaCmd::Attach => meta
             .attach_child(AttachChildRequest {
                 parent: CHILD_PARENT.into(),
@@ -540,7 +560,12 @@ fn open(me: usize, fs: &SimFs, clock: &NodeClock, leader: &Arc<SimLeader>) -> Re
         .map_err(|e| format!("metastore: {e}"))?,
     );
     let log = LogConfig { segment_bytes: 8 << 10, ..LogConfig::default() };
-    let topics = Arc::new(Topics::new(fs.shared(), data, log, Arc::new(clock.clone())));
+    // A partition given to this node by a forced removal starts at the
+    // offset the removal names, as a node's do (`Broker::open_on`).
+    let topics = Arc::new(
+        Topics::new(fs.shared(), data, log, Arc::new(clock.clone()))
+            .with_base_offsets(base_offsets_of(&meta, &member(me))),
+    );
     let live: Vec<Arc<Topic>> = meta.snapshot().topics().cloned().collect();
     topics.open_at_startup(&live, false).map_err(|e| format!("partition logs: {e}"))?;
     let wal = Arc::new(
@@ -1116,6 +1141,10 @@ impl Ledger {
 /// The counts of a run, for replay checks and the summary.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Tally {
+    /// Runs whose node dead for good was then removed (`remove --force`),
+    /// and the records acked after the removal through the live nodes.
+    removals: u64,
+    acked_after_removal: u64,
     acked: u64,
     delivered: u64,
     deliveries: u64,
@@ -1219,6 +1248,9 @@ struct Sim {
     /// A node that crashed for good (it is not restarted before the final
     /// drain).
     stays_dead: Option<usize>,
+    /// A node removed for good (`remove --force`): its disk is gone, it
+    /// never starts again, and what it held is lost by design.
+    removed: Option<usize>,
     /// The next node to answer a freeze dies for good then.
     dies_frozen: bool,
     /// `NARAD_SIM_UNNAMED_MOVES=1`: a mover's CompleteMove does not name
@@ -1293,6 +1325,7 @@ impl Sim {
             rt: Arc::new(rt),
             frontiers: HashMap::new(),
             stays_dead: None,
+            removed: None,
             clock,
             clocks,
             skewed,
@@ -2457,17 +2490,17 @@ impl Sim {
         self.faulty = false;
         self.cut.clear();
         // Every member alive again (they are all about to run), the late
-        // one joined.
-        for i in 0..self.n {
+        // one joined; a node removed for good stays gone.
+        let all: Vec<usize> = (0..self.n).filter(|&i| self.removed != Some(i)).collect();
+        for &i in &all {
             let status = self.leader.meta.snapshot().member(&member(i)).map(|m| m.status);
             if status != Some(MemberStatus::Alive) {
                 self.lead(MetaCmd::Join(i)).unwrap();
             }
         }
-        for i in 0..self.n {
+        for &i in &all {
             self.cycle(i);
         }
-        let all: Vec<usize> = (0..self.n).collect();
         let settled = |s: &Sim| {
             s.net.is_empty()
                 && s.nodes.iter().flatten().all(|n| {
@@ -2513,7 +2546,7 @@ impl Sim {
         self.check_balanced();
         // Leases run out; then everything is taken and acked.
         self.clock.advance(self.lease_horizon());
-        for i in 0..self.n {
+        for &i in &all {
             self.take_all(i);
         }
     }
@@ -2645,17 +2678,19 @@ impl Sim {
                             s.ack(l.record.offset, l.nonce, now, &shard_limits(&t)).unwrap();
                         }
                     }
-                    // Offsets dense: every one below the high watermark was
-                    // delivered.
-                    let hw = part.log.high_watermark();
+                    // Offsets dense: every one from the log's first (0, or
+                    // the start a forced removal gave it) below the high
+                    // watermark was delivered.
+                    let (oldest, hw) = (part.log.oldest_offset(), part.log.high_watermark());
                     let seen = self
                         .ledger
                         .at
-                        .range((name.to_owned(), inc, p, 0)..(name.to_owned(), inc, p, hw));
+                        .range((name.to_owned(), inc, p, oldest)..(name.to_owned(), inc, p, hw));
                     assert_eq!(
                         seen.count() as u64,
-                        hw,
-                        "seed {}: {name}/{p} has offsets below its high watermark {hw} never delivered",
+                        hw - oldest,
+                        "seed {}: {name}/{p} has offsets from {oldest} below its high watermark \
+                         {hw} never delivered",
                         self.seed
                     );
                 }
@@ -2827,6 +2862,71 @@ impl Sim {
             owed.iter().filter(|p| l.rerouted.contains(**p)).count() as u64;
     }
 
+    /// `narad cluster remove <d> --force` once node `d`, dead for good, is
+    /// marked dead and the live nodes settled without it: RemoveMember
+    /// gives each partition `d` owns a live owner whose log starts
+    /// [`REMOVED_START_MARGIN`] above the highest offset delivered from it
+    /// (what the live members saw `d` assign; the route asks them, the
+    /// sim's ledger knows). `d`'s disk is gone: it never starts again, and
+    /// what it accepted or held is lost, as the command says. Then records
+    /// are produced through the live nodes (some for `d`'s old partitions,
+    /// committed by their new owners) while the controller rebalances.
+    fn remove_for_good(&mut self, d: usize) {
+        let rt = self.rt.clone();
+        let _in_runtime = rt.enter();
+        let state = self.leader.meta.snapshot();
+        let last_heartbeat = state.member(&member(d)).map_or(0, |m| m.last_heartbeat);
+        let mut partitions = Vec::new();
+        for t in state.topics() {
+            let name = topic_name(t.name());
+            let inc = t.incarnation();
+            for p in (0..t.partitions()).filter(|&p| owner_in(&state, name, p) == Some(d)) {
+                let seen = self
+                    .ledger
+                    .at
+                    .range((name.to_owned(), inc, p, 0)..=(name.to_owned(), inc, p, u64::MAX))
+                    .next_back()
+                    .map_or(0, |((.., offset), _)| offset + 1);
+                partitions.push(RemovedPartition {
+                    topic: name.to_owned(),
+                    incarnation: inc,
+                    partition: p,
+                    base_offset: seen + REMOVED_START_MARGIN,
+                });
+            }
+        }
+        self.lead(MetaCmd::Remove(d, last_heartbeat, partitions)).unwrap();
+        assert!(
+            self.leader.meta.snapshot().member(&member(d)).is_none(),
+            "seed {}: node {d} is still a member after its removal",
+            self.seed
+        );
+        self.removed = Some(d);
+        self.tally.removals += 1;
+        let live: Vec<usize> = (0..self.n).filter(|&i| i != d).collect();
+        let acked_before = self.ledger.acked.len();
+        for round in 0..400 {
+            if round % 4 == 0 {
+                let i = live[self.rng.below(live.len() as u64) as usize];
+                self.produce(i);
+            }
+            self.settle_round(&live, round);
+        }
+        self.tally.acked_after_removal += (self.ledger.acked.len() - acked_before) as u64;
+    }
+
+    /// Whether record `p` is lost by design with the node removed for
+    /// good: it accepted it (in its WAL), or held it (committed there, or
+    /// moved there).
+    fn lost_with_removed(&self, p: &[u8]) -> bool {
+        self.removed.is_some_and(|d| {
+            let l = &self.ledger;
+            l.accepted_by.get(p) == Some(&d)
+                || l.committed_on[d].contains(p)
+                || l.child_committed_on[d].contains(p)
+        })
+    }
+
     fn check(self) -> Tally {
         let seed = self.seed;
         let l = &self.ledger;
@@ -2841,7 +2941,7 @@ impl Sim {
         let lost: Vec<String> = l
             .acked
             .iter()
-            .filter(|p| live(p) && !l.delivered.contains(*p))
+            .filter(|p| live(p) && !l.delivered.contains(*p) && !self.lost_with_removed(p))
             .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
             .collect();
         assert!(
@@ -2880,7 +2980,7 @@ impl Sim {
                 .collect();
         let unfanned: Vec<String> = parent_records
             .iter()
-            .filter(|p| !l.child_delivered.contains(**p))
+            .filter(|p| !l.child_delivered.contains(**p) && !self.lost_with_removed(p))
             .map(|p| String::from_utf8_lossy(&p[..p.len().min(24)]).into_owned())
             .collect();
         assert!(
@@ -2957,6 +3057,10 @@ fn run_seed(seed: u64, n: usize) -> Tally {
     if let Some(d) = sim.stays_dead {
         sim.settle_without(d);
         sim.stays_dead = None;
+        // Half of those remove it for good instead of starting it again.
+        if (seed / 8).is_multiple_of(2) {
+            sim.remove_for_good(d);
+        }
     }
     sim.drain();
     sim.check()
@@ -3024,6 +3128,8 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.refused_sealed += t.refused_sealed;
         total.refused_not_owner += t.refused_not_owner;
         total.commits_checked += t.commits_checked;
+        total.removals += t.removals;
+        total.acked_after_removal += t.acked_after_removal;
     }
     eprintln!(
         "cluster simulation: {} seeds in {:.1?}: {} acked, all delivered but {} of incarnations \
@@ -3040,7 +3146,8 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
          sources and {} destinations of moves in flight, {} sources dead for good right after \
          their freeze; {} drains, {} late joins, {} leader changes; {} commits checked \
          against the leader's owner, {} refused by a frozen partition, {} by a sealed one, {} \
-         by a remote owner's ownership check",
+         by a remote owner's ownership check; {} nodes dead for good removed for good \
+         (remove --force), {} records acked through the live nodes after a removal",
         seeds.len(),
         started.elapsed(),
         total.acked,
@@ -3081,7 +3188,9 @@ fn no_acked_record_is_lost_by_a_simulated_cluster_under_network_and_disk_faults(
         total.commits_checked,
         total.refused_frozen,
         total.refused_sealed,
-        total.refused_not_owner
+        total.refused_not_owner,
+        total.removals,
+        total.acked_after_removal
     );
     // Over many seeds, copies per record stay near what the faults explain
     // (commits that land after their sender gave up, crashes between a
