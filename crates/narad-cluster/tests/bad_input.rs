@@ -91,8 +91,9 @@ mod seeds {
     use bytes::Bytes;
     use narad_cluster::frame::{Frame, FrameType};
     use narad_cluster::rpc::{
-        AnchorFanoutLink, ChildLink, CommitRecord, Consume, FanoutCursorsRequest, JoinCluster,
-        Receipt, RegisterMember, Reply, Request, TopicBody, UserBody,
+        AnchorFanoutLink, ChildLink, CommitRecord, Consume, FanoutCursorsRequest, Handoff,
+        JoinCluster, MovePartition, ReadyCounts, Receipt, RegisterMember, Reply, Request,
+        SegmentChunk, TopicBody, UserBody,
     };
     use std::num::NonZeroU64;
 
@@ -506,6 +507,52 @@ mod seeds {
                 }),
             ),
             ("settle_fanout_links", Request::SettleFanoutLinks(42)),
+            ("read_index", Request::ReadIndex),
+            (
+                "ready_counts",
+                Request::ReadyCounts(ReadyCounts { topic: "orders".into(), wait_nanos: 500_000_000 }),
+            ),
+            ("cancel_request", Request::CancelRequest(7)),
+            ("probe_group", Request::ProbeGroup("n4".into())),
+            ("known_offsets", Request::KnownOffsets),
+            // The moves' ops (22-24), with the incarnation and without it
+            // (a sender before the field).
+            (
+                "list_partition_segments",
+                Request::ListPartitionSegments(MovePartition {
+                    topic: "orders".into(),
+                    partition: 2,
+                    incarnation: NonZeroU64::new(9),
+                }),
+            ),
+            (
+                "list_partition_segments_unnamed",
+                Request::ListPartitionSegments(MovePartition {
+                    topic: "orders".into(),
+                    partition: 0,
+                    incarnation: None,
+                }),
+            ),
+            (
+                "fetch_segment_chunk",
+                Request::FetchSegmentChunk(SegmentChunk {
+                    topic: "orders".into(),
+                    partition: 2,
+                    base: 0,
+                    at: 4096,
+                    length: 1 << 20,
+                    incarnation: NonZeroU64::new(9),
+                }),
+            ),
+            (
+                "prepare_handoff",
+                Request::PrepareHandoff(Handoff {
+                    topic: "orders".into(),
+                    partition: 2,
+                    freeze_ttl_nanos: 30_000_000_000,
+                    incarnation: NonZeroU64::new(9),
+                }),
+            ),
             (
                 "commit_produce_batch_large_payload",
                 Request::CommitProduceBatch(vec![CommitRecord {
