@@ -207,13 +207,31 @@ async fn the_sources_fence_follows_the_metastore_and_a_restart_keeps_a_moving_pa
         last_heartbeat: 1_700_000_000,
         draining: false,
     };
-    meta.member_join(n2).unwrap();
+    meta.member_join(n2.clone()).unwrap();
     let req = CreateTopicRequest { name: "t".into(), partitions: 3, ..Default::default() };
     b.create_topic(req).await.unwrap();
     let inc = b.topic("t").unwrap().incarnation();
     assert_eq!(meta.snapshot().assignment("t", 0).unwrap().owner_id, "n1");
     produce(&b, 0, 10).await;
     wait_hwm(&b, inc, 10).await;
+
+    // A partition of n2's is not read here (listing or reading it would
+    // create an empty log of it on this node): n2 heartbeats now, and a
+    // topic created now has partitions on it.
+    let now_s =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+            as i64;
+    meta.member_join(narad_meta::Member { last_heartbeat: now_s, ..n2 }).unwrap();
+    let req = CreateTopicRequest { name: "u".into(), partitions: 3, ..Default::default() };
+    b.create_topic(req).await.unwrap();
+    let u_inc = b.topic("u").unwrap().incarnation();
+    let theirs = (0..3)
+        .find(|&p| meta.snapshot().assignment("u", p).is_some_and(|a| a.owner_id == "n2"))
+        .expect("placement gives n2 a partition of u");
+    let e = b.move_listing("u", u_inc, theirs).await.unwrap_err();
+    assert_eq!(e.status(), 421, "{e}");
+    let e = b.move_chunk("u", u_inc, theirs, 0, 0, 4096).await.unwrap_err();
+    assert_eq!(e.status(), 421, "{e}");
 
     // Only the move the metastore shows may freeze the partition.
     let e = b.move_freeze("t", inc, 0, "n2", u64::MAX).await.unwrap_err();

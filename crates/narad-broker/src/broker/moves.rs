@@ -69,6 +69,31 @@ impl Broker {
         Ok(t)
     }
 
+    /// [`Broker::move_topic`] for the source's side of a copy (RPCs 22 and
+    /// 23): on a cluster node, only a partition this node's replica names it
+    /// the owner of (421 otherwise). Reading a partition opens its log, and
+    /// opening creates one: a mover whose replica lags, or a peer asking
+    /// the wrong node, would otherwise leave an empty partition directory on
+    /// a node that never owned it, and copy an empty listing.
+    fn move_source_topic(
+        &self,
+        name: &str,
+        incarnation: u64,
+        p: u32,
+    ) -> Result<std::sync::Arc<Topic>, BrokerError> {
+        let t = self.move_topic(name, incarnation, p)?;
+        if self.meta.is_replicated() {
+            let owner = self.meta.snapshot().assignment(name, p).map(|a| a.owner_id.clone());
+            if owner.as_deref() != Some(self.config.node_id.as_str()) {
+                return Err(BrokerError::NotOwner(format!(
+                    "partition {p} of {name} is {} here, not this node's",
+                    owner.map_or_else(|| "unassigned".to_owned(), |o| format!("owned by {o}"))
+                )));
+            }
+        }
+        Ok(t)
+    }
+
     /// RPC 22: the source's segments of partition `p`.
     pub async fn move_listing(
         &self,
@@ -76,7 +101,7 @@ impl Broker {
         incarnation: u64,
         p: u32,
     ) -> Result<MoveListing, BrokerError> {
-        let t = self.move_topic(topic, incarnation, p)?;
+        let t = self.move_source_topic(topic, incarnation, p)?;
         let topics = self.topics.clone();
         blocking(move || steps::listing(&topics, &t, p)).await
     }
@@ -91,7 +116,7 @@ impl Broker {
         at: u64,
         max_len: u64,
     ) -> Result<Bytes, BrokerError> {
-        let t = self.move_topic(topic, incarnation, p)?;
+        let t = self.move_source_topic(topic, incarnation, p)?;
         let topics = self.topics.clone();
         blocking(move || steps::chunk(&topics, &t, p, base, at, max_len)).await
     }
