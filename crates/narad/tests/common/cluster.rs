@@ -382,6 +382,7 @@ impl Cluster {
         let child =
             cmd.stdout(Stdio::null()).stderr(log).spawn().expect("start narad (cluster node)");
         let node = &mut self.nodes[i];
+        super::at_exit::track_process(child.id(), &node.data_dir);
         node.child = Some(child);
         node.paused = false;
     }
@@ -411,6 +412,7 @@ impl Cluster {
         }
         let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("start narad (single)");
         let node = &mut self.nodes[i];
+        super::at_exit::track_process(child.id(), &node.data_dir);
         node.child = Some(child);
         node.paused = false;
     }

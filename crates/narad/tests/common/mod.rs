@@ -120,12 +120,85 @@ impl Opts {
     }
 }
 
+/// A fresh temporary directory for a test. It is removed once the test
+/// process has exited at the latest ([`at_exit`]), however its tests ended.
 pub fn temp_dir(name: &str) -> PathBuf {
     let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("narad-it-{name}-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    at_exit::track_dir(&dir);
     dir
+}
+
+/// The last line of clean-up, once the test process has exited, however
+/// its tests ended. A test that fails while another thread still holds its
+/// cluster (a load generator looping on an `Arc<Cluster>`) never drops
+/// it: its nodes would outlive the test process, and its directories
+/// stay. Every `narad` the harness starts is recorded with its data
+/// directory, and every [`temp_dir`], in a list file; a watchdog (`sh`,
+/// started once per test process, detached from its output) waits for
+/// the test process to end, then SIGKILLs each recorded process that
+/// still runs with that data directory on its command line (so a reused
+/// PID is never hit), and removes the directories (kept with
+/// `NARAD_TEST_KEEP_DIRS=1`) and the list.
+pub mod at_exit {
+    use std::io::Write as _;
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    use std::sync::{Mutex, OnceLock};
+
+    /// What the watchdog reads when the test process is gone.
+    const WATCHDOG: &str = r#"
+while kill -0 "$TEST_PID" 2>/dev/null; do sleep 1; done
+while read -r kind a b; do
+  case "$kind" in
+    P) tr '\0' ' ' < "/proc/$a/cmdline" 2>/dev/null | grep -qF -- "$b" && kill -9 "$a" ;;
+    D) [ "$KEEP" = 1 ] || rm -rf -- "$a" ;;
+  esac
+done < "$LIST"
+rm -f -- "$LIST"
+"#;
+
+    static LIST: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+
+    fn list() -> Option<&'static Mutex<std::fs::File>> {
+        LIST.get_or_init(|| {
+            let path: PathBuf =
+                std::env::temp_dir().join(format!("narad-it-exit-{}.list", std::process::id()));
+            let file = std::fs::File::create(&path).ok()?;
+            let keep = std::env::var("NARAD_TEST_KEEP_DIRS").unwrap_or_default();
+            Command::new("sh")
+                .args(["-c", WATCHDOG])
+                .env("TEST_PID", std::process::id().to_string())
+                .env("LIST", &path)
+                .env("KEEP", keep)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            Some(Mutex::new(file))
+        })
+        .as_ref()
+    }
+
+    fn record(line: String) {
+        if let Some(file) = list() {
+            let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = f.write_all(line.as_bytes());
+        }
+    }
+
+    /// Records a started `narad` process and its data directory.
+    pub fn track_process(pid: u32, data_dir: &Path) {
+        record(format!("P {pid} {}\n", data_dir.display()));
+    }
+
+    /// Records a temporary directory.
+    pub fn track_dir(dir: &Path) {
+        record(format!("D {}\n", dir.display()));
+    }
 }
 
 /// Removes a test's temporary directory `root` however the test ended. A
@@ -256,6 +329,7 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("start narad");
+        at_exit::track_process(child.id(), &self.data_dir);
         self.child = Some(child);
     }
 
