@@ -285,18 +285,21 @@ mod tests {
         PartitionKey::new("t", 7, p)
     }
 
-    #[test]
-    fn a_freeze_waits_for_the_commit_in_flight_and_refuses_the_next() {
-        let fences = Arc::new(Fences::new());
+    /// A commit through `key`'s gate, in flight when this returns: it
+    /// holds the gate 200 ms (the fsync a state change must wait for),
+    /// then sets the flag.
+    fn commit_in_flight(
+        fences: &Arc<Fences>,
+        key: PartitionKey,
+    ) -> (std::thread::JoinHandle<()>, Arc<AtomicBool>) {
         let committing = Arc::new(Barrier::new(2));
         let done = Arc::new(AtomicBool::new(false));
         let commit = {
             let (fences, committing, done) = (fences.clone(), committing.clone(), done.clone());
             std::thread::spawn(move || {
                 fences
-                    .pass(&key(0), || {
+                    .pass(&key, || {
                         committing.wait();
-                        // The fsync a freeze must wait for.
                         std::thread::sleep(Duration::from_millis(200));
                         done.store(true, Ordering::SeqCst);
                     })
@@ -304,6 +307,13 @@ mod tests {
             })
         };
         committing.wait();
+        (commit, done)
+    }
+
+    #[test]
+    fn a_freeze_waits_for_the_commit_in_flight_and_refuses_the_next() {
+        let fences = Arc::new(Fences::new());
+        let (commit, done) = commit_in_flight(&fences, key(0));
         let saw_done = fences.freeze(&key(0), "n4", 1_000, || done.load(Ordering::SeqCst)).unwrap();
         assert!(saw_done, "the freeze ran only after the commit in flight returned");
         commit.join().unwrap();
@@ -355,21 +365,7 @@ mod tests {
     #[test]
     fn a_replaced_log_waits_for_the_commit_in_flight_holds_the_next_and_opens_after() {
         let fences = Arc::new(Fences::new());
-        let committing = Arc::new(Barrier::new(2));
-        let done = Arc::new(AtomicBool::new(false));
-        let commit = {
-            let (fences, committing, done) = (fences.clone(), committing.clone(), done.clone());
-            std::thread::spawn(move || {
-                fences
-                    .pass(&key(0), || {
-                        committing.wait();
-                        std::thread::sleep(Duration::from_millis(200));
-                        done.store(true, Ordering::SeqCst);
-                    })
-                    .unwrap();
-            })
-        };
-        committing.wait();
+        let (commit, done) = commit_in_flight(&fences, key(0));
         let installing = Arc::new(Barrier::new(2));
         let later = Arc::new(AtomicBool::new(false));
         let next = {
